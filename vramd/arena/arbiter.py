@@ -1,0 +1,310 @@
+"""The participant state machine: when to take the token, and when to give it back.
+
+    cold --ensure_warm()--> warming --restore ok--> warm --idle()/checkpoint()--> cooling --> cold
+                               |                                                       ^
+                               +--restore failed: token dropped, nothing lost----------+
+
+Any process can be a participant: give it `restore` (bring buffers to the
+device; called with the token held, so the very first upload is coordinated
+too) and `release` (free them), then call `ensure_warm()` before each compute
+and `idle()` at each idle point.  Rules it keeps:
+
+- it yields only at points the caller marks: `idle()` (nothing to do) or
+  `checkpoint()` (between two requests while more wait), never mid-compute;
+- a ring is honoured only after the holder has held for `quantum` seconds, so
+  two busy peers cannot thrash; a holder that never idles yields at a
+  checkpoint once it has held for `max_hold` seconds while someone waits;
+- waiters are served in arrival order (tickets, see queue.py), and a holder
+  that yields queues behind them; a waiter that knows only flock (llama.cpp)
+  is not barged either: after yielding to one, we let it take the token
+  before we ask again.
+
+A warden thread watches the doorbell and only sets a flag; the caller's
+thread does every state change.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Callable
+
+from vramd.arena import doorbell, proclocks
+from vramd.arena.layout import Arena
+from vramd.arena.members import Member, Registry, empty_breakdown, process_start_time
+from vramd.arena.queue import Queue
+from vramd.arena.token import Token
+from vramd.errors import Timeout
+
+log = logging.getLogger("vramd.arbiter")
+
+DEFAULT_QUANTUM = 0.25
+DEFAULT_MAX_HOLD = 5.0
+# How long a yielding holder lets a flock-only waiter take the token before
+# it queues again regardless (that waiter may have given up).
+FOREIGN_HANDOFF_WAIT = 1.0
+# Coarse file timestamps: a ring this much older than our acquire still counts.
+RING_CLOCK_SLACK = 0.05
+
+ReleaseFn = Callable[[], "int | None"]
+RestoreFn = Callable[[], "int | None"]
+BreakdownFn = Callable[[], dict]
+
+
+class Participant:
+    def __init__(self, arena: Arena, name: str, *, model: str = "",
+                 restore: RestoreFn | None = None, release: ReleaseFn | None = None,
+                 breakdown: BreakdownFn | None = None,
+                 quantum: float = DEFAULT_QUANTUM, max_hold: float = DEFAULT_MAX_HOLD):
+        if quantum < 0 or max_hold < quantum:
+            raise ValueError("need 0 <= quantum <= max_hold")
+        self.arena = arena
+        self.pid = os.getpid()
+        self.token = Token(arena.token_path)
+        self.queue = Queue(arena.queue_dir)
+        self.registry = Registry(arena.members_dir)
+        self.quantum = quantum
+        self.max_hold = max_hold
+        self._restore = restore
+        self._release = release
+        self._breakdown = breakdown
+        self.member = Member(name=name, pid=self.pid, model=model,
+                             start_time=process_start_time(self.pid) or time.time())
+        self._yield_wanted = threading.Event()
+        self._stop = threading.Event()
+        self._warden: threading.Thread | None = None
+        self._watcher: doorbell.Watcher | None = None
+        self._warm_since_wall = 0.0
+        self._foreign_at_release: set[int] = set()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> "Participant":
+        """Publish the member record and start watching the doorbell."""
+        self._publish("cold")
+        self._watcher = doorbell.Watcher(self.arena.doorbell_dir, self.pid)
+        self._warden = threading.Thread(target=self._warden_loop, name="vramd-warden", daemon=True)
+        self._warden.start()
+        return self
+
+    def close(self) -> None:
+        """Go cold, stop the warden, withdraw our record and ring.  Idempotent."""
+        try:
+            self.go_cold(reason="shutdown")
+        finally:
+            self._stop.set()
+            if self._watcher is not None:
+                self._watcher.interrupt()
+            if self._warden is not None:
+                self._warden.join(timeout=2)
+            if self._watcher is not None:
+                self._watcher.close()
+                self._watcher = None
+            self.registry.remove(self.pid)
+            doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
+
+    def __enter__(self) -> "Participant":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def state(self) -> str:
+        return self.member.state
+
+    @property
+    def holds_token(self) -> bool:
+        return self.token.held
+
+    def held_for(self) -> float:
+        at = self.token.acquired_at
+        return 0.0 if at is None or not self.token.held else time.monotonic() - at
+
+    # -- going warm --------------------------------------------------------
+
+    def ensure_warm(self, timeout: float | None = None) -> None:
+        """Hold the token and have our buffers restored; a no-op when warm.
+
+        Raises vramd.errors.Timeout if the token could not be had in `timeout`
+        seconds; the restore's own exception if restoring failed (the token is
+        dropped again and we stay cold).
+        """
+        if self.token.held:
+            return
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        self._publish("warming")
+        try:
+            self._let_foreign_waiter_go(deadline)
+            self._queue_and_acquire(deadline, timeout)
+        except BaseException:
+            self._publish("cold")
+            raise
+        self._warm_since_wall = time.time()
+        doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
+        try:
+            moved = self._restore() if self._restore else None
+        except BaseException:
+            self.token.release()
+            self._yield_wanted.clear()
+            self._publish("cold")
+            raise
+        self.member.switches += 1
+        self.member.bytes_h2d += moved or 0
+        self.member.last_switch_ms = (time.monotonic() - started) * 1000
+        self._publish("warm")
+        if self._someone_waiting():
+            self._yield_wanted.set()
+
+    def _queue_and_acquire(self, deadline: float | None, timeout: float | None) -> None:
+        ticket = self.queue.take(self.pid)
+        try:
+            if not self.queue.wait_turn(ticket, _left(deadline)):
+                raise Timeout(f"the GPU token was not free within {timeout:g} s "
+                              f"(holder: {self._holder_text()})")
+            # First in line: ask whoever holds the token to yield.
+            doorbell.ring(self.arena.doorbell_dir, self.pid)
+            if not self.token.acquire(_left(deadline)):
+                raise Timeout(f"the GPU token was not free within {timeout:g} s "
+                              f"(holder: {self._holder_text()})")
+        finally:
+            self.queue.done(ticket)
+
+    def _let_foreign_waiter_go(self, deadline: float | None) -> None:
+        """After yielding to a flock-only waiter, do not barge back ahead of it."""
+        waiting_for = self._foreign_at_release
+        self._foreign_at_release = set()
+        if not waiting_for:
+            return
+        stop = time.monotonic() + FOREIGN_HANDOFF_WAIT
+        if deadline is not None:
+            stop = min(stop, deadline)
+        key = self.token.key()
+        while time.monotonic() < stop:
+            entries = proclocks.locks_on(key)
+            if any(not e.waiting and e.pid != self.pid for e in entries):
+                return  # someone else took it
+            if not waiting_for & {e.pid for e in entries if e.waiting}:
+                return  # they stopped waiting
+            time.sleep(0.0005)
+
+    def _holder_text(self) -> str:
+        holders = self.token.holders()
+        if not holders:
+            return "none"
+        names = {m.pid: m.name for m in self.registry.list(clean=False)}
+        return ", ".join(f"{names.get(p, 'pid')} {p}" if p in names else f"pid {p}" for p in holders)
+
+    # -- going cold --------------------------------------------------------
+
+    def idle(self) -> bool:
+        """An idle point: yield if a peer asked and we held for the quantum."""
+        if self.token.held and self._yield_wanted.is_set() and self.held_for() >= self.quantum:
+            self.go_cold(reason="yield")
+            return True
+        return False
+
+    def checkpoint(self) -> bool:
+        """Between two requests while more wait: yield only after max_hold."""
+        if self.token.held and self._yield_wanted.is_set() and self.held_for() >= self.max_hold:
+            self.go_cold(reason="yield")
+            return True
+        return False
+
+    def yield_requested(self) -> bool:
+        return self.token.held and self._yield_wanted.is_set()
+
+    def wait_yield_due(self, timeout: float | None) -> bool:
+        """Block until a yield is due (asked, and quantum served), or `timeout` s pass."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._yield_wanted.wait(_left(deadline)):
+            return False
+        rest = self.quantum - self.held_for()
+        if rest > 0:
+            left = _left(deadline)
+            if left is not None and left < rest:
+                time.sleep(left)
+                return False
+            time.sleep(rest)
+        return self.token.held
+
+    def go_cold(self, reason: str = "idle") -> None:
+        """Release our buffers and drop the token.  A no-op when cold."""
+        if not self.token.held:
+            return
+        self._publish("cooling")
+        try:
+            moved = self._release() if self._release else None
+            self.member.bytes_d2h += moved or 0
+        finally:
+            foreign = self._foreign_waiters()
+            self.token.release()
+            self._yield_wanted.clear()
+            if reason == "yield":
+                self.member.yields += 1
+            self._publish("cold")
+            self._foreign_at_release = foreign
+            log.debug("%s: cold (%s)", self.member.name, reason)
+
+    # -- who waits ---------------------------------------------------------
+
+    def _foreign_waiters(self) -> set[int]:
+        """Pids blocked in flock on the token that hold no vramd ticket."""
+        blocked = set(self.token.waiters())
+        if not blocked:
+            return set()
+        ticketed = {pid for _n, pid in self.queue.live()}
+        return blocked - ticketed - {self.pid}
+
+    def _someone_waiting(self) -> bool:
+        """Anyone queued, blocked on the token, or ringing since we took it?"""
+        if any(pid != self.pid for _n, pid in self.queue.live()):
+            return True
+        if set(self.token.waiters()) - {self.pid}:
+            return True
+        rings = doorbell.scan(self.arena.doorbell_dir).rings
+        since = self._warm_since_wall - RING_CLOCK_SLACK
+        return any(pid != self.pid and mtime >= since for pid, mtime in rings.items())
+
+    def _warden_loop(self) -> None:
+        watcher = self._watcher
+        while not self._stop.is_set():
+            rang = watcher.wait(None)
+            if self._stop.is_set():
+                return
+            if watcher.gone:
+                log.error("%s: the doorbell directory %s was removed; rings are no longer heard",
+                          self.member.name, self.arena.doorbell_dir)
+                return
+            if not self.token.held:
+                continue  # cold: there is nothing to yield
+            try:
+                if rang is None:
+                    wanted = self._someone_waiting()
+                else:
+                    wanted = bool(rang)
+            except Exception as e:  # a vanished file mid-scan: look again next ring
+                log.warning("%s: doorbell rescan failed: %s", self.member.name, e)
+                continue
+            if wanted:
+                self._yield_wanted.set()
+
+    # -- the member record -------------------------------------------------
+
+    def _publish(self, state: str) -> None:
+        m = self.member
+        m.state = state
+        m.since = time.time()
+        m.breakdown = self._breakdown() if self._breakdown else empty_breakdown()
+        self.registry.write(m)
+
+    def publish(self) -> None:
+        """Re-publish the record (e.g. after the breakdown changed)."""
+        self._publish(self.member.state)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -1,0 +1,245 @@
+"""The doorbell: `doorbell/<pid>` files that ask the token holder to yield.
+
+Ringing is create/write/close of `doorbell/<pid>` (an IN_CLOSE_WRITE), exactly
+what llama.cpp's arbiter and a shell script (`echo 1 > doorbell/$$`) do.  The
+holder watches the directory with inotify.  inotify is lossy in ways that
+matter here, so the watcher:
+
+- rescans the directory after adding the watch (a ring written just before
+  it produced no event) and after IN_Q_OVERFLOW (events were dropped);
+- treats the directory as a set of pending rings, never counts events
+  (identical events coalesce);
+- ignores its own pid and names that are not live pids (inotify says nothing
+  about who rang, so anyone who can write the directory can ring any name);
+- cleans ring files left by dead processes, using the process's start time so
+  that a reused pid does not revive an old ring.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from inotify_simple import INotify, flags
+
+from vramd.arena.layout import describe_open_error
+from vramd.errors import ArenaError
+
+# Longest decimal pid Linux can hand out (pid_max <= 2^22).
+_MAX_PID_DIGITS = 7
+_WATCH_MASK = flags.CLOSE_WRITE | flags.MOVED_TO | flags.DELETE_SELF | flags.ONLYDIR
+
+
+def ring(doorbell_dir: Path, pid: int | None = None) -> Path:
+    """Ring as `pid` (default: this process): create, write and close doorbell/<pid>.
+
+    The name is ours, so something else planted under it (a symlink, FIFO or
+    empty directory) is removed once and the ring retried.
+    """
+    pid = os.getpid() if pid is None else pid
+    path = Path(doorbell_dir) / str(pid)
+    for attempt in (1, 2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                         | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)
+        except FileNotFoundError:
+            raise ArenaError(f"{doorbell_dir}: doorbell directory is missing") from None
+        except OSError as e:
+            if attempt == 1 and e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR) \
+                    and _remove_planted(path):
+                continue
+            raise ArenaError(f"{path}: cannot ring: {describe_open_error(e)}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ArenaError(f"{path}: ring file is not a regular file (remove it)")
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+        return path
+    raise AssertionError("unreachable")
+
+
+def _remove_planted(path: Path) -> bool:
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def parse_pid(name: str) -> int | None:
+    """A ring's name as a pid, or None: plain digits, no sign, no leading zero."""
+    if not name or len(name) > _MAX_PID_DIGITS or not name.isascii() or not name.isdigit():
+        return None
+    if name[0] == "0":
+        return None
+    return int(name)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, belongs to someone else
+    return True
+
+
+def ring_is_stale(path: Path, pid: int) -> bool:
+    """A ring file whose process is gone, or older than the process now using its pid."""
+    try:
+        proc = psutil.Process(pid)
+        started = proc.create_time()
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+    try:
+        mtime = os.lstat(path).st_mtime
+    except FileNotFoundError:
+        return False
+    # create_time has ~10 ms resolution (clock ticks): allow for it.
+    return mtime < started - 0.05
+
+
+@dataclass
+class RingScan:
+    """One look at doorbell/: live rings by pid (with mtime) and what was cleaned."""
+
+    rings: dict[int, float] = field(default_factory=dict)
+    cleaned: list[str] = field(default_factory=list)
+
+
+def scan(doorbell_dir: Path, *, clean: bool = True) -> RingScan:
+    """List the live rings; unlink ring files of dead processes (when we may)."""
+    out = RingScan()
+    try:
+        names = os.listdir(doorbell_dir)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        pid = parse_pid(name)
+        path = Path(doorbell_dir) / name
+        if pid is None:
+            continue
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue  # a planted FIFO/dir/symlink rings for nobody
+        if ring_is_stale(path, pid):
+            if clean:
+                try:
+                    os.unlink(path)
+                    out.cleaned.append(name)
+                except OSError:
+                    pass
+            continue
+        out.rings[pid] = st.st_mtime
+    return out
+
+
+def remove_ring(doorbell_dir: Path, pid: int | None = None) -> None:
+    """Withdraw our own ring (once we hold the token it asks for nothing)."""
+    try:
+        os.unlink(Path(doorbell_dir) / str(os.getpid() if pid is None else pid))
+    except FileNotFoundError:
+        pass
+
+
+class Watcher:
+    """inotify watch on doorbell/ that reports which live pids rang.
+
+    `wait(timeout)` returns the set of pids that rang since the last call
+    (None for "the queue overflowed or the watch started: rescan").  The
+    caller decides what a ring means; this class only says who.
+    """
+
+    def __init__(self, doorbell_dir: Path, own_pid: int | None = None):
+        self.dir = Path(doorbell_dir)
+        self.own_pid = os.getpid() if own_pid is None else own_pid
+        self._inotify = INotify(nonblocking=True)
+        try:
+            self._wd = self._inotify.add_watch(str(self.dir), _WATCH_MASK)
+        except OSError as e:
+            self._inotify.close()
+            raise ArenaError(f"{self.dir}: cannot watch the doorbell: {e.strerror}") from None
+        # Wakes a thread blocked in wait() when close() is called.
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._need_rescan = True  # rings written before add_watch made no event
+        self.gone = False  # the directory was removed (IN_IGNORED / DELETE_SELF)
+
+    def fileno(self) -> int:
+        return self._inotify.fileno()
+
+    def wait(self, timeout: float | None) -> set[int] | None:
+        """Block up to `timeout` s for rings; return live foreign pids, or None to rescan."""
+        if self._need_rescan:
+            self._need_rescan = False
+            return None
+        events = self._read(timeout)
+        rang: set[int] = set()
+        for ev in events:
+            if ev.mask & flags.Q_OVERFLOW:
+                return None
+            if ev.mask & (flags.IGNORED | flags.DELETE_SELF):
+                self.gone = True
+                continue
+            pid = parse_pid(ev.name)
+            if pid is not None and pid != self.own_pid:
+                rang.add(pid)
+        return {pid for pid in rang if pid_alive(pid)}
+
+    def _read(self, timeout: float | None):
+        poller = select.poll()
+        poller.register(self._inotify.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        ready = poller.poll(ms)  # EINTR is retried by Python (PEP 475)
+        if not ready:
+            return []
+        try:
+            return list(self._inotify.read(timeout=0))
+        except (BlockingIOError, ValueError, OSError):
+            return []  # closed under us, or nothing after all
+
+    def interrupt(self) -> None:
+        """Wake a thread blocked in wait()."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.interrupt()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._inotify.close()
+
+
+def wait_for_any_ring(doorbell_dir: Path, timeout: float) -> set[int]:
+    """Test and CLI helper: block until some foreign live pid rings."""
+    w = Watcher(doorbell_dir)
+    try:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            got = w.wait(left)
+            if got:
+                return got
+        return set()
+    finally:
+        w.close()

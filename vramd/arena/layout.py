@@ -1,0 +1,274 @@
+"""The arena directory: where it is, what it holds, and whether it is safe.
+
+An arena is one directory per GPU shared by every participant on that GPU:
+
+    <arena>/token.lock       the flock baton (never unlinked, never written)
+    <arena>/doorbell/<pid>   rings: "pid wants the token"
+    <arena>/members/<pid>.json   what each vramd participant is doing
+    <arena>/queue/           tickets that make waiting FIFO (vramd only)
+
+llama.cpp's VRAM arbiter uses only token.lock and doorbell/, so the two
+interoperate.  Everything here is opened with O_NOFOLLOW and checked to be
+the kind of file it should be: in a directory others can write, a planted
+symlink, FIFO or directory must give a clear error, never a truncated file
+elsewhere or a hang.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from vramd.errors import ArenaError
+
+TOKEN = "token.lock"
+DOORBELL = "doorbell"
+MEMBERS = "members"
+QUEUE = "queue"
+
+ENV_ARENA = "VRAMD_ARENA"
+SYSTEM_ARENA = Path("/run/vramd")
+
+# Files in the arena are small: a member record, a ticket, a ring.  Anything
+# larger was planted, and reading it would only waste memory.
+MAX_SMALL_FILE = 64 * 1024
+
+
+def default_base() -> Path:
+    """Per-user runtime directory under which each device's arena lives."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "vramd"
+    return Path(f"/dev/shm/vramd-{os.getuid()}")
+
+
+def default_arena(device_key: str = "default") -> Path:
+    """The arena used when neither --arena nor VRAMD_ARENA is given."""
+    return default_base() / device_key
+
+
+def resolve_arena(path: str | os.PathLike | None) -> Path:
+    """--arena wins, then $VRAMD_ARENA, then the per-user default."""
+    if path:
+        return Path(path)
+    env = os.environ.get(ENV_ARENA)
+    if env:
+        return Path(env)
+    return default_arena()
+
+
+@dataclass
+class Arena:
+    """An opened, checked arena directory."""
+
+    path: Path
+    shared: bool = False  # world-writable (a llama.cpp arena), accepted on request
+
+    @property
+    def token_path(self) -> Path:
+        return self.path / TOKEN
+
+    @property
+    def doorbell_dir(self) -> Path:
+        return self.path / DOORBELL
+
+    @property
+    def members_dir(self) -> Path:
+        return self.path / MEMBERS
+
+    @property
+    def queue_dir(self) -> Path:
+        return self.path / QUEUE
+
+    @classmethod
+    def open(cls, path: str | os.PathLike | None = None, *, create: bool = True,
+             allow_shared: bool = False) -> "Arena":
+        """Open (and by default create) the arena at `path`, refusing unsafe ones."""
+        arena = Path(resolve_arena(path)).absolute()
+        if create:
+            _make_private_dirs(arena)
+        shared = check_dir(arena, allow_shared=allow_shared, what="arena")
+        for sub in (DOORBELL, MEMBERS, QUEUE):
+            sub_path = arena / sub
+            if create:
+                _mkdir_like_parent(sub_path)
+            if sub_path.exists() or sub_path.is_symlink():
+                shared |= check_dir(sub_path, allow_shared=allow_shared, what="arena directory")
+            elif sub == DOORBELL:
+                raise ArenaError(f"{sub_path}: missing; run `vramd arena init` or pass a writable --arena")
+        if create:
+            _create_token(arena / TOKEN)
+        return cls(arena, shared)
+
+
+def check_dir(path: Path, *, allow_shared: bool, what: str) -> bool:
+    """Refuse a symlink, a non-directory, or a world-writable directory.
+
+    Returns True when the directory is world-writable and that was allowed.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise ArenaError(f"{path}: {what} does not exist") from None
+    except PermissionError:
+        raise ArenaError(f"{path}: {what} is not accessible (permission denied)") from None
+    followed = False
+    if stat.S_ISLNK(st.st_mode):
+        if not allow_shared:
+            raise ArenaError(f"{path}: {what} is a symlink; refusing it (pass the real path, "
+                             "or --allow-shared-arena if you trust where it points)")
+        try:
+            st = os.stat(path)
+        except OSError:
+            raise ArenaError(f"{path}: {what} is a dangling symlink") from None
+        followed = True
+    if not stat.S_ISDIR(st.st_mode):
+        raise ArenaError(f"{path}: {what} is not a directory")
+    if st.st_mode & stat.S_IWOTH:
+        if not allow_shared:
+            raise ArenaError(f"{path}: {what} is world-writable (mode {stat.S_IMODE(st.st_mode):04o}): "
+                             "any local user could take the token; pass --allow-shared-arena "
+                             "to join it anyway (e.g. a llama.cpp arena)")
+        return True
+    if st.st_uid not in (os.getuid(), 0):
+        # Another user's private arena: joining it would make us depend on
+        # their files.  A system arena is root-owned and group-shared.
+        if not allow_shared:
+            raise ArenaError(f"{path}: {what} belongs to uid {st.st_uid}, not you; "
+                             "pass --allow-shared-arena to join it anyway")
+        return True
+    return followed
+
+
+def _make_private_dirs(path: Path) -> None:
+    """Create the arena (and a missing default base) mode 0700."""
+    try:
+        os.makedirs(path.parent, mode=0o700, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except PermissionError:
+        raise ArenaError(f"{path}: cannot create the arena (permission denied); "
+                         "choose another with --arena or VRAMD_ARENA") from None
+    except OSError as e:
+        raise ArenaError(f"{path}: cannot create the arena: {e.strerror}") from None
+
+
+def _mkdir_like_parent(path: Path) -> None:
+    """Create a subdirectory with its arena's group and permission bits.
+
+    A private arena gives 0700 subdirectories; a group arena made by
+    `vramd arena init` already has its own, which are never changed here.
+    """
+    try:
+        parent = os.stat(path.parent)
+        os.mkdir(path, stat.S_IMODE(parent.st_mode) & 0o3777)
+    except FileExistsError:
+        pass
+    except PermissionError:
+        pass  # a read-only participant of a system arena; check_dir reports problems
+    except OSError as e:
+        raise ArenaError(f"{path}: cannot create: {e.strerror}") from None
+
+
+def _create_token(path: Path) -> None:
+    """Make sure token.lock exists as a regular file; never truncate or unlink it."""
+    mode = stat.S_IMODE(os.stat(path.parent).st_mode) & 0o666
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     mode or 0o600)
+    except PermissionError:
+        if not path.exists():
+            raise ArenaError(f"{path}: cannot create the token file (permission denied)") from None
+        return
+    except OSError as e:
+        raise ArenaError(f"{path}: {describe_open_error(e)}") from None
+    try:
+        require_regular(fd, path, "token file")
+    finally:
+        os.close(fd)
+
+
+def describe_open_error(e: OSError) -> str:
+    """Turn an open() failure in the arena into words a user can act on."""
+    if e.errno == errno.ELOOP:
+        return "is a symlink; refusing to follow it (remove it: only vramd should create it)"
+    if e.errno == errno.EISDIR:
+        return "is a directory where a file was expected (remove it)"
+    if e.errno == errno.ENXIO:
+        return "is a FIFO or socket where a file was expected (remove it)"
+    if e.errno == errno.EACCES:
+        return "permission denied"
+    return e.strerror or str(e)
+
+
+def require_regular(fd: int, path: Path, what: str, max_size: int | None = None) -> os.stat_result:
+    """fstat an opened arena file and insist it is a small regular file."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise ArenaError(f"{path}: {what} is not a regular file (remove it)")
+    if max_size is not None and st.st_size > max_size:
+        raise ArenaError(f"{path}: {what} is {st.st_size} bytes, more than the {max_size} allowed")
+    return st
+
+
+def read_small(path: Path, what: str, max_size: int = MAX_SMALL_FILE) -> bytes:
+    """Read a small arena file without following links or blocking on FIFOs."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        require_regular(fd, path, what, max_size)
+        return os.read(fd, max_size + 1)[:max_size]
+    finally:
+        os.close(fd)
+
+
+def init_system_arena(path: Path, group: str, ring_group: str | None) -> Arena:
+    """Lay out a group-shared arena (brief §9): daemons take the token, ringers only ring.
+
+        d <arena>            0755 root root
+        f <arena>/token.lock 0660 root <group>
+        d <arena>/members    2770 root <group>
+        d <arena>/queue      2770 root <group>
+        d <arena>/doorbell   1770 root <ring_group or group>
+    """
+    try:
+        gid = grp.getgrnam(group).gr_gid
+        ring_gid = grp.getgrnam(ring_group).gr_gid if ring_group else gid
+    except KeyError as e:
+        raise ArenaError(f"group {e.args[0]!r} does not exist (create it with groupadd)") from None
+    try:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        check_dir(path, allow_shared=False, what="arena")
+        os.chmod(path, 0o755)
+        _make_group_dir(path / MEMBERS, gid, 0o2770)
+        _make_group_dir(path / QUEUE, gid, 0o2770)
+        _make_group_dir(path / DOORBELL, ring_gid, 0o1770)
+        token = path / TOKEN
+        fd = os.open(token, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)
+        try:
+            require_regular(fd, token, "token file")
+            os.fchown(fd, -1, gid)
+            os.fchmod(fd, 0o660)
+        finally:
+            os.close(fd)
+    except PermissionError as e:
+        raise ArenaError(f"{e.filename or path}: permission denied (run `vramd arena init` as root)") from None
+    except OSError as e:
+        raise ArenaError(f"{e.filename or path}: {describe_open_error(e)}") from None
+    return Arena(path)
+
+
+def _make_group_dir(path: Path, gid: int, mode: int) -> None:
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ArenaError(f"{path}: exists and is not a directory (remove it)")
+    os.chown(path, -1, gid)
+    os.chmod(path, mode)  # mkdir's mode is filtered by umask; chmod is not

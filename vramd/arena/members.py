@@ -1,0 +1,176 @@
+"""The member registry: `members/<pid>.json`, one record per vramd participant.
+
+A member writes its own record on every state change, atomically (a temp file
+in the same directory, then rename), so a reader sees the old or the new
+record, never half of one.  Records carry the process start time: a record
+whose pid died, or now belongs to another process, is stale and is removed by
+whoever notices.  Readers never trust a record's size or shape: it is capped,
+parsed as JSON, and type-checked field by field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from vramd.arena.layout import read_small
+from vramd.errors import ArenaError, VramdError
+
+STATES = ("cold", "warming", "warm", "cooling")
+KINDS = ("weights", "state", "encoder", "scratch")
+
+
+def empty_breakdown() -> dict[str, dict[str, int]]:
+    return {kind: {"device": 0, "host": 0} for kind in KINDS}
+
+
+def process_start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+@dataclass
+class Member:
+    """What one participant tells its peers and `vramd status` about itself."""
+
+    name: str
+    pid: int
+    start_time: float          # process create time: detects pid reuse
+    model: str = ""
+    state: str = "cold"
+    since: float = field(default_factory=time.time)   # wall time of the last state change
+    switches: int = 0          # times it went warm
+    yields: int = 0            # times it went cold because a peer asked
+    bytes_h2d: int = 0         # host -> device bytes moved, all switches
+    bytes_d2h: int = 0
+    last_switch_ms: float | None = None
+    breakdown: dict = field(default_factory=empty_breakdown)
+
+    def device_bytes(self) -> int:
+        return sum(v.get("device", 0) for v in self.breakdown.values())
+
+    def host_bytes(self) -> int:
+        return sum(v.get("host", 0) for v in self.breakdown.values())
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> "Member":
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        m = cls(name=_str(data, "name"), pid=_int(data, "pid"), start_time=_num(data, "start_time"))
+        m.model = _str(data, "model", "")
+        m.state = _str(data, "state", "cold")
+        if m.state not in STATES:
+            raise ValueError(f"unknown state {m.state!r}")
+        m.since = _num(data, "since", 0.0)
+        m.switches = _int(data, "switches", 0)
+        m.yields = _int(data, "yields", 0)
+        m.bytes_h2d = _int(data, "bytes_h2d", 0)
+        m.bytes_d2h = _int(data, "bytes_d2h", 0)
+        last = data.get("last_switch_ms")
+        m.last_switch_ms = float(last) if isinstance(last, (int, float)) else None
+        m.breakdown = _breakdown(data.get("breakdown", {}))
+        return m
+
+
+def _str(d: dict, key: str, default: str | None = None) -> str:
+    v = d.get(key, default)
+    if not isinstance(v, str):
+        raise ValueError(f"{key} is not a string")
+    return v
+
+
+def _int(d: dict, key: str, default: int | None = None) -> int:
+    v = d.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"{key} is not an integer")
+    return v
+
+
+def _num(d: dict, key: str, default: float | None = None) -> float:
+    v = d.get(key, default)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ValueError(f"{key} is not a number")
+    return float(v)
+
+
+def _breakdown(raw: object) -> dict:
+    out = empty_breakdown()
+    if not isinstance(raw, dict):
+        raise ValueError("breakdown is not an object")
+    for kind, v in raw.items():
+        if kind in out and isinstance(v, dict):
+            out[kind] = {"device": _int(v, "device", 0), "host": _int(v, "host", 0)}
+    return out
+
+
+class Registry:
+    """The members/ directory of one arena."""
+
+    def __init__(self, members_dir: Path):
+        self.dir = Path(members_dir)
+
+    def path_for(self, pid: int) -> Path:
+        return self.dir / f"{pid}.json"
+
+    def write(self, member: Member) -> None:
+        """Publish `member` atomically (temp file + rename)."""
+        data = json.dumps(member.to_json(), separators=(",", ":")).encode()
+        tmp = self.dir / f".{member.pid}.json.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.rename(tmp, self.path_for(member.pid))
+        except OSError as e:
+            raise ArenaError(f"{self.dir}: cannot write member record: {e.strerror}") from None
+
+    def remove(self, pid: int) -> None:
+        for path in (self.path_for(pid), self.dir / f".{pid}.json.tmp"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass
+
+    def read(self, pid: int) -> Member | None:
+        try:
+            raw = read_small(self.path_for(pid), "member record")
+            return Member.from_json(json.loads(raw))
+        except (OSError, ValueError, VramdError):
+            return None
+
+    def list(self, *, clean: bool = True) -> list[Member]:
+        """Live members, by pid.  Stale or malformed records are skipped (and removed if `clean`)."""
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        members = []
+        for name in names:
+            if not name.endswith(".json") or not name[:-5].isdigit():
+                continue
+            pid = int(name[:-5])
+            member = self.read(pid)
+            started = process_start_time(pid)
+            live = member is not None and member.pid == pid and started is not None \
+                and abs(started - member.start_time) < 1.0
+            if not live:
+                if clean and (started is None or member is not None):
+                    self.remove(pid)
+                continue
+            members.append(member)
+        members.sort(key=lambda m: m.pid)
+        return members

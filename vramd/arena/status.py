@@ -1,0 +1,88 @@
+"""One arena's status as plain data: who holds the token, who waits, what each member holds.
+
+Read-only apart from removing records of dead members.  The holder comes from
+the kernel (/proc/locks, /proc/<pid>/fdinfo), not from what members say, so a
+holder that is not a vramd member (llama.cpp, a script) is named too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+from vramd.arena import doorbell, proclocks
+from vramd.arena.layout import Arena, default_base
+from vramd.arena.members import KINDS, Registry
+from vramd.arena.queue import Queue
+
+
+def process_name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return "?"
+
+
+def arena_status(arena: Arena) -> dict:
+    try:
+        key = proclocks.file_key(os.stat(arena.token_path, follow_symlinks=False))
+        holders = proclocks.flock_holders(key)
+        blocked = proclocks.flock_waiters(key)
+    except FileNotFoundError:
+        holders, blocked = [], []
+    members = Registry(arena.members_dir).list(clean=os.access(arena.members_dir, os.W_OK))
+    try:
+        queued = [pid for _n, pid in Queue(arena.queue_dir).live()]
+    except Exception:
+        queued = []
+    by_pid = {m.pid: m for m in members}
+    holder_pid = holders[0] if holders else None
+    now = time.time()
+    rows = []
+    for m in members:
+        rows.append({
+            "name": m.name,
+            "pid": m.pid,
+            "model": m.model,
+            "state": m.state,
+            "holds_token": m.pid in holders,
+            "device_bytes": {k: m.breakdown[k]["device"] for k in KINDS},
+            "host_bytes": {k: m.breakdown[k]["host"] for k in KINDS},
+            "device_total": m.device_bytes(),
+            "host_total": m.host_bytes(),
+            "since": m.since,
+            "for_s": round(max(0.0, now - m.since), 3),
+            "switches": m.switches,
+            "yields": m.yields,
+            "bytes_h2d": m.bytes_h2d,
+            "bytes_d2h": m.bytes_d2h,
+            "last_switch_ms": m.last_switch_ms,
+        })
+    waiting = []
+    for pid in dict.fromkeys(queued + blocked):
+        waiting.append({"pid": pid, "name": by_pid[pid].name if pid in by_pid else process_name(pid),
+                        "member": pid in by_pid})
+    return {
+        "arena": str(arena.path),
+        "shared": arena.shared,
+        "holder_pid": holder_pid,
+        "holder_is_member": holder_pid in by_pid if holder_pid is not None else False,
+        "holder_name": (by_pid[holder_pid].name if holder_pid in by_pid else process_name(holder_pid))
+        if holder_pid is not None else None,
+        "waiting": waiting,
+        "rings": sorted(doorbell.scan(arena.doorbell_dir, clean=False).rings),
+        "members": rows,
+    }
+
+
+def discover_arenas(base: Path | None = None) -> list[Path]:
+    """Every arena under the per-user base (one per device), sorted."""
+    base = base or default_base()
+    try:
+        entries = sorted(base.iterdir())
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
+    return [p for p in entries if p.is_dir() and not p.is_symlink() and (p / "token.lock").exists()]

@@ -1,0 +1,316 @@
+"""The `vramd` command: a thin client of the arena (and, later, of the daemons).
+
+Every error a user can cause ends as one line `vramd: <what and where>` on
+stderr and the exit code of its class (vramd/errors.py, docs/operations.md);
+no traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from vramd import __version__
+from vramd.errors import PeerError, Timeout, UsageError, VramdError
+
+
+def arena_options(f):
+    """--arena and --allow-shared-arena, accepted by every command that uses an arena."""
+    @click.option("--arena", "arena_path", type=click.Path(path_type=Path), default=None,
+                  help="Arena directory (default: $VRAMD_ARENA, else a per-user runtime directory).")
+    @click.option("--allow-shared-arena", is_flag=True,
+                  help="Accept a world-writable or foreign-owned arena (e.g. llama.cpp's /dev/shm/llama-vram).")
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapper
+
+
+def open_arena(arena_path, allow_shared, create=True):
+    from vramd.arena.layout import Arena
+    return Arena.open(arena_path, create=create, allow_shared=allow_shared)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vramd")
+def cli():
+    """vramd: several always-loaded models time-share one GPU."""
+
+
+# -- status -------------------------------------------------------------------
+
+@cli.command()
+@arena_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(arena_path, allow_shared_arena, as_json):
+    """Show the token holder, the waiters and every member of the arena(s)."""
+    from vramd.arena.layout import Arena, ENV_ARENA, default_base
+    from vramd.arena.status import arena_status, discover_arenas
+
+    if arena_path or os.environ.get(ENV_ARENA):
+        arenas = [Arena.open(arena_path, create=False, allow_shared=True)]
+    else:
+        arenas = [Arena.open(p, create=False) for p in discover_arenas()]
+    reports = [arena_status(a) for a in arenas]
+    if as_json:
+        out = reports[0] if len(reports) == 1 else {"arenas": reports}
+        click.echo(json.dumps(out, indent=2))
+        return
+    if not reports:
+        click.echo(f"no arena under {default_base()} (nothing has run yet)")
+        return
+    for i, report in enumerate(reports):
+        if i:
+            click.echo()
+        click.echo(render_status(report))
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def human_age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def render_status(r: dict) -> str:
+    lines = [f"arena   {r['arena']}" + ("  (shared)" if r["shared"] else "")]
+    if r["holder_pid"] is None:
+        lines.append("holder  none (the GPU is free)")
+    else:
+        what = "member" if r["holder_is_member"] else "not a vramd member"
+        lines.append(f"holder  pid {r['holder_pid']} ({r['holder_name']}, {what})")
+    if r["waiting"]:
+        lines.append("waiting " + ", ".join(f"{w['name']} (pid {w['pid']})" for w in r["waiting"]))
+    if not r["members"]:
+        lines.append("members none")
+        return "\n".join(lines)
+    header = ("", "NAME", "PID", "STATE", "VRAM", "WEIGHTS", "KV/STATE", "ENCODER", "SCRATCH",
+              "HOST", "SINCE", "SWITCHES")
+    rows = [header]
+    for m in r["members"]:
+        d = m["device_bytes"]
+        rows.append(("*" if m["holds_token"] else "", m["name"], str(m["pid"]), m["state"],
+                     human_bytes(m["device_total"]), human_bytes(d["weights"]), human_bytes(d["state"]),
+                     human_bytes(d["encoder"]), human_bytes(d["scratch"]), human_bytes(m["host_total"]),
+                     human_age(m["for_s"]), str(m["switches"])))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    lines.append("(* holds the token)")
+    return "\n".join(lines)
+
+
+# -- ring / yield ---------------------------------------------------------------
+
+@cli.command()
+@arena_options
+@click.option("--pid", type=click.IntRange(min=1), default=None,
+              help="Ring as this pid (default: the calling process, i.e. your shell).")
+def ring(arena_path, allow_shared_arena, pid):
+    """Ring the doorbell: ask the token holder to yield at its next idle point.
+
+    A ring names a live pid; by default the process that ran `vramd ring`
+    (your shell or script), exactly like `echo 1 > <arena>/doorbell/$$`.
+    """
+    from vramd.arena import doorbell
+    arena = open_arena(arena_path, allow_shared_arena)
+    path = doorbell.ring(arena.doorbell_dir, pid or os.getppid())
+    click.echo(f"rang {path}")
+
+
+@cli.command(name="yield")
+@arena_options
+@click.argument("name", required=False)
+@click.option("--all", "all_", is_flag=True, help="Ask whoever holds the token, member or not.")
+@click.option("--wait", is_flag=True, help="Return only once the holder went cold (exit 1 on timeout).")
+@click.option("--timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds --wait waits.")
+def yield_(arena_path, allow_shared_arena, name, all_, wait, timeout):
+    """Ask the token holder (or member NAME, if it holds it) to go cold."""
+    from vramd.arena import doorbell
+    from vramd.arena.members import Registry
+    from vramd.arena.token import Token
+
+    if name and all_:
+        raise UsageError("give a NAME or --all, not both")
+    arena = open_arena(arena_path, allow_shared_arena, create=False)
+    token = Token(arena.token_path)
+    registry = Registry(arena.members_dir)
+    members = {m.pid: m for m in registry.list()}
+    holders = token.holders()
+    if name:
+        named = [m for m in members.values() if m.name == name]
+        if not named:
+            raise PeerError(f"no member named {name!r} in {arena.path} (see `vramd status`)")
+        targets = [m.pid for m in named if m.pid in holders]
+        if not targets:
+            click.echo(f"{name} is already cold")
+            return
+    else:
+        targets = holders
+        if not targets:
+            click.echo("nobody holds the token")
+            return
+    target = targets[0]
+    label = members[target].name if target in members else f"pid {target}"
+    yields_before = members[target].yields if target in members else None
+    # A ring must name a live process until the holder has read it: with
+    # --wait that is us; without, our caller (as `vramd ring` does).
+    doorbell.ring(arena.doorbell_dir, os.getpid() if wait else os.getppid())
+    if not wait:
+        click.echo(f"asked {label} to yield")
+        return
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if target not in token.holders():
+                break
+            if yields_before is not None:
+                m = registry.read(target)
+                if m is not None and m.yields > yields_before:
+                    break
+            time.sleep(0.002)
+        else:
+            raise Timeout(f"{label} did not yield within {timeout:g} s "
+                          "(it yields only between requests, after its hold quantum)")
+    finally:
+        doorbell.remove_ring(arena.doorbell_dir)
+    click.echo(f"{label} yielded")
+
+
+# -- exec -------------------------------------------------------------------------
+
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
+@arena_options
+@click.option("--name", default=None, help="Member name shown by `vramd status` (default: the command).")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="Give up (exit 1) if the GPU is not free within this many seconds.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_(arena_path, allow_shared_arena, name, timeout, command):
+    """Run COMMAND holding the GPU token; release it when COMMAND exits.
+
+    Rings, waits its turn, runs the command, and exits with its exit code
+    (128+N if it died of signal N).  SIGINT, SIGTERM and SIGHUP are forwarded.
+    """
+    from vramd.arena.arbiter import Participant
+    arena = open_arena(arena_path, allow_shared_arena)
+    participant = Participant(arena, name or os.path.basename(command[0]), model="(exec)")
+    sys.exit(run_holding(participant, list(command), timeout))
+
+
+def run_holding(participant, command: list[str], timeout: float | None) -> int:
+    child: list[subprocess.Popen] = []
+
+    def forward(signum, _frame):
+        # Only queue the signal to the child; all cleanup happens on the main path.
+        if child:
+            child[0].send_signal(signum)
+        else:
+            raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with participant:
+            participant.ensure_warm(timeout)
+            try:
+                child.append(subprocess.Popen(command))
+            except FileNotFoundError:
+                raise VramdCommandError(f"{command[0]}: command not found", 127) from None
+            except PermissionError:
+                raise VramdCommandError(f"{command[0]}: permission denied", 126) from None
+            rc = child[0].wait()
+        return rc if rc >= 0 else 128 - rc
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class VramdCommandError(VramdError):
+    """exec could not start its command; codes as a shell gives them."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.exit_code = code
+
+
+# -- arena ------------------------------------------------------------------------
+
+@cli.group()
+def arena():
+    """Manage arenas."""
+
+
+@arena.command(name="init")
+@click.option("--path", type=click.Path(path_type=Path), default=Path("/run/vramd"), show_default=True)
+@click.option("--group", required=True, help="Group whose members (the daemons) may take the token.")
+@click.option("--ring-group", default=None, help="Group that may only ring the doorbell (default: --group).")
+def arena_init(path, group, ring_group):
+    """Lay out a system arena shared by a group (run as root)."""
+    from vramd.arena.layout import init_system_arena
+    a = init_system_arena(path, group, ring_group)
+    click.echo(f"arena ready at {a.path} (token group {group}, ring group {ring_group or group})")
+
+
+# -- bench ------------------------------------------------------------------------
+
+class BenchGroup(click.Group):
+    """`vramd bench NAME` imports vramd.bench.NAME only when asked (they pull in Vulkan)."""
+
+    def list_commands(self, ctx):
+        from vramd.bench import NAMES
+        return list(NAMES)
+
+    def get_command(self, ctx, name):
+        from vramd.bench import NAMES
+        if name not in NAMES:
+            return None
+        return importlib.import_module(f"vramd.bench.{name}").command
+
+
+@cli.group(cls=BenchGroup)
+def bench():
+    """Benchmarks (docs/benchmarks.md records their results)."""
+
+
+# -- entry point ------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        rv = cli.main(args=argv, prog_name="vramd", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("vramd: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except VramdError as e:
+        click.echo(f"vramd: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("vramd: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()
