@@ -1,0 +1,83 @@
+"""Fixtures for arena tests: a fresh arena per test and participant processes."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def arena_dir(tmp_path):
+    path = tmp_path / "arena"
+    yield path
+
+
+class Peer:
+    """A participant process (tests/arena/peerproc.py) scripted over a pipe."""
+
+    def __init__(self, arena: Path, name: str, quantum: float = 0.0, warden: bool = True):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.arena.peerproc", str(arena), name, str(quantum),
+             "warden" if warden else "nowarden"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        self.name = name
+        ready = self.read()
+        assert ready.startswith("ready"), ready
+        self.pid = int(ready.split()[1])
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def read(self, timeout: float = 20.0) -> str:
+        import select
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError(f"peer {self.name} said nothing in {timeout} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EOFError(f"peer {self.name} exited with {self.proc.wait()}")
+        return line.strip()
+
+    def ask(self, line: str, timeout: float = 20.0) -> str:
+        self.send(line)
+        return self.read(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send("exit")
+                self.proc.wait(timeout=5)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def peers():
+    started: list[Peer] = []
+
+    def start(arena, name, **kw):
+        peer = Peer(arena, name, **kw)
+        started.append(peer)
+        return peer
+
+    yield start
+    for peer in started:
+        peer.close()
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.002):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
