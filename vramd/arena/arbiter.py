@@ -47,6 +47,8 @@ DEFAULT_MAX_HOLD = 5.0
 FOREIGN_HANDOFF_WAIT = 1.0
 # Coarse file timestamps: a ring this much older than our acquire still counts.
 RING_CLOCK_SLACK = 0.05
+# How often a waiter blocked on the token checks whether a new holder took it.
+RE_RING_INTERVAL = 0.01
 
 ReleaseFn = Callable[[], "int | None"]
 RestoreFn = Callable[[], "int | None"]
@@ -167,11 +169,38 @@ class Participant:
                               f"(holder: {self._holder_text()})")
             # First in line: ask whoever holds the token to yield.
             doorbell.ring(self.arena.doorbell_dir, self.pid)
-            if not self.token.acquire(_left(deadline)):
+            if not self._acquire_ringing(deadline):
                 raise Timeout(f"the GPU token was not free within {timeout:g} s "
                               f"(holder: {self._holder_text()})")
         finally:
             self.queue.done(ticket)
+
+    def _acquire_ringing(self, deadline: float | None) -> bool:
+        """Block on the token; ring again whenever a new process takes it meanwhile.
+
+        A flock-only peer (llama.cpp) drops rings heard while it was cold, so
+        if it grabs the token while we wait, our first ring is lost on it.
+        """
+        if self.token.try_acquire():
+            return True
+        done = threading.Event()
+        key = self.token.key()
+
+        def re_ring():
+            last = proclocks.flock_taker(key)
+            while not done.wait(RE_RING_INTERVAL):
+                taker = proclocks.flock_taker(key)
+                if taker not in (None, last, self.pid):
+                    doorbell.ring(self.arena.doorbell_dir, self.pid)
+                last = taker
+
+        ringer = threading.Thread(target=re_ring, name="vramd-re-ring", daemon=True)
+        ringer.start()
+        try:
+            return self.token.acquire(_left(deadline))
+        finally:
+            done.set()
+            ringer.join()
 
     def _let_foreign_waiter_go(self, deadline: float | None) -> None:
         """After yielding to a flock-only waiter, do not barge back ahead of it."""
