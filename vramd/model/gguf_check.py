@@ -28,7 +28,7 @@ import os
 import stat
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -42,7 +42,9 @@ DEFAULT_ALIGNMENT = 32
 
 # Bounds.  Each is far above what real models use and far below what would
 # let a hostile file make us allocate or loop without end.
-MAX_HEADER_BYTES = 256 << 20        # metadata + tensor infos (a 262k vocab is ~6 MiB)
+# Metadata + tensor infos.  Gemma 3's 262k-token vocabulary is 6.5 MB; the cap also bounds the
+# Python objects made from the header (a 4-byte float becomes a 24-byte object).
+MAX_HEADER_BYTES = 64 << 20
 MAX_TENSORS = 1 << 16
 MAX_KV = 1 << 16
 MAX_KEY_BYTES = 1024
@@ -151,11 +153,25 @@ def validate_gguf(path: str | os.PathLike[str]) -> ModelFile:
     fd = _open_regular_file(label)
     try:
         st = os.fstat(fd)
-        source = _BoundedSource(fd, st.st_size, label)
-        model = _parse(source, label)
+
+        def read_at(offset: int, n: int) -> bytes:
+            try:
+                return os.pread(fd, n, offset)
+            except OSError as e:
+                raise ModelError(f"{label}: read error at offset {offset}: {e.strerror}") from None
+
+        model = _parse(_BoundedSource(read_at, st.st_size, label), label)
         return ModelFile(identity=(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), **model)
     finally:
         os.close(fd)
+
+
+def validate_gguf_bytes(data: bytes, label: str = "<memory>") -> ModelFile:
+    """The same checks on a file's bytes held in memory (for fuzzers and tests).
+    Offsets in the result are offsets into `data`; `identity` is all zeros but the size."""
+    view = bytes(data)
+    model = _parse(_BoundedSource(lambda offset, n: view[offset:offset + n], len(view), label), label)
+    return ModelFile(identity=(0, 0, len(view), 0), **model)
 
 
 # --- opening -----------------------------------------------------------------
@@ -169,6 +185,8 @@ def _open_regular_file(label: str) -> int:
         raise ModelError(f"{label}: no such file") from None
     except OSError as e:
         raise ModelError(f"{label}: cannot open: {e.strerror}") from None
+    except ValueError:  # a NUL byte in the path
+        raise ModelError(f"{label!r}: not a valid path") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
@@ -184,8 +202,8 @@ class _BoundedSource:
     nor past MAX_HEADER_BYTES.  Reads with pread into a growing buffer rather
     than mmap, so a file truncated under us is an error, not a SIGBUS."""
 
-    def __init__(self, fd: int, size: int, label: str):
-        self.fd = fd
+    def __init__(self, read_at: Callable[[int, int], bytes], size: int, label: str):
+        self.read_at = read_at      # (offset, n) -> up to n bytes; b"" at the end
         self.size = size
         self.label = label
         self.buf = b""
@@ -213,10 +231,7 @@ class _BoundedSource:
         chunks = [self.buf]
         have = len(self.buf)
         while have < end:
-            try:
-                chunk = os.pread(self.fd, target - have, have)
-            except OSError as e:
-                raise self.fail(f"read error at offset {have}: {e.strerror}") from None
+            chunk = self.read_at(have, target - have)
             if not chunk:
                 raise self.fail(f"truncated: file shrank while reading (at offset {have})")
             chunks.append(chunk)
@@ -235,13 +250,17 @@ class _BoundedSource:
     def u64(self, what: str) -> int:
         return self.unpack("<Q", 8, what)
 
-    def raw_string(self, what: str, max_bytes: int) -> bytes:
-        n = self.u64(f"{what} length")
+    def check_string_length(self, n: int, what: str, max_bytes: int) -> None:
+        # CVE-2024-23496: a length is checked before anything is read or allocated from it.
         if n > max_bytes:
             raise self.fail(f"{what}: string length {n} exceeds the limit {max_bytes}")
         if n > self.remaining:
             raise self.fail(f"{what}: string length {n} beyond end of file "
                             f"({self.remaining} bytes left at offset {self.pos})")
+
+    def raw_string(self, what: str, max_bytes: int) -> bytes:
+        n = self.u64(f"{what} length")
+        self.check_string_length(n, what, max_bytes)
         self.need(n, what)
         data = self.buf[self.pos:self.pos + n]
         self.pos += n
@@ -394,10 +413,7 @@ def _read_string_array(src: _BoundedSource, count: int, what: str) -> list[str]:
         (n,) = unpack_from("<Q", src.buf, src.pos)
         src.pos += 8
         if n > MAX_STRING_BYTES or n > src.remaining:
-            raise src.fail(f"{what}[{i}]: string length {n} beyond end of file "
-                           f"({src.remaining} bytes left at offset {src.pos})"
-                           if n <= MAX_STRING_BYTES else
-                           f"{what}[{i}]: string length {n} exceeds the limit {MAX_STRING_BYTES}")
+            src.check_string_length(n, f"{what}[{i}]", MAX_STRING_BYTES)
         if src.pos + n > len(src.buf):
             src.need(n, f"{what}[{i}]")
         data = src.buf[src.pos:src.pos + n]
