@@ -13,7 +13,7 @@ Nothing here is committed as a binary: every test builds its own files.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -196,7 +196,6 @@ class GGUFImage:
     alignment: int
     tensor_count: int | None = None  # header overrides
     kv_count: int | None = None
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "GGUFImage":

@@ -17,8 +17,9 @@ array element (slow on a 262144-token vocabulary).  The header format is
 small; this module parses it with a bound on every read and takes the
 format's constants (value types, tensor types, block sizes) from `gguf`.
 
-Every rejection is a `vramd.errors.ModelError` whose message is one line:
-`<path>: <problem>`.  Nothing is allocated from a count before that count has
+Entry points: `validate_gguf(path)`, and `validate_gguf_bytes(data)` for
+fuzzers.  Every rejection is a `vramd.errors.ModelError` whose message is one
+line: `<path>: <problem>`.  Nothing is allocated from a count before that count has
 been checked against the bytes the file can still hold.
 """
 
@@ -160,7 +161,7 @@ def validate_gguf(path: str | os.PathLike[str]) -> ModelFile:
             except OSError as e:
                 raise ModelError(f"{label}: read error at offset {offset}: {e.strerror}") from None
 
-        model = _parse(_BoundedSource(read_at, st.st_size, label), label)
+        model = _parse(_BoundedSource(read_at, st.st_size, label))
         return ModelFile(identity=(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), **model)
     finally:
         os.close(fd)
@@ -170,7 +171,7 @@ def validate_gguf_bytes(data: bytes, label: str = "<memory>") -> ModelFile:
     """The same checks on a file's bytes held in memory (for fuzzers and tests).
     Offsets in the result are offsets into `data`; `identity` is all zeros but the size."""
     view = bytes(data)
-    model = _parse(_BoundedSource(lambda offset, n: view[offset:offset + n], len(view), label), label)
+    model = _parse(_BoundedSource(lambda offset, n: view[offset:offset + n], len(view), label))
     return ModelFile(identity=(0, 0, len(view), 0), **model)
 
 
@@ -289,7 +290,7 @@ class _BoundedSource:
 
 # --- the header ----------------------------------------------------------------
 
-def _parse(src: _BoundedSource, label: str) -> dict[str, Any]:
+def _parse(src: _BoundedSource) -> dict[str, Any]:
     version = _read_preamble(src)
     tensor_count, kv_count = _read_counts(src)
     metadata, types = _read_metadata(src, kv_count)
@@ -299,7 +300,7 @@ def _parse(src: _BoundedSource, label: str) -> dict[str, Any]:
     raw_infos = _read_tensor_infos(src, tensor_count)
     data_offset = _align_up(src.pos, alignment)
     tensors = _check_tensors(src, raw_infos, alignment, data_offset)
-    return dict(path=label, version=version, alignment=alignment, architecture=architecture,
+    return dict(path=src.label, version=version, alignment=alignment, architecture=architecture,
                 metadata=metadata, tensors=tuple(tensors), data_offset=data_offset,
                 file_size=src.size)
 
