@@ -1,0 +1,497 @@
+/* Regions: tensors packed into blocks, host shadows, and the release /
+ * restore paths with the semantics of each kind. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "internal.h"
+
+static const char *KIND_NAMES[VRAMD_KIND_COUNT] = {"weights", "state", "encoder", "scratch"};
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+static int has_shadow(const vramd_region *r) { return r->kind != VRAMD_KIND_SCRATCH; }
+
+/* Blocks are rounded to this so that each block's slice of one contiguous
+ * shadow mapping is a valid import (page-aligned start and size). */
+static uint64_t block_granule(const vramd_ctx *ctx) {
+    return ctx->import_alignment > 65536 ? ctx->import_alignment : 65536;
+}
+
+int vramd_region_create(vramd_ctx *ctx, int kind, const char *name, vramd_region **out) {
+    *out = NULL;
+    if (kind < 0 || kind >= VRAMD_KIND_COUNT)
+        return vramd_fail(VRAMD_ERR_USAGE, "unknown region kind %d (weights=0, state=1, encoder=2, scratch=3)", kind);
+    vramd_region *r = calloc(1, sizeof *r);
+    if (!r) return vramd_fail(VRAMD_ERR_DEVICE, "out of host memory");
+    if (ctx->n_regions == ctx->cap_regions) {
+        uint32_t cap = ctx->cap_regions ? 2 * ctx->cap_regions : 8;
+        vramd_region **rs = realloc(ctx->regions, cap * sizeof *rs);
+        if (!rs) {
+            free(r);
+            return vramd_fail(VRAMD_ERR_DEVICE, "out of host memory");
+        }
+        ctx->regions = rs;
+        ctx->cap_regions = cap;
+    }
+    r->ctx = ctx;
+    r->kind = kind;
+    /* State is evicted on release by default: losing a KV cache is what
+     * vramd exists to avoid.  The caller may choose to keep it resident. */
+    r->evict = 1;
+    snprintf(r->name, sizeof r->name, "%s", name ? name : KIND_NAMES[kind]);
+    ctx->regions[ctx->n_regions++] = r;
+    *out = r;
+    return VRAMD_OK;
+}
+
+int vramd_region_add_tensor(vramd_region *r, uint64_t nbytes, uint32_t *index) {
+    vramd_ctx *ctx = r->ctx;
+    if (r->sealed) return vramd_fail(VRAMD_ERR_USAGE, "region '%s' is sealed: add tensors before the first use", r->name);
+    if (!nbytes) return vramd_fail(VRAMD_ERR_USAGE, "region '%s': a tensor needs at least one byte", r->name);
+    /* A tensor lives in one block, and one block is one allocation. */
+    if (round_up(nbytes, block_granule(ctx)) > ctx->max_allocation)
+        return vramd_fail(VRAMD_ERR_USAGE,
+                          "region '%s': a tensor of %llu bytes is larger than the device's largest "
+                          "allocation (maxMemoryAllocationSize %llu bytes); split it",
+                          r->name, (unsigned long long)nbytes, (unsigned long long)ctx->max_allocation);
+    if (r->n_tensors == r->cap_tensors) {
+        uint32_t cap = r->cap_tensors ? 2 * r->cap_tensors : 16;
+        vramd_tensor *ts = realloc(r->tensors, cap * sizeof *ts);
+        if (!ts) return vramd_fail(VRAMD_ERR_DEVICE, "out of host memory");
+        r->tensors = ts;
+        r->cap_tensors = cap;
+    }
+    r->tensors[r->n_tensors] = (vramd_tensor){.nbytes = nbytes};
+    *index = r->n_tensors++;
+    return VRAMD_OK;
+}
+
+static void free_shadow(vramd_region *r) {
+    vramd_ctx *ctx = r->ctx;
+    for (uint32_t b = 0; b < r->n_blocks; b++) {
+        vramd_block *k = &r->blocks[b];
+        vramd_alloc a = {.buffer = k->shadow_buffer, .memory = k->shadow_memory};
+        if (!a.memory) continue;
+        /* The accounting needs size and heap: recompute from the type. */
+        if (!r->shadow_base) ctx->vk.vkUnmapMemory(ctx->device, a.memory);
+        a.size = k->shadow_bytes_accounted;
+        a.heap = k->shadow_heap;
+        vramd_free_now(ctx, &a);
+        k->shadow_buffer = VK_NULL_HANDLE;
+        k->shadow_memory = VK_NULL_HANDLE;
+        k->shadow_ptr = NULL;
+    }
+    if (r->shadow_base) munmap(r->shadow_base, r->shadow_bytes);
+    r->shadow_base = NULL;
+    r->shadow_bytes = 0;
+}
+
+static int alloc_shadow(vramd_region *r) {
+    vramd_ctx *ctx = r->ctx;
+    int rc = VRAMD_OK;
+    if (ctx->host_import) {
+        /* One anonymous mapping for the whole region, imported block by
+         * block: the loader sees one contiguous shadow and the DMA engine
+         * reads it in place. */
+        void *base = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED)
+            return vramd_fail(VRAMD_ERR_DEVICE, "region '%s': cannot map %llu bytes of host memory for its shadow",
+                              r->name, (unsigned long long)r->bytes);
+        r->shadow_base = base;
+        r->shadow_bytes = r->bytes;
+        for (uint32_t b = 0; b < r->n_blocks && !rc; b++) {
+            vramd_block *k = &r->blocks[b];
+            vramd_alloc a;
+            k->shadow_ptr = (char *)base + k->offset;
+            rc = vramd_import_host(ctx, k->shadow_ptr, k->size, &a);
+            if (!rc) {
+                k->shadow_buffer = a.buffer;
+                k->shadow_memory = a.memory;
+                k->shadow_bytes_accounted = a.size;
+                k->shadow_heap = a.heap;
+            }
+        }
+    } else {
+        for (uint32_t b = 0; b < r->n_blocks && !rc; b++) {
+            vramd_block *k = &r->blocks[b];
+            vramd_alloc a;
+            rc = vramd_alloc_host(ctx, k->size, &a, &k->shadow_ptr);
+            if (!rc) {
+                k->shadow_buffer = a.buffer;
+                k->shadow_memory = a.memory;
+                k->shadow_bytes_accounted = a.size;
+                k->shadow_heap = a.heap;
+                r->shadow_bytes += k->size;
+            }
+        }
+    }
+    if (rc) {
+        char keep[512];
+        snprintf(keep, sizeof keep, "region '%s' shadow: %s", r->name, vramd_last_error());
+        free_shadow(r);
+        return vramd_fail(rc, "%s", keep);
+    }
+    return VRAMD_OK;
+}
+
+/* Packs tensors in order into blocks of at most block_bytes (a larger
+ * tensor gets a block of its own), so thousands of tensors make a few
+ * allocations, and no tensor straddles two allocations. */
+int vramd_region_seal(vramd_region *r) {
+    vramd_ctx *ctx = r->ctx;
+    if (r->sealed) return VRAMD_OK;
+    if (!r->n_tensors) return vramd_fail(VRAMD_ERR_USAGE, "region '%s' has no tensors", r->name);
+    uint64_t align = ctx->storage_alignment > 256 ? ctx->storage_alignment : 256;
+    uint64_t granule = block_granule(ctx);
+    vramd_block *blocks = calloc(r->n_tensors, sizeof *blocks);
+    if (!blocks) return vramd_fail(VRAMD_ERR_DEVICE, "out of host memory");
+    uint32_t nb = 0;
+    uint64_t used = 0, region_off = 0;
+    for (uint32_t i = 0; i < r->n_tensors; i++) {
+        vramd_tensor *t = &r->tensors[i];
+        uint64_t at = round_up(used, align);
+        if (nb == 0 || (used > 0 && at + t->nbytes > ctx->block_bytes) ||
+            round_up(at + t->nbytes, granule) > ctx->max_allocation) {
+            if (nb > 0) {
+                blocks[nb - 1].size = round_up(used, granule);
+                region_off += blocks[nb - 1].size;
+            }
+            blocks[nb].offset = region_off;
+            nb++;
+            at = 0;
+        }
+        t->block = nb - 1;
+        t->offset = at;
+        used = at + t->nbytes;
+    }
+    blocks[nb - 1].size = round_up(used, granule);
+    region_off += blocks[nb - 1].size;
+    r->blocks = blocks;
+    r->n_blocks = nb;
+    r->bytes = region_off;
+    if (has_shadow(r)) {
+        int rc = alloc_shadow(r);
+        if (rc) {
+            free(r->blocks);
+            r->blocks = NULL;
+            r->n_blocks = 0;
+            return rc;
+        }
+    }
+    r->sealed = 1;
+    return VRAMD_OK;
+}
+
+int vramd_region_set_evict(vramd_region *r, int evict) {
+    r->evict = evict != 0;
+    return VRAMD_OK;
+}
+
+static uint64_t device_held(const vramd_region *r) {
+    uint64_t n = 0;
+    for (uint32_t b = 0; b < r->n_blocks; b++) n += r->blocks[b].dev.size;
+    return n;
+}
+
+int vramd_region_info_get(vramd_region *r, vramd_region_info *out) {
+    memset(out, 0, sizeof *out);
+    out->kind = (uint32_t)r->kind;
+    out->resident = (uint32_t)r->resident;
+    out->evict = (uint32_t)r->evict;
+    out->n_tensors = r->n_tensors;
+    out->n_blocks = r->n_blocks;
+    out->bytes = r->bytes;
+    out->device_bytes = device_held(r);
+    out->host_bytes = r->shadow_bytes;
+    return VRAMD_OK;
+}
+
+/* ---- restore ------------------------------------------------------------- */
+
+/* Gives back the device memory of regions made resident by a restore that
+ * then failed.  Their shadows are still the truth (nothing ran on the new
+ * copies), so no copy back is needed. */
+static void roll_back(vramd_ctx *ctx, vramd_region **rs, uint32_t n) {
+    vramd_wait_transfers(ctx); /* no copy may still write into what we free */
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t b = 0; b < rs[i]->n_blocks; b++)
+            if (rs[i]->blocks[b].dev.memory) vramd_bury(ctx, &rs[i]->blocks[b].dev);
+        rs[i]->resident = 0;
+    }
+    /* The caller may retry at once (after freeing something else): leave
+     * the budget as it was before this restore. */
+    vramd_ctx_drain(ctx);
+}
+
+/* The pipeline: allocate block i, submit its copy, allocate block i+1 while
+ * the copy engine works on block i.  On the H200 vkAllocateMemory costs
+ * about what the DMA of the same bytes costs, so doing them one after the
+ * other would halve the rate.  Each block's copy is its own submission, so
+ * the engine starts as soon as the first block exists. */
+static int restore_list(vramd_ctx *ctx, vramd_region **rs, uint32_t n) {
+    uint64_t t_alloc = 0, t_submit = 0, bytes = 0, blocks = 0;
+    ctx->stats.restore_stall_ns = 0;
+    int rc = VRAMD_OK;
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        vramd_region *r = rs[i];
+        for (uint32_t b = 0; b < r->n_blocks && !rc; b++) {
+            vramd_block *k = &r->blocks[b];
+            uint64_t t0 = vramd_now_ns();
+            rc = vramd_alloc_device(ctx, k->size, &k->dev);
+            uint64_t t1 = vramd_now_ns();
+            t_alloc += t1 - t0;
+            if (rc || !has_shadow(r)) continue;
+            vramd_slot *s;
+            rc = vramd_slot_acquire(ctx, &s);
+            if (rc) break;
+            VkBufferCopy c = {.srcOffset = 0, .dstOffset = 0, .size = k->size};
+            ctx->vk.vkCmdCopyBuffer(s->cmd, k->shadow_buffer, k->dev.buffer, 1, &c);
+            rc = vramd_submit_transfer(ctx, s);
+            t_submit += vramd_now_ns() - t1;
+            bytes += k->size;
+            blocks++;
+        }
+        if (!rc) r->resident = 1;
+    }
+    if (rc) {
+        char keep[512];
+        snprintf(keep, sizeof keep, "%s", vramd_last_error());
+        roll_back(ctx, rs, n);
+        const char *what = n == 1 ? rs[0]->name : "the requested regions";
+        return vramd_fail(rc, "restore of %s failed, left released with the shadow intact: %s", what, keep);
+    }
+    ctx->stats.restore_bytes = bytes;
+    ctx->stats.restore_blocks = blocks;
+    ctx->stats.restore_alloc_ns = t_alloc;
+    ctx->stats.restore_submit_ns = t_submit;
+    return VRAMD_OK;
+}
+
+static int collect(vramd_ctx *ctx, uint32_t kinds, int resident, vramd_region ***out, uint32_t *n) {
+    *n = 0;
+    *out = NULL;
+    if (kinds >> VRAMD_KIND_COUNT) return vramd_fail(VRAMD_ERR_USAGE, "kinds mask 0x%x has unknown bits", kinds);
+    if (!ctx->n_regions) return VRAMD_OK;
+    vramd_region **rs = malloc(ctx->n_regions * sizeof *rs);
+    if (!rs) return vramd_fail(VRAMD_ERR_DEVICE, "out of host memory");
+    for (uint32_t i = 0; i < ctx->n_regions; i++) {
+        vramd_region *r = ctx->regions[i];
+        if (!(kinds & (1u << r->kind)) || !r->sealed || r->resident != resident) continue;
+        rs[(*n)++] = r;
+    }
+    *out = rs;
+    return VRAMD_OK;
+}
+
+int vramd_restore(vramd_ctx *ctx, uint32_t kinds) {
+    vramd_region **rs;
+    uint32_t n;
+    /* Scratch is not restored: it is re-created lazily on its next use. */
+    int rc = collect(ctx, kinds & ~(1u << VRAMD_KIND_SCRATCH), 0, &rs, &n);
+    if (rc) return rc;
+    rc = n ? restore_list(ctx, rs, n) : VRAMD_OK; /* already resident: a no-op */
+    free(rs);
+    return rc;
+}
+
+static int require_sealed(vramd_region *r) {
+    /* Sealing is implicit on first use: the layout is fixed from then on. */
+    return r->sealed ? VRAMD_OK : vramd_region_seal(r);
+}
+
+int vramd_region_restore(vramd_region *r) {
+    int rc = require_sealed(r);
+    if (rc || r->resident) return rc;
+    return restore_list(r->ctx, &r, 1);
+}
+
+/* ---- release ------------------------------------------------------------- */
+
+static int release_list(vramd_ctx *ctx, vramd_region **rs, uint32_t n) {
+    if (!n) return VRAMD_OK;
+    /* Nothing may be freed, nor copied back, while a compute step or a copy
+     * still uses it. */
+    uint64_t t0 = vramd_now_ns();
+    int rc = vramd_wait_compute(ctx);
+    if (!rc) rc = vramd_wait_transfers(ctx);
+    ctx->stats.release_wait_ns = vramd_now_ns() - t0;
+    if (rc) return rc;
+
+    /* State: one submission with every block's device->host copy, so the
+     * engine streams at the link rate; only then is device memory freed. */
+    uint64_t evict_bytes = 0;
+    vramd_slot *s = NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        vramd_region *r = rs[i];
+        if (r->kind != VRAMD_KIND_STATE) continue;
+        if (!s && (rc = vramd_slot_acquire(ctx, &s))) return rc;
+        for (uint32_t b = 0; b < r->n_blocks; b++) {
+            VkBufferCopy c = {.srcOffset = 0, .dstOffset = 0, .size = r->blocks[b].size};
+            ctx->vk.vkCmdCopyBuffer(s->cmd, r->blocks[b].dev.buffer, r->blocks[b].shadow_buffer, 1, &c);
+            evict_bytes += r->blocks[b].size;
+        }
+    }
+    if (s) {
+        VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                              .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                              .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+        ctx->vk.vkCmdPipelineBarrier(s->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb,
+                                     0, NULL, 0, NULL);
+        uint64_t t1 = vramd_now_ns();
+        rc = vramd_submit_transfer(ctx, s);
+        if (!rc) rc = vramd_wait_transfers(ctx);
+        ctx->stats.evict_copy_ns = vramd_now_ns() - t1;
+        ctx->stats.evict_bytes = evict_bytes;
+        /* A failed copy keeps the state resident: the device copy is still
+         * the only good one. */
+        if (rc) return rc;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t b = 0; b < rs[i]->n_blocks; b++)
+            if (rs[i]->blocks[b].dev.memory) vramd_bury(ctx, &rs[i]->blocks[b].dev);
+        rs[i]->resident = 0;
+    }
+    return VRAMD_OK;
+}
+
+int vramd_release(vramd_ctx *ctx, uint32_t kinds) {
+    vramd_region **rs;
+    uint32_t n, m = 0;
+    int rc = collect(ctx, kinds, 1, &rs, &n);
+    if (rc) return rc;
+    /* State whose policy is "keep" stays resident. */
+    for (uint32_t i = 0; i < n; i++)
+        if (rs[i]->kind != VRAMD_KIND_STATE || rs[i]->evict) rs[m++] = rs[i];
+    rc = release_list(ctx, rs, m);
+    free(rs);
+    return rc;
+}
+
+int vramd_region_release(vramd_region *r) {
+    if (!r->resident) return VRAMD_OK;
+    return release_list(r->ctx, &r, 1);
+}
+
+int vramd_breakdown(vramd_ctx *ctx, vramd_breakdown_t *out) {
+    memset(out, 0, sizeof *out);
+    for (uint32_t i = 0; i < ctx->n_regions; i++) {
+        vramd_region *r = ctx->regions[i];
+        out->device[r->kind] += r->resident ? device_held(r) : 0;
+        out->host[r->kind] += r->shadow_bytes;
+    }
+    return VRAMD_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------- */
+
+static int tensor_at(vramd_region *r, uint32_t index, uint64_t offset, uint64_t n, vramd_tensor **t) {
+    int rc = require_sealed(r);
+    if (rc) return rc;
+    if (index >= r->n_tensors)
+        return vramd_fail(VRAMD_ERR_USAGE, "region '%s' has no tensor %u (it has %u)", r->name, index, r->n_tensors);
+    *t = &r->tensors[index];
+    if (offset > (*t)->nbytes || n > (*t)->nbytes - offset)
+        return vramd_fail(VRAMD_ERR_USAGE, "region '%s' tensor %u: bytes %llu..%llu are outside its %llu bytes",
+                          r->name, index, (unsigned long long)offset, (unsigned long long)(offset + n),
+                          (unsigned long long)(*t)->nbytes);
+    return VRAMD_OK;
+}
+
+int vramd_tensor_place_get(vramd_region *r, uint32_t index, vramd_tensor_place *out) {
+    vramd_tensor *t = NULL;
+    int rc = tensor_at(r, index, 0, 0, &t);
+    if (rc) return rc;
+    out->block = t->block;
+    out->reserved = 0;
+    out->offset = t->offset;
+    out->nbytes = t->nbytes;
+    return VRAMD_OK;
+}
+
+int vramd_tensor_host(vramd_region *r, uint32_t index, void **ptr) {
+    vramd_tensor *t = NULL;
+    int rc = tensor_at(r, index, 0, 0, &t);
+    if (rc) return rc;
+    if (!has_shadow(r)) return vramd_fail(VRAMD_ERR_USAGE, "region '%s' is scratch: it has no host shadow", r->name);
+    *ptr = (char *)r->blocks[t->block].shadow_ptr + t->offset;
+    return VRAMD_OK;
+}
+
+static int ensure_device(vramd_region *r) {
+    if (r->resident) return VRAMD_OK;
+    if (r->kind == VRAMD_KIND_SCRATCH) return restore_list(r->ctx, &r, 1);
+    return vramd_fail(VRAMD_ERR_USAGE, "region '%s' (%s) is released: restore it first", r->name, KIND_NAMES[r->kind]);
+}
+
+int vramd_tensor_buffer(vramd_region *r, uint32_t index, uint64_t *buffer, uint64_t *offset) {
+    vramd_tensor *t = NULL;
+    int rc = tensor_at(r, index, 0, 0, &t);
+    if (!rc) rc = ensure_device(r);
+    if (rc) return rc;
+    *buffer = (uint64_t)(uintptr_t)r->blocks[t->block].dev.buffer;
+    *offset = t->offset;
+    return VRAMD_OK;
+}
+
+int vramd_tensor_write(vramd_region *r, uint32_t index, uint64_t offset, const void *src, uint64_t n) {
+    vramd_ctx *ctx = r->ctx;
+    vramd_tensor *t = NULL;
+    int rc = tensor_at(r, index, offset, n, &t);
+    if (rc || !n) return rc;
+    vramd_block *k = &r->blocks[t->block];
+    uint64_t at = t->offset + offset;
+    if (has_shadow(r)) {
+        /* The shadow gets the bytes in every case: for weights it is the
+         * truth; for state it is what the next restore uploads. */
+        memcpy((char *)k->shadow_ptr + at, src, n);
+        if (!r->resident) return VRAMD_OK;
+        return vramd_copy_sync(ctx, k->shadow_buffer, at, k->dev.buffer, at, n, 0);
+    }
+    if ((rc = ensure_device(r)) || (rc = vramd_staging(ctx, n))) return rc;
+    for (uint64_t done = 0; done < n && !rc; done += ctx->staging_size) {
+        uint64_t m = n - done < ctx->staging_size ? n - done : ctx->staging_size;
+        memcpy(ctx->staging_ptr, (const char *)src + done, m);
+        rc = vramd_copy_sync(ctx, ctx->staging.buffer, 0, k->dev.buffer, at + done, m, 0);
+    }
+    return rc;
+}
+
+int vramd_tensor_read(vramd_region *r, uint32_t index, uint64_t offset, void *dst, uint64_t n) {
+    vramd_ctx *ctx = r->ctx;
+    vramd_tensor *t = NULL;
+    int rc = tensor_at(r, index, offset, n, &t);
+    if (rc || !n) return rc;
+    vramd_block *k = &r->blocks[t->block];
+    uint64_t at = t->offset + offset;
+    if (!r->resident) {
+        if (!has_shadow(r))
+            return vramd_fail(VRAMD_ERR_USAGE, "region '%s' is scratch and released: it has no content", r->name);
+        memcpy(dst, (const char *)k->shadow_ptr + at, n);
+        return VRAMD_OK;
+    }
+    /* Resident: read the device copy itself (through staging, so a read
+     * never touches a read-only shadow). */
+    if ((rc = vramd_staging(ctx, n))) return rc;
+    for (uint64_t done = 0; done < n && !rc; done += ctx->staging_size) {
+        uint64_t m = n - done < ctx->staging_size ? n - done : ctx->staging_size;
+        rc = vramd_copy_sync(ctx, k->dev.buffer, at + done, ctx->staging.buffer, 0, m, 1);
+        if (!rc) memcpy((char *)dst + done, ctx->staging_ptr, m);
+    }
+    return rc;
+}
+
+void vramd_region_destroy(vramd_region *r) {
+    if (!r) return;
+    vramd_ctx *ctx = r->ctx;
+    vramd_ctx_sync(ctx);
+    for (uint32_t b = 0; b < r->n_blocks; b++)
+        if (r->blocks[b].dev.memory) vramd_bury(ctx, &r->blocks[b].dev);
+    free_shadow(r);
+    vramd_ctx_forget_region(ctx, r);
+    free(r->blocks);
+    free(r->tensors);
+    free(r);
+}
