@@ -125,7 +125,10 @@ class TensorInfo:
 @dataclass(frozen=True)
 class ModelFile:
     """A validated GGUF file.  `identity` lets a loader notice that the file
-    changed between validation and reading (compare with os.fstat)."""
+    changed between validation and reading (compare with os.fstat).
+    `warnings` name problems that were repaired rather than refused, as
+    llama.cpp does (today: special token ids outside the vocabulary, which are
+    dropped from `metadata`); a daemon logs them."""
 
     path: str
     version: int
@@ -135,6 +138,7 @@ class ModelFile:
     tensors: tuple[TensorInfo, ...]  # in file order
     data_offset: int                # start of the tensor data section
     file_size: int
+    warnings: tuple[str, ...]
     identity: tuple[int, int, int, int] = field(repr=False)  # st_dev, st_ino, st_size, st_mtime_ns
 
     def tensor(self, name: str) -> TensorInfo:
@@ -296,13 +300,13 @@ def _parse(src: _BoundedSource) -> dict[str, Any]:
     metadata, types = _read_metadata(src, kv_count)
     alignment = _check_alignment(src, metadata, types)
     architecture = _check_required_keys(src, metadata, types)
-    _check_tokenizer(src, metadata, types)
+    warnings = _check_tokenizer(src, metadata, types)
     raw_infos = _read_tensor_infos(src, tensor_count)
     data_offset = _align_up(src.pos, alignment)
     tensors = _check_tensors(src, raw_infos, alignment, data_offset)
     return dict(path=src.label, version=version, alignment=alignment, architecture=architecture,
                 metadata=metadata, tensors=tuple(tensors), data_offset=data_offset,
-                file_size=src.size)
+                file_size=src.size, warnings=tuple(warnings))
 
 
 def _read_preamble(src: _BoundedSource) -> int:
@@ -468,7 +472,8 @@ def _check_required_keys(src: _BoundedSource, metadata: dict[str, Any],
 
 
 def _check_tokenizer(src: _BoundedSource, metadata: dict[str, Any],
-                     types: dict[str, tuple[GGUFValueType, ...]]) -> None:
+                     types: dict[str, tuple[GGUFValueType, ...]]) -> list[str]:
+    """Refuses malformed tokenizer arrays; returns warnings for what it repaired."""
     def require_array_of(key: str, etype: GGUFValueType) -> None:
         if types[key] != (_V.ARRAY, etype):
             raise src.fail(f"{key} must be an ARRAY of {etype.name}, got {_type_name(types[key])}")
@@ -480,7 +485,7 @@ def _check_tokenizer(src: _BoundedSource, metadata: dict[str, Any],
         present = [k for k in _PER_TOKEN_ARRAYS if k in metadata]
         if present:
             raise src.fail(f"{present[0]} present without {TOKENS_KEY}")
-        return
+        return []
     require_array_of(TOKENS_KEY, _V.STRING)
     longest = max(tokens, key=len, default="")
     # len() counts code points; only strings that long can exceed the byte limit.
@@ -501,13 +506,18 @@ def _check_tokenizer(src: _BoundedSource, metadata: dict[str, Any],
                             and max(token_types) in _TOKEN_TYPE_RANGE):
         bad = next(t for t in token_types if t not in _TOKEN_TYPE_RANGE)
         raise src.fail(f"tokenizer.ggml.token_type holds unknown token type {bad}")
-    # Special token ids index the vocabulary: an id outside it is an out-of-bounds read later.
-    for key, value in metadata.items():
-        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
-            if types[key][0] not in _INTEGER_TYPES:
-                raise src.fail(f"{key} must be an integer, got {_type_name(types[key])}")
-            if not 0 <= value < n_vocab:
-                raise src.fail(f"{key} {value} is outside the vocabulary (0..{n_vocab - 1})")
+    # Special token ids index the vocabulary: an id outside it would be an
+    # out-of-bounds read later.  Real files have carried such ids, and llama.cpp
+    # ignores them with a warning, so they are dropped rather than refused.
+    warnings = []
+    for key in [k for k in metadata if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")]:
+        if types[key][0] not in _INTEGER_TYPES:
+            raise src.fail(f"{key} must be an integer, got {_type_name(types[key])}")
+        if not 0 <= metadata[key] < n_vocab:
+            warnings.append(f"{src.label}: {key} {metadata[key]} is outside the vocabulary "
+                            f"(0..{n_vocab - 1}); ignored")
+            del metadata[key]
+    return warnings
 
 
 # --- tensor infos ----------------------------------------------------------------
