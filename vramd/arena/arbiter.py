@@ -212,12 +212,15 @@ class Participant:
         if deadline is not None:
             stop = min(stop, deadline)
         key = self.token.key()
+        # The kernel unlists a woken waiter until it runs and retries, so "not
+        # waiting any more" proves nothing while it lives: wait for it to hold
+        # the token, or to die, or for FOREIGN_HANDOFF_WAIT.
         while time.monotonic() < stop:
             entries = proclocks.locks_on(key)
             if any(not e.waiting and e.pid != self.pid for e in entries):
                 return  # someone else took it
-            if not waiting_for & {e.pid for e in entries if e.waiting}:
-                return  # they stopped waiting
+            if not any(doorbell.pid_alive(pid) for pid in waiting_for):
+                return
             time.sleep(0.0005)
 
     def _holder_text(self) -> str:
