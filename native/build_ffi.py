@@ -24,26 +24,38 @@ def cdef_text():
     return text[start:text.index("/* CDEF END */")]
 
 
-ffibuilder = FFI()
-ffibuilder.cdef(cdef_text())
+def builder(absolute: bool = False) -> FFI:
+    """The FFI builder.  setuptools wants source paths relative to setup.py;
+    a direct compile (below) runs in a temporary directory and needs them
+    absolute."""
+    root = os.path.dirname(HERE)
+    fix = (lambda p: p) if absolute else (lambda p: os.path.relpath(p, root))
+    include_dirs = [fix(os.path.join(HERE, "include")), fix(os.path.join(HERE, "src"))]
+    if os.environ.get("VULKAN_INCLUDE"):
+        include_dirs.append(os.environ["VULKAN_INCLUDE"])
+    ffi = FFI()
+    ffi.cdef(cdef_text())
+    ffi.set_source(
+        "vramd.gpu._residency",
+        '#include "vramd/residency.h"',
+        sources=sorted(fix(p) for p in glob.glob(os.path.join(HERE, "src", "*.c"))),
+        include_dirs=include_dirs,
+        extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wno-unused-parameter"],
+        libraries=["dl", "pthread"],
+    )
+    return ffi
 
-include_dirs = [os.path.join(HERE, "include"), os.path.join(HERE, "src")]
-if os.environ.get("VULKAN_INCLUDE"):
-    include_dirs.append(os.environ["VULKAN_INCLUDE"])
 
-# Paths relative to setup.py's directory: setuptools wants them relative.
-root = os.path.dirname(HERE)
-sources = sorted(os.path.relpath(p, root) for p in glob.glob(os.path.join(HERE, "src", "*.c")))
-
-ffibuilder.set_source(
-    "vramd.gpu._residency",
-    '#include "vramd/residency.h"',
-    sources=sources,
-    include_dirs=[os.path.relpath(p, root) if p.startswith(root) else p for p in include_dirs],
-    extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wno-unused-parameter"],
-    libraries=["dl", "pthread"],
-)
+ffibuilder = builder()
 
 if __name__ == "__main__":
-    os.chdir(root)
-    ffibuilder.compile(verbose=True)
+    # Build without setuptools' packaging (`python native/build_ffi.py`):
+    # compiles in build/cffi and copies the extension next to vramd/gpu, as
+    # `pip install -e .` would.  Used on machines with only a bare Python.
+    import shutil
+
+    root = os.path.dirname(HERE)
+    so = builder(absolute=True).compile(tmpdir=os.path.join(root, "build", "cffi"), verbose=False)
+    dest = os.path.join(root, "vramd", "gpu", os.path.basename(so))
+    shutil.copy(so, dest)
+    print(dest)
