@@ -1,8 +1,11 @@
 """Fixtures for arena tests: a fresh arena per test and participant processes."""
 
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +30,7 @@ class Peer:
              "warden" if warden else "nowarden"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
         self.name = name
+        self._lines = start_line_reader(self.proc.stdout)
         ready = self.read()
         assert ready.startswith("ready"), ready
         self.pid = int(ready.split()[1])
@@ -36,14 +40,15 @@ class Peer:
         self.proc.stdin.flush()
 
     def read(self, timeout: float = 20.0) -> str:
-        import select
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            raise TimeoutError(f"peer {self.name} said nothing in {timeout} s")
-        line = self.proc.stdout.readline()
-        if not line:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            self.proc.send_signal(signal.SIGUSR1)  # peerproc prints its stacks to stderr
+            time.sleep(0.2)
+            raise TimeoutError(f"peer {self.name} said nothing in {timeout} s") from None
+        if line is None:
             raise EOFError(f"peer {self.name} exited with {self.proc.wait()}")
-        return line.strip()
+        return line
 
     def ask(self, line: str, timeout: float = 20.0) -> str:
         self.send(line)
@@ -57,6 +62,23 @@ class Peer:
             except Exception:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def start_line_reader(stream) -> "queue.Queue[str | None]":
+    """Lines of `stream` as they come, in a queue (None at EOF).
+
+    select() on a buffered pipe misses lines already read into the buffer,
+    so a thread does the reading.
+    """
+    lines: queue.Queue = queue.Queue()
+
+    def pump():
+        for line in stream:
+            lines.put(line.strip())
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
 
 
 @pytest.fixture

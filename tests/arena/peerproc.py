@@ -16,7 +16,9 @@ Times are time.monotonic(), which is one clock for every process on the host,
 so a test can compare them with its own.
 """
 
+import faulthandler
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,6 +46,7 @@ def critical_section(marker: str, hold: float) -> None:
 
 
 def main():
+    faulthandler.register(signal.SIGUSR1)  # the test dumps our stacks when we hang
     arena_path, name = sys.argv[1], sys.argv[2]
     quantum = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
     start_warden = (sys.argv[4] != "nowarden") if len(sys.argv) > 4 else True

@@ -9,7 +9,7 @@ import pytest
 
 from vramd.arena.token import Token
 
-from .conftest import wait_until
+from .conftest import start_line_reader, wait_until
 
 HERE = __import__("pathlib").Path(__file__).parent
 
@@ -25,7 +25,8 @@ class CPeer:
     def __init__(self, binary, arena):
         self.proc = subprocess.Popen([str(binary), str(arena)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline().split()
+        self._lines = start_line_reader(self.proc.stdout)
+        line = self.read().split()
         assert line[0] == "ready"
         self.pid = int(line[1])
 
@@ -34,10 +35,10 @@ class CPeer:
         self.proc.stdin.flush()
 
     def read(self, timeout=10.0):
-        import select
-        if not select.select([self.proc.stdout], [], [], timeout)[0]:
-            raise TimeoutError("C peer said nothing")
-        return self.proc.stdout.readline().strip()
+        line = self._lines.get(timeout=timeout)
+        if line is None:
+            raise EOFError("C peer exited")
+        return line
 
     def close(self):
         if self.proc.poll() is None:
