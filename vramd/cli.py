@@ -171,6 +171,12 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, timeout):
             return
     target = targets[0]
     label = members[target].name if target in members else f"pid {target}"
+    if target in members and members[target].control:
+        # A daemon: ask it directly; it goes cold at its next idle point.
+        from vramd.server.control import request
+        request(members[target].control, "yield", wait=timeout if wait else 5.0)
+        click.echo(f"{label} yielded")
+        return
     yields_before = members[target].yields if target in members else None
     # A ring must name a live process until the holder has read it: with
     # --wait that is us; without, our caller (as `vramd ring` does).
@@ -194,6 +200,65 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, timeout):
     finally:
         doorbell.remove_ring(arena.doorbell_dir)
     click.echo(f"{label} yielded")
+
+
+# -- serve / wake -------------------------------------------------------------------
+
+@cli.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=str))
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="TOML file with the same keys as the flags (flags override it).")
+@click.option("--name", default=None, help="Member name (default: the model file's stem).")
+@click.option("--arena", "arena", default=None, help="Arena (default: per user, keyed by the device's UUID).")
+@click.option("--allow-shared-arena", is_flag=True, default=None, help="Accept a world-writable arena.")
+@click.option("--device", default=None, help="Vulkan device index or UUID (default: first discrete GPU).")
+@click.option("--ctx", type=int, default=None, help="Context length the KV cache is sized for [4096].")
+@click.option("--evict-state", type=click.Choice(["auto", "always", "never"]), default=None,
+              help="Copy the KV cache to the host when going cold: auto (only if the next peer needs the room), "
+                   "always, never [auto].")
+@click.option("--idle-sleep", type=float, default=None,
+              help="Release the GPU after this many idle seconds; negative: never [-1].")
+@click.option("--vram-budget", default=None, help="Device bytes the arena's members may use together, e.g. 12GiB.")
+@click.option("--host", default=None, help="HTTP address [127.0.0.1].")
+@click.option("--port", type=int, default=None, help="HTTP port; 0 picks a free one [8080].")
+@click.option("--quantum", type=float, default=None, help="Minimum seconds to hold the GPU before yielding [0.25].")
+@click.option("--max-hold", type=float, default=None, help="Seconds after which a busy holder yields between "
+              "requests when someone waits [5].")
+def serve(model, config_file, **flags):
+    """Serve MODEL.gguf: resident on the GPU only while it serves."""
+    import logging
+    from vramd.server import config as config_mod
+    from vramd.server.daemon import serve as run_daemon
+    if flags.get("vram_budget") is not None:
+        flags["vram_budget"] = config_mod.parse_size(flags["vram_budget"], "--vram-budget")
+    flags["model"] = model
+    cfg = config_mod.build(config_file, flags)
+    logging.basicConfig(level=logging.INFO, format="vramd[%(process)d] %(levelname)s %(message)s")
+    sys.exit(run_daemon(cfg))
+
+
+def find_daemon(arena, name: str):
+    from vramd.arena.members import Registry
+    for m in Registry(arena.members_dir).list():
+        if m.name == name and m.control:
+            return m
+    raise PeerError(f"no daemon named {name!r} in {arena.path} (see `vramd status`)")
+
+
+@cli.command()
+@arena_options
+@click.argument("name")
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait for the GPU.")
+def wake(arena_path, allow_shared_arena, name, timeout):
+    """Make daemon NAME go warm now (it rings and waits its turn)."""
+    from vramd.server.control import request
+    arena = open_arena(arena_path, allow_shared_arena, create=False)
+    reply = request(find_daemon(arena, name).control, "wake", wait=timeout + 5, timeout=timeout)
+    if reply["was_cold"]:
+        click.echo(f"{name} is warm (switch {reply['switch_ms']:.1f} ms, waited {reply['wait_ms']:.1f} ms)")
+    else:
+        click.echo(f"{name} was already warm")
 
 
 # -- exec -------------------------------------------------------------------------

@@ -59,6 +59,7 @@ class Participant:
     def __init__(self, arena: Arena, name: str, *, model: str = "",
                  restore: RestoreFn | None = None, release: ReleaseFn | None = None,
                  breakdown: BreakdownFn | None = None,
+                 on_yield_request: Callable[[], None] | None = None,
                  quantum: float = DEFAULT_QUANTUM, max_hold: float = DEFAULT_MAX_HOLD):
         if quantum < 0 or max_hold < quantum:
             raise ValueError("need 0 <= quantum <= max_hold")
@@ -72,6 +73,9 @@ class Participant:
         self._restore = restore
         self._release = release
         self._breakdown = breakdown
+        # Called from the warden thread when a yield becomes wanted, so a
+        # caller blocked on its own work queue can wake up and call idle().
+        self._on_yield_request = on_yield_request
         self.member = Member(name=name, pid=self.pid, model=model,
                              start_time=process_start_time(self.pid) or time.time())
         self._yield_wanted = threading.Event()
@@ -160,6 +164,8 @@ class Participant:
         self._publish("warm")
         if self._someone_waiting():
             self._yield_wanted.set()
+            if self._on_yield_request is not None:
+                self._on_yield_request()
 
     def _queue_and_acquire(self, deadline: float | None, timeout: float | None) -> None:
         ticket = self.queue.take(self.pid)
@@ -249,6 +255,27 @@ class Participant:
     def yield_requested(self) -> bool:
         return self.token.held and self._yield_wanted.is_set()
 
+    def yield_due_in(self) -> float | None:
+        """Seconds until idle() would yield (0: now); None if nobody asked."""
+        if not self.yield_requested():
+            return None
+        return max(0.0, self.quantum - self.held_for())
+
+    def incoming_need(self) -> int | None:
+        """Device bytes the next waiter needs, if it is a member that said so.
+
+        None when the next waiter is not a vramd member (a llama.cpp peer
+        expects an empty GPU) or published no need.
+        """
+        queued = [pid for _n, pid in self.queue.live() if pid != self.pid]
+        blocked = [pid for pid in self.token.waiters() if pid != self.pid]
+        for pid in queued[:1] or blocked[:1]:
+            member = self.registry.read(pid)
+            if member is None or member.wants_bytes <= 0:
+                return None
+            return member.wants_bytes
+        return None
+
     def wait_yield_due(self, timeout: float | None) -> bool:
         """Block until a yield is due (asked, and quantum served), or `timeout` s pass."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -323,6 +350,8 @@ class Participant:
                 continue
             if wanted:
                 self._yield_wanted.set()
+                if self._on_yield_request is not None:
+                    self._on_yield_request()
 
     # -- the member record -------------------------------------------------
 

@@ -6,6 +6,7 @@ An arena is one directory per GPU shared by every participant on that GPU:
     <arena>/doorbell/<pid>   rings: "pid wants the token"
     <arena>/members/<pid>.json   what each vramd participant is doing
     <arena>/queue/           tickets that make waiting FIFO (vramd only)
+    <arena>/control/<name>.sock  daemons' control sockets (vramd only)
 
 llama.cpp's VRAM arbiter uses only token.lock and doorbell/, so the two
 interoperate.  Everything here is opened with O_NOFOLLOW and checked to be
@@ -29,6 +30,7 @@ TOKEN = "token.lock"
 DOORBELL = "doorbell"
 MEMBERS = "members"
 QUEUE = "queue"
+CONTROL = "control"
 
 ENV_ARENA = "VRAMD_ARENA"
 SYSTEM_ARENA = Path("/run/vramd")
@@ -46,19 +48,49 @@ def default_base() -> Path:
     return Path(f"/dev/shm/vramd-{os.getuid()}")
 
 
-def default_arena(device_key: str = "default") -> Path:
-    """The arena used when neither --arena nor VRAMD_ARENA is given."""
-    return default_base() / device_key
+def default_device_key() -> str:
+    """The UUID of the device a daemon picks by default (first discrete GPU, else
+    the first), so that daemons and CLI commands meet in the same arena.
+    "default" when no Vulkan device can be listed."""
+    try:
+        from vramd.gpu.device import list_devices
+        devices = list_devices()
+    except Exception:
+        return "default"
+    if not devices:
+        return "default"
+    chosen = next((d for d in devices if d["type"] == "discrete"), devices[0])
+    return chosen["uuid"]
+
+
+def existing_arenas(base: Path | None = None) -> list[Path]:
+    """Every arena under the per-user base (one per device), sorted."""
+    base = base or default_base()
+    try:
+        entries = sorted(base.iterdir())
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
+    return [p for p in entries if p.is_dir() and not p.is_symlink() and (p / TOKEN).exists()]
 
 
 def resolve_arena(path: str | os.PathLike | None) -> Path:
-    """--arena wins, then $VRAMD_ARENA, then the per-user default."""
+    """--arena wins, then $VRAMD_ARENA, then the per-user default for the default device.
+
+    Without either, the one arena that exists under the per-user base is
+    used; with several (one per GPU) the user must say which.
+    """
     if path:
         return Path(path)
     env = os.environ.get(ENV_ARENA)
     if env:
         return Path(env)
-    return default_arena()
+    found = existing_arenas()
+    if len(found) == 1:
+        return found[0]
+    if len(found) > 1:
+        raise ArenaError(f"{default_base()}: one arena per GPU here ({', '.join(p.name for p in found)}); "
+                         "pick one with --arena or VRAMD_ARENA")
+    return default_base() / default_device_key()
 
 
 @dataclass
@@ -84,6 +116,10 @@ class Arena:
     def queue_dir(self) -> Path:
         return self.path / QUEUE
 
+    @property
+    def control_dir(self) -> Path:
+        return self.path / CONTROL
+
     @classmethod
     def open(cls, path: str | os.PathLike | None = None, *, create: bool = True,
              allow_shared: bool = False) -> "Arena":
@@ -92,7 +128,7 @@ class Arena:
         if create:
             _make_private_dirs(arena)
         shared = check_dir(arena, allow_shared=allow_shared, what="arena")
-        for sub in (DOORBELL, MEMBERS, QUEUE):
+        for sub in (DOORBELL, MEMBERS, QUEUE, CONTROL):
             sub_path = arena / sub
             if create:
                 _mkdir_like_parent(sub_path)
@@ -233,6 +269,7 @@ def init_system_arena(path: Path, group: str, ring_group: str | None) -> Arena:
         f <arena>/token.lock 0660 root <group>
         d <arena>/members    2770 root <group>
         d <arena>/queue      2770 root <group>
+        d <arena>/control    2770 root <group>
         d <arena>/doorbell   1770 root <ring_group or group>
     """
     try:
@@ -246,6 +283,7 @@ def init_system_arena(path: Path, group: str, ring_group: str | None) -> Arena:
         os.chmod(path, 0o755)
         _make_group_dir(path / MEMBERS, gid, 0o2770)
         _make_group_dir(path / QUEUE, gid, 0o2770)
+        _make_group_dir(path / CONTROL, gid, 0o2770)
         _make_group_dir(path / DOORBELL, ring_gid, 0o1770)
         token = path / TOKEN
         fd = os.open(token, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)

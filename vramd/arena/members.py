@@ -52,6 +52,9 @@ class Member:
     bytes_d2h: int = 0
     last_switch_ms: float | None = None
     breakdown: dict = field(default_factory=empty_breakdown)
+    wants_bytes: int = 0       # device bytes it needs to go warm (set while warming)
+    endpoint: str = ""         # http://host:port of a daemon's API, if any
+    control: str = ""          # path of a daemon's control socket, if any
 
     def device_bytes(self) -> int:
         return sum(v.get("device", 0) for v in self.breakdown.values())
@@ -79,6 +82,9 @@ class Member:
         last = data.get("last_switch_ms")
         m.last_switch_ms = float(last) if isinstance(last, (int, float)) else None
         m.breakdown = _breakdown(data.get("breakdown", {}))
+        m.wants_bytes = _int(data, "wants_bytes", 0)
+        m.endpoint = _str(data, "endpoint", "")
+        m.control = _str(data, "control", "")
         return m
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from vramd.arena import doorbell, proclocks
-from vramd.arena.layout import Arena, default_base
+from vramd.arena.layout import Arena, existing_arenas
 from vramd.arena.members import KINDS, Registry
 from vramd.arena.queue import Queue
 
@@ -80,9 +80,4 @@ def arena_status(arena: Arena) -> dict:
 
 def discover_arenas(base: Path | None = None) -> list[Path]:
     """Every arena under the per-user base (one per device), sorted."""
-    base = base or default_base()
-    try:
-        entries = sorted(base.iterdir())
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return []
-    return [p for p in entries if p.is_dir() and not p.is_symlink() and (p / "token.lock").exists()]
+    return existing_arenas(base)

@@ -1,0 +1,153 @@
+"""From a validated GGUF file to residency regions: weights, KV cache, scratch.
+
+The file is validated first (gguf_check), then every tensor's bytes are read
+once, straight from the file into the region's host shadow (pread into the
+shadow's memory: no intermediate copy), so a restore is one DMA from memory
+the device reads directly.  The KV cache (a `state` region) and the compute
+scratch are sized from the model's metadata and --ctx.  Nothing touches the
+device here: the daemon takes the token before the first upload.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vramd.errors import ModelError
+from vramd.model.gguf_check import ModelFile, validate_gguf
+
+KV_BYTES_PER_ELEMENT = 2  # f16 K and V
+SCRATCH_BATCH = 512       # tokens a prefill step processes at once
+
+
+@dataclass
+class KVShape:
+    layers: int
+    ctx: int
+    k_width: int  # head_dim_k * n_head_kv
+    v_width: int
+
+    @property
+    def layer_bytes(self) -> tuple[int, int]:
+        return (self.ctx * self.k_width * KV_BYTES_PER_ELEMENT, self.ctx * self.v_width * KV_BYTES_PER_ELEMENT)
+
+
+@dataclass
+class LoadedModel:
+    file: ModelFile
+    weights: object              # vramd.gpu.residency.Region
+    kv: object | None
+    scratch: object
+    kv_shape: KVShape | None
+    load_seconds: float = 0.0
+    regions: list = field(default_factory=list)
+
+
+def arch_int(mf: ModelFile, key: str, default: int | None = None) -> int | None:
+    value = mf.metadata.get(f"{mf.architecture}.{key}", default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelError(f"{mf.path}: {mf.architecture}.{key} = {value!r} is not a positive integer")
+    return value
+
+
+def kv_shape(mf: ModelFile, ctx: int) -> KVShape | None:
+    """KV cache geometry from the metadata; None if the model does not say."""
+    layers = arch_int(mf, "block_count")
+    n_embd = arch_int(mf, "embedding_length")
+    n_head = arch_int(mf, "attention.head_count")
+    if layers is None or n_embd is None or n_head is None:
+        return None
+    n_head_kv = arch_int(mf, "attention.head_count_kv", n_head)
+    k_dim = arch_int(mf, "attention.key_length", n_embd // n_head or 1)
+    v_dim = arch_int(mf, "attention.value_length", n_embd // n_head or 1)
+    return KVShape(layers, ctx, k_dim * n_head_kv, v_dim * n_head_kv)
+
+
+def scratch_bytes(mf: ModelFile) -> int:
+    """Compute buffers for one prefill batch: activations plus logits (an estimate
+    until the engine sizes its own; it is what the breakdown shows meanwhile)."""
+    n_embd = arch_int(mf, "embedding_length", 1)
+    n_ff = arch_int(mf, "feed_forward_length", 4 * n_embd)
+    vocab = len(mf.metadata.get("tokenizer.ggml.tokens", ())) or 32000
+    return 4 * (SCRATCH_BATCH * (3 * n_embd + 2 * n_ff) + vocab)
+
+
+def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
+         progress: bool | None = None) -> LoadedModel:
+    """Validate `path`, lay out its regions, read its tensors into the host shadows."""
+    t0 = time.monotonic()
+    mf = validate_gguf(path)
+    weights = residency.region("weights", f"{name}/weights", [(t.name, t.nbytes) for t in mf.tensors])
+    regions = [weights]
+    try:
+        shape = kv_shape(mf, ctx)
+        kv = None
+        if shape is not None:
+            k_bytes, v_bytes = shape.layer_bytes
+            tensors = []
+            for layer in range(shape.layers):
+                tensors += [(f"cache_k_l{layer}", k_bytes), (f"cache_v_l{layer}", v_bytes)]
+            kv = residency.region("state", f"{name}/kv", tensors)
+            regions.append(kv)
+        scratch = residency.region("scratch", f"{name}/scratch", [("compute", scratch_bytes(mf))])
+        regions.append(scratch)
+        read_tensors(mf, weights, progress=sys.stderr.isatty() if progress is None else progress)
+    except BaseException:
+        for region in reversed(regions):  # nothing half-loaded
+            region.destroy()
+        raise
+    return LoadedModel(mf, weights, kv, scratch, shape, time.monotonic() - t0, regions)
+
+
+def read_tensors(mf: ModelFile, region, progress: bool = False) -> None:
+    """pread every tensor into its shadow; check the file did not change since validation."""
+    total = sum(t.nbytes for t in mf.tensors)
+    done = 0
+    fd = os.open(mf.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(mf.identity):
+            raise ModelError(f"{mf.path}: the file changed while it was being loaded")
+        bar = _Progress(Path(mf.path).name, total) if progress else None
+        for t in mf.tensors:
+            dest = memoryview(region.tensors[t.name].host())
+            got = 0
+            while got < t.nbytes:
+                n = os.preadv(fd, [dest[got:]], t.offset + got)
+                if n <= 0:
+                    raise ModelError(f"{mf.path}: truncated while reading tensor {t.name!r}")
+                got += n
+            done += t.nbytes
+            if bar:
+                bar.update(done)
+        if bar:
+            bar.finish()
+    finally:
+        os.close(fd)
+
+
+class _Progress:
+    """A one-line progress bar on stderr (only when stderr is a terminal)."""
+
+    def __init__(self, label: str, total: int):
+        self.label, self.total, self.t0, self.last = label, max(total, 1), time.monotonic(), 0.0
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.1 and done < self.total:
+            return
+        self.last = now
+        frac = done / self.total
+        rate = done / max(now - self.t0, 1e-9) / 2**30
+        bar = "#" * int(frac * 30)
+        sys.stderr.write(f"\rloading {self.label} [{bar:<30}] {frac:6.1%} {rate:5.2f} GiB/s")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        self.update(self.total)
+        sys.stderr.write("\n")

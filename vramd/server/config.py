@@ -1,0 +1,119 @@
+"""`vramd serve` configuration: flags, a TOML file with the same keys, and their checks.
+
+A systemd instance passes `--config /etc/vramd/<instance>.toml`; flags given
+on the command line override the file.  Unknown keys and bad values are a
+UsageError naming the file and the key, never a traceback.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from vramd.errors import UsageError
+
+EVICT_STATE = ("auto", "always", "never")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mi": 1024**2, "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gi": 1024**3, "gib": 1024**3,
+          "t": 1000**4, "tb": 1000**4, "ti": 1024**4, "tib": 1024**4}
+
+
+@dataclass
+class ServeConfig:
+    model: str | None = None
+    name: str | None = None
+    arena: str | None = None
+    allow_shared_arena: bool = False
+    device: str | None = None
+    ctx: int = 4096
+    evict_state: str = "auto"
+    idle_sleep: float = -1.0
+    vram_budget: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    quantum: float = 0.25
+    max_hold: float = 5.0
+
+    def check(self, where: str = "flags") -> "ServeConfig":
+        if not self.model:
+            raise UsageError("no model: give MODEL.gguf or `model = \"...\"` in --config")
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.name):
+            raise UsageError(f"{where}: name {self.name!r}: use letters, digits, '_', '.', '-' (at most 64)")
+        if self.ctx < 1 or self.ctx > 1 << 20:
+            raise UsageError(f"{where}: ctx {self.ctx}: must be between 1 and {1 << 20}")
+        if self.evict_state not in EVICT_STATE:
+            raise UsageError(f"{where}: evict_state {self.evict_state!r}: one of {', '.join(EVICT_STATE)}")
+        if self.vram_budget is not None and self.vram_budget <= 0:
+            raise UsageError(f"{where}: vram_budget must be positive")
+        if not 0 <= self.port <= 65535:
+            raise UsageError(f"{where}: port {self.port}: must be 0..65535")
+        if self.quantum < 0 or self.max_hold < self.quantum:
+            raise UsageError(f"{where}: need 0 <= quantum <= max_hold")
+        return self
+
+
+def parse_size(value, what: str) -> int:
+    """`12GiB`, `500M`, `1073741824` -> bytes."""
+    if isinstance(value, bool):
+        raise UsageError(f"{what}: {value!r} is not a size")
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise UsageError(f"{what}: {value!r} is not a size (examples: 8GiB, 500MB, 1073741824)")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+_TYPES = {f.name: f.type for f in fields(ServeConfig)}
+
+
+def load_toml(path: Path) -> dict:
+    """Read a config file; keys use the flag names with `_` or `-`."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read: {e.strerror}") from None
+    out = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in _TYPES:
+            raise UsageError(f"{path}: unknown key {key!r} (known: {', '.join(sorted(_TYPES))})")
+        out[name] = coerce(name, value, f"{path}: {key}")
+    return out
+
+
+def coerce(name: str, value, what: str):
+    kind = _TYPES[name]
+    if name == "vram_budget":
+        return parse_size(value, what)
+    if "bool" in kind:
+        if not isinstance(value, bool):
+            raise UsageError(f"{what}: expected true or false, got {value!r}")
+        return value
+    if kind.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{what}: expected an integer, got {value!r}")
+        return value
+    if kind.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{what}: expected a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise UsageError(f"{what}: expected a string, got {value!r}")
+    return value
+
+
+def build(config_file: Path | None, flags: dict) -> ServeConfig:
+    """The file's values, then every flag the user actually gave."""
+    values = load_toml(config_file) if config_file else {}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    where = str(config_file) if config_file else "flags"
+    return ServeConfig(**values).check(where)

@@ -1,0 +1,187 @@
+"""The daemon's control socket: `<arena>/control/<name>.sock`, one JSON line each way.
+
+Requests: {"cmd": "status" | "wake" | "yield" | "shutdown" | "verify", ...}
+Replies:  {"ok": true, ...} or {"ok": false, "error": "...", "code": <exit code>}
+
+Who may connect: the socket file is mode 0660 in a directory of the arena,
+and every connection's SO_PEERCRED is checked: the same uid, root, or a
+process in the arena's group (a system arena is group-shared).  Others get a
+refusal and are logged.  The CLI's `status`, `yield` and `wake` are thin
+clients of this (`request()` below).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+from pathlib import Path
+from typing import Callable
+
+from vramd.errors import PeerError, Timeout, VramdError
+
+log = logging.getLogger("vramd.control")
+
+MAX_REQUEST = 64 * 1024
+_UCRED = struct.Struct("3i")
+
+
+def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end, from the kernel."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return _UCRED.unpack(raw)
+
+
+def process_groups(pid: int) -> set[int]:
+    """Supplementary and primary gids of `pid` (from /proc; empty if gone)."""
+    groups: set[int] = set()
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Gid:"):
+                    groups.update(int(g) for g in line.split()[1:3])
+                elif line.startswith("Groups:"):
+                    groups.update(int(g) for g in line.split()[1:])
+    except OSError:
+        pass
+    return groups
+
+
+def allowed(pid: int, uid: int, gid: int, arena_gid: int) -> bool:
+    if uid in (0, os.getuid()):
+        return True
+    return gid == arena_gid or arena_gid in process_groups(pid)
+
+
+class ControlServer:
+    """Accepts connections on a thread; `handle(request) -> reply` does the work."""
+
+    def __init__(self, path: Path, handle: Callable[[dict], dict]):
+        self.path = Path(path)
+        self.handle = handle
+        self.arena_gid = os.stat(self.path.parent).st_gid
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self._remove_stale()
+        self._sock.bind(str(self.path))
+        os.chmod(self.path, 0o660)
+        self._sock.listen(16)
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, name="vramd-control", daemon=True)
+
+    def _remove_stale(self) -> None:
+        """A socket left by a SIGKILLed daemon of the same name blocks bind: remove it
+        if nobody answers on it (a live daemon with our name was refused earlier)."""
+        try:
+            if not self.path.is_socket():
+                if self.path.exists() or self.path.is_symlink():
+                    raise PeerError(f"{self.path}: exists and is not a socket (remove it)")
+                return
+        except OSError:
+            return
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            probe.connect(str(self.path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            self.path.unlink(missing_ok=True)
+            return
+        finally:
+            probe.close()
+        raise PeerError(f"{self.path}: another daemon answers on this control socket")
+
+    def start(self) -> "ControlServer":
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._one, args=(conn,), name="vramd-control-conn", daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            pid, uid, gid = peer_credentials(conn)
+            if not allowed(pid, uid, gid, self.arena_gid):
+                log.warning("control: refused pid %d uid %d (not our uid, root or the arena's group)", pid, uid)
+                _send(conn, {"ok": False, "error": "permission denied: not the daemon's user or the arena's group",
+                             "code": PeerError.exit_code})
+                return
+            try:
+                request = _recv(conn)
+            except (ValueError, OSError) as e:
+                _send(conn, {"ok": False, "error": f"bad request: {e}", "code": 2})
+                return
+            try:
+                reply = self.handle(request)
+            except VramdError as e:
+                reply = {"ok": False, "error": str(e), "code": e.exit_code}
+            except Exception as e:  # a bug: say so, keep serving
+                log.exception("control request %r failed", request)
+                reply = {"ok": False, "error": f"internal error: {e}", "code": 1}
+            _send(conn, reply)
+
+    def close(self) -> None:
+        self._stop = True
+        try:
+            self._sock.close()
+        finally:
+            self.path.unlink(missing_ok=True)
+
+
+def _recv(conn: socket.socket) -> dict:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > MAX_REQUEST:
+            raise ValueError("request too large")
+    request = json.loads(data.decode())
+    if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
+        raise ValueError('expected {"cmd": "..."}')
+    return request
+
+
+def _send(conn: socket.socket, reply: dict) -> None:
+    try:
+        conn.sendall(json.dumps(reply).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def request(path: str | Path, cmd: str, *, wait: float = 30.0, **args) -> dict:
+    """Client side: send one request, wait up to `wait` s for the reply; errors become VramdErrors."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(wait)
+    try:
+        try:
+            sock.connect(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise PeerError(f"{path}: no daemon answers (is it running? see `vramd status`)") from None
+        except PermissionError:
+            raise PeerError(f"{path}: permission denied (not the daemon's user or the arena's group)") from None
+        sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except socket.timeout:
+        raise Timeout(f"{path}: no reply to {cmd!r} within {wait:g} s") from None
+    finally:
+        sock.close()
+    if not data:
+        raise PeerError(f"{path}: the daemon closed the connection without a reply")
+    reply = json.loads(data)
+    if not reply.get("ok"):
+        err = VramdError(reply.get("error", "failed"))
+        err.exit_code = int(reply.get("code", 1))
+        raise err
+    return reply

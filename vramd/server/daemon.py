@@ -1,0 +1,406 @@
+"""`vramd serve`: one model, resident on the GPU only while it serves.
+
+Threads and what each may touch:
+
+    main      signals (handlers only queue), then shutdown
+    loop      everything that touches the GPU or changes state: jobs run here
+              one at a time, so a yield can only happen between them
+    warden    (the Participant's) sets a flag when a peer rings, pokes the loop
+    control   the Unix control socket: turns requests into jobs, waits
+    http      /health, /vramd/status, /metrics: reads only
+
+Life: validate and read the model into host shadows -> take the token (ring,
+queue, flock) -> upload -> READY=1 -> serve jobs; at each idle point honour a
+peer's ring (after the quantum) or the idle-sleep timeout by going cold
+(weights and scratch freed, the KV cache kept on the device unless the
+eviction policy or the incoming peer's need says otherwise); a job that
+needs the GPU while cold goes warm first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from vramd.arena.arbiter import Participant
+from vramd.arena.layout import Arena, default_base
+from vramd.arena.members import KINDS, Registry
+from vramd.errors import OutOfDeviceMemory, PeerError, Timeout, UsageError, VramdError
+from vramd.server import systemd
+from vramd.server.config import ServeConfig
+from vramd.server.control import ControlServer
+from vramd.server.http import HttpServer
+from vramd.server.metrics import Metrics
+
+log = logging.getLogger("vramd.daemon")
+
+# A waiter for the GPU that gets no token in this long is told so (503).
+DEFAULT_WAKE_TIMEOUT = 60.0
+
+
+@dataclass
+class Job:
+    kind: str
+    fn: Callable[[], Any] | None = None
+    needs_gpu: bool = False
+    timeout: float | None = DEFAULT_WAKE_TIMEOUT
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+    def finish(self, result=None, error=None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+    def wait(self) -> Any:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def arena_for_device(cfg: ServeConfig, device) -> Arena:
+    """The token is per GPU: the default arena is keyed by the device's UUID."""
+    path = cfg.arena or os.environ.get("VRAMD_ARENA") or (default_base() / device.uuid)
+    return Arena.open(path, allow_shared=cfg.allow_shared_arena)
+
+
+class Daemon:
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self.jobs: "queue.Queue[Job]" = queue.Queue()
+        self.loaded = False
+        self.stopping = False
+        self.last_activity = time.monotonic()
+        self.device = self.residency = self.model = self.participant = None
+        self.control = self.http = None
+
+    # -- set-up ------------------------------------------------------------
+
+    def setup(self) -> None:
+        from vramd.gpu.device import Device
+        from vramd.gpu.residency import Residency
+        from vramd.model import loader
+
+        cfg = self.cfg
+        self.name = cfg.name or os.path.splitext(os.path.basename(cfg.model))[0]
+        # Validate the model before anything else: a bad file costs nothing.
+        from vramd.model.gguf_check import validate_gguf
+        validate_gguf(cfg.model)
+        self.device = Device(cfg.device)
+        self.arena = arena_for_device(cfg, self.device)
+        self._refuse_duplicate_name()
+        self.residency = Residency(self.device)
+        self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name)
+        for w in self.model.file.warnings:
+            log.warning("%s: %s", cfg.model, w)
+        if cfg.evict_state == "never" and self.model.kv is not None:
+            self.model.kv.evict = False
+        self.participant = Participant(
+            self.arena, self.name, model=os.path.basename(cfg.model),
+            restore=self._restore, release=self._release, breakdown=self.residency.breakdown,
+            on_yield_request=self.poke, quantum=cfg.quantum, max_hold=cfg.max_hold)
+        self.participant.member.control = str(self.arena.control_dir / f"{self.name}.sock")
+        self.control = ControlServer(self.arena.control_dir / f"{self.name}.sock", self.handle_control)
+        self.http = HttpServer(cfg.host, cfg.port, health=self.health, status=self.status,
+                               metrics=self.render_metrics)
+        self.participant.member.endpoint = self.http.url
+
+    def _refuse_duplicate_name(self) -> None:
+        for m in Registry(self.arena.members_dir).list():
+            if m.name == self.name and m.pid != os.getpid():
+                raise UsageError(f"a member named {self.name!r} already runs in {self.arena.path} "
+                                 f"(pid {m.pid}); choose another --name")
+
+    # -- residency callbacks (called by the Participant on the loop thread) --
+
+    def _others_device_bytes(self) -> int:
+        return sum(m.device_bytes() for m in Registry(self.arena.members_dir).list(clean=False)
+                   if m.pid != os.getpid())
+
+    def _budget(self) -> int:
+        """Device bytes the arena's members may hold together: --vram-budget, else the device heap."""
+        if self.cfg.vram_budget:
+            return self.cfg.vram_budget
+        heaps = [h["size"] for h in self.device.heaps if h["device_local"]] or [h["size"] for h in self.device.heaps]
+        return max(heaps)
+
+    def _needed_bytes(self) -> int:
+        """Device bytes going warm will add (scratch included: it comes with the first compute)."""
+        b = self.residency.breakdown()
+        return sum(b[k]["host"] - b[k]["device"] for k in ("weights", "state", "scratch") if b[k]["host"] > b[k]["device"])
+
+    def _restore(self) -> int:
+        before = self._device_total()
+        if self.cfg.vram_budget:
+            room = self.cfg.vram_budget - self._others_device_bytes()
+            if room <= before:
+                raise OutOfDeviceMemory(f"{self.name}: --vram-budget {self.cfg.vram_budget} B is used up by "
+                                        "other members' resident buffers")
+            self.residency.set_device_limit(room)
+        try:
+            self.residency.restore(["weights", "state"])
+        except OutOfDeviceMemory:
+            self.metrics.count("restore_failures")
+            raise
+        moved = self._device_total() - before
+        systemd.status(f"warm: holding the GPU ({moved} bytes uploaded)")
+        return moved
+
+    def _release(self) -> int:
+        evict = self._should_evict_state()
+        if self.model.kv is not None:
+            self.model.kv.evict = evict
+        state_before = self.residency.breakdown()["state"]["device"]
+        self.residency.release(list(KINDS))
+        if evict or self.participant.incoming_need() is None:
+            # Someone who needs the room (or a foreign peer expecting an
+            # empty GPU) comes next: be sure the driver has the memory back.
+            self.residency.drain()
+        moved = state_before - self.residency.breakdown()["state"]["device"]
+        self.metrics.observe_release(moved)
+        systemd.status("cold: weights released" + ("" if evict else ", KV cache kept on the device"))
+        return moved
+
+    def _should_evict_state(self) -> bool:
+        policy = self.cfg.evict_state
+        if policy != "auto" or self.model.kv is None:
+            return policy == "always"
+        need = self.participant.incoming_need()
+        if need is None:
+            return bool(self.participant.token.waiters()) or self.stopping
+        kv_device = self.residency.breakdown()["state"]["device"]
+        free_after = self._budget() - self._others_device_bytes() - kv_device
+        return free_after < need
+
+    def _device_total(self) -> int:
+        return sum(v["device"] for v in self.residency.breakdown().values())
+
+    # -- the loop ------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Wake the loop (from the warden): a yield may be due."""
+        self.jobs.put(Job("poke"))
+
+    def submit(self, job: Job) -> Any:
+        if self.stopping:
+            raise PeerError(f"{self.name} is shutting down")
+        self.jobs.put(job)
+        return job.wait()
+
+    def loop(self) -> None:
+        """The one thread that touches the GPU."""
+        wd = systemd.watchdog_interval()
+        while True:
+            try:
+                job = self.jobs.get(timeout=self._next_wakeup(wd))
+            except queue.Empty:
+                job = None
+            systemd.watchdog()
+            if job is None or job.kind == "poke":
+                self._idle_point()
+                continue
+            if job.kind == "stop":
+                self._fail_pending("shutting down")
+                job.finish()
+                return
+            self._run(job)
+            if self.jobs.empty():
+                self._idle_point()
+            else:
+                self.participant.checkpoint()
+
+    def _next_wakeup(self, watchdog_period: float | None) -> float:
+        t = watchdog_period or 1.0
+        due = self.participant.yield_due_in()
+        if due is not None:
+            t = min(t, due)
+        if self.cfg.idle_sleep >= 0 and self.participant.holds_token:
+            t = min(t, max(0.0, self.last_activity + self.cfg.idle_sleep - time.monotonic()))
+        return max(t, 0.0)
+
+    def _idle_point(self) -> None:
+        if self.participant.idle():
+            return
+        if (self.cfg.idle_sleep >= 0 and self.participant.holds_token
+                and time.monotonic() - self.last_activity >= self.cfg.idle_sleep):
+            log.info("%s: idle for %.1f s, releasing the GPU", self.name, self.cfg.idle_sleep)
+            self.participant.go_cold(reason="idle-sleep")
+
+    def _run(self, job: Job) -> None:
+        try:
+            if job.needs_gpu:
+                self._ensure_warm(job.timeout)
+            result = job.fn() if job.fn else None
+            self.metrics.count("requests")
+            job.finish(result)
+        except BaseException as e:  # the job's requester gets it; the loop goes on
+            job.finish(error=e)
+        self.last_activity = time.monotonic()
+
+    def _ensure_warm(self, timeout: float | None) -> None:
+        if self.participant.holds_token:
+            return
+        self.participant.member.wants_bytes = self._needed_bytes()
+        h2d_before = self.participant.member.bytes_h2d
+        self.participant.ensure_warm(timeout)
+        m = self.participant.member
+        self.metrics.observe_switch((m.last_switch_ms or 0.0) / 1000, m.bytes_h2d - h2d_before)
+
+    def _fail_pending(self, why: str) -> None:
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            job.finish(error=PeerError(f"{self.name}: {why}"))
+
+    # -- requests --------------------------------------------------------------
+
+    def handle_control(self, request: dict) -> dict:
+        cmd = request["cmd"]
+        timeout = request.get("timeout", DEFAULT_WAKE_TIMEOUT)
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+            raise UsageError("timeout must be a non-negative number")
+        if cmd == "status":
+            return {"ok": True, **self.status()}
+        if cmd == "wake":
+            t0 = time.monotonic()
+            was_cold = not self.participant.holds_token
+            self.submit(Job("wake", needs_gpu=True, timeout=timeout))
+            m = self.participant.member
+            return {"ok": True, "state": m.state, "was_cold": was_cold,
+                    "wait_ms": (time.monotonic() - t0) * 1000,
+                    "switch_ms": m.last_switch_ms if was_cold else 0.0,
+                    "device_bytes": self._device_total()}
+        if cmd == "yield":
+            self.submit(Job("yield", fn=lambda: self.participant.go_cold(reason="yield")))
+            return {"ok": True, "state": self.participant.state}
+        if cmd == "verify":
+            return {"ok": True, **self.submit(Job("verify", fn=self.verify, needs_gpu=True, timeout=timeout))}
+        if cmd == "shutdown":
+            threading.Thread(target=self.request_stop, daemon=True).start()
+            return {"ok": True, "state": "stopping"}
+        raise UsageError(f"unknown command {cmd!r} (status, wake, yield, verify, shutdown)")
+
+    def verify(self) -> dict:
+        """Read every weight back from the device and compare with the model file."""
+        mf = self.model.file
+        bad = []
+        fd = os.open(mf.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            for t in mf.tensors:
+                on_device = self.model.weights.tensors[t.name].read()
+                if on_device.tobytes() != os.pread(fd, t.nbytes, t.offset):
+                    bad.append(t.name)
+        finally:
+            os.close(fd)
+        kv = hashlib.sha256()
+        if self.model.kv is not None:
+            for tensor in self.model.kv.tensors.values():
+                kv.update(tensor.read().tobytes())
+        return {"weights_ok": not bad, "mismatched": bad, "tensors": len(mf.tensors),
+                "kv_sha256": kv.hexdigest()}
+
+    def health(self) -> tuple[int, dict]:
+        if not self.loaded:
+            return 503, {"status": "loading"}
+        return 200, {"status": "ok", "name": self.name, "state": self.participant.state}
+
+    def status(self) -> dict:
+        m = self.participant.member
+        return {"name": self.name, "pid": os.getpid(), "model": self.cfg.model, "arena": str(self.arena.path),
+                "device": self.device.describe(), "state": m.state, "holds_token": self.participant.holds_token,
+                "breakdown": self.residency.breakdown(), "switches": m.switches, "yields": m.yields,
+                "bytes_h2d": m.bytes_h2d, "bytes_d2h": m.bytes_d2h, "last_switch_ms": m.last_switch_ms,
+                "evict_state": self.cfg.evict_state, "idle_sleep": self.cfg.idle_sleep,
+                "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url}
+
+    def render_metrics(self) -> str:
+        return self.metrics.render(self.name, self.participant.state, self.participant.holds_token,
+                                   self.participant.member.yields, self.residency.breakdown())
+
+    # -- life and death -------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        systemd.stopping()
+        job = Job("stop")
+        self.jobs.put(job)
+        job.done.wait()
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT or a `shutdown` request; returns the exit code."""
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        pending: list[int] = []
+
+        def on_signal(signum, _frame):  # only queue; the main thread acts
+            pending.append(signum)
+            os.write(wake_w, b"s")
+
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, on_signal)
+        loop = threading.Thread(target=self.loop, name="vramd-loop")
+        self.participant.start()
+        try:
+            # Acquire before the first upload, then upload: the seeds' rule.
+            self._ensure_warm(None)
+            self.loaded = True
+            self.last_activity = time.monotonic()
+            loop.start()
+            self.control.start()
+            self.http.start()
+            self.participant.publish()
+            log.info("%s: serving %s on %s (arena %s)", self.name, self.cfg.model, self.http.url, self.arena.path)
+            systemd.ready(f"warm: {self.name} loaded, serving on {self.http.url}")
+            while not self.stopping:
+                select.select([wake_r], [], [], 1.0)
+                if pending:
+                    log.info("%s: signal %d, shutting down", self.name, pending[-1])
+                    break
+            self.request_stop()
+        finally:
+            self.shutdown(loop)
+            os.close(wake_r)
+            os.close(wake_w)
+        return 0
+
+    def shutdown(self, loop: threading.Thread | None = None) -> None:
+        """Release the token, remove the member record and control socket; idempotent."""
+        self.stopping = True
+        if loop is not None and loop.is_alive():
+            self.request_stop()
+            loop.join(30)
+        for closer in (self.control, self.http):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception:
+                    pass
+        if self.participant is not None:
+            self.participant.close()
+        if self.residency is not None:
+            self.residency.close()
+        if self.device is not None:
+            self.device.close()
+
+
+def serve(cfg: ServeConfig) -> int:
+    daemon = Daemon(cfg)
+    try:
+        daemon.setup()
+    except BaseException:
+        daemon.shutdown()
+        raise
+    return daemon.run()
