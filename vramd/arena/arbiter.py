@@ -300,11 +300,13 @@ class Participant:
             self.member.bytes_d2h += moved or 0
         finally:
             foreign = self._foreign_waiters()
-            self.token.release()
-            self._yield_wanted.clear()
             if reason == "yield":
                 self.member.yields += 1
+            # Publish before dropping the token: the next holder sizes its
+            # restore by what our record says we still hold on the device.
             self._publish("cold")
+            self.token.release()
+            self._yield_wanted.clear()
             self._foreign_at_release = foreign
             log.debug("%s: cold (%s)", self.member.name, reason)
 

@@ -69,7 +69,8 @@ class HttpServer:
         return self
 
     def close(self) -> None:
-        self.server.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for serve_forever: only if it runs
+            self.server.shutdown()
         self.server.server_close()
 
 

@@ -1,0 +1,109 @@
+"""Daemons in real processes on real Vulkan (lavapipe in CI), on synthetic GGUF models."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.model.ggufgen import ModelShape, write_model
+from vramd.arena.members import Registry
+from vramd.server.control import request
+
+ROOT = Path(__file__).resolve().parents[2]
+LAVAPIPE = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
+
+
+def daemon_env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    if os.path.exists(LAVAPIPE) and "VK_DRIVER_FILES" not in os.environ:
+        env["VK_DRIVER_FILES"] = LAVAPIPE
+    env.pop("NOTIFY_SOCKET", None)
+    env.update(extra)
+    return env
+
+
+class DaemonProc:
+    """`vramd serve` in its own process; its output is collected in a thread."""
+
+    def __init__(self, arena: Path, model: Path, name: str, *flags: str, env: dict | None = None,
+                 wait_ready: bool = True):
+        self.arena, self.name = arena, name
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vramd.cli", "serve", str(model), "--name", name, "--arena", str(arena),
+             "--port", "0", "--ctx", "64", "--quantum", "0", *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or daemon_env(), cwd=ROOT)
+        self.lines: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        if wait_ready:
+            self.wait_ready()
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(" serving " in line for line in self.lines):
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon {self.name} exited {self.proc.returncode}:\n{self.output}")
+            time.sleep(0.02)
+        raise AssertionError(f"daemon {self.name} not ready in {timeout} s:\n{self.output}")
+
+    @property
+    def socket(self) -> Path:
+        return self.arena / "control" / f"{self.name}.sock"
+
+    def ask(self, cmd: str, **args) -> dict:
+        return request(self.socket, cmd, wait=60, **args)
+
+    def member(self):
+        return next((m for m in Registry(self.arena / "members").list(clean=False) if m.name == self.name), None)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def daemons():
+    started: list[DaemonProc] = []
+
+    def start(*args, **kw):
+        d = DaemonProc(*args, **kw)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+SHAPE = ModelShape(n_vocab=128, n_embd=128, n_ff=256, n_layer=2, n_head=4)
+
+
+@pytest.fixture
+def models(tmp_path):
+    a = write_model(tmp_path / "alpha.gguf", seed=1, shape=SHAPE)
+    b = write_model(tmp_path / "beta.gguf", seed=2, shape=SHAPE)
+    return a, b
+
+
+@pytest.fixture
+def arena(tmp_path):
+    return tmp_path / "arena"
