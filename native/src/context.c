@@ -109,18 +109,12 @@ static VkResult make_buffer(vramd_ctx *ctx, uint64_t size, VkBufferUsageFlags us
 
 /* Whether `size` more bytes fit on the device heap: the driver's budget
  * (VK_EXT_memory_budget counts other processes too), else our own
- * accounting against the heap size; and the context's own cap. */
-static int fits(vramd_ctx *ctx, uint64_t size, char *why, size_t whylen) {
+ * accounting against the heap size; and the context's own cap.  If they
+ * fit they are reserved, so that allocator threads running side by side
+ * cannot all pass the check for the last free bytes. */
+static int reserve(vramd_ctx *ctx, uint64_t size, char *why, size_t whylen) {
     uint32_t h = ctx->device_heap;
-    pthread_mutex_lock(&ctx->lock);
-    uint64_t mine = ctx->heap_usage[h], dev = ctx->device_bytes;
-    pthread_mutex_unlock(&ctx->lock);
-    if (ctx->device_limit && dev + size > ctx->device_limit) {
-        snprintf(why, whylen, "the device limit of %.1f MiB is reached (%.1f MiB held, %.1f MiB more needed)",
-                 ctx->device_limit / MiB, dev / MiB, size / MiB);
-        return 0;
-    }
-    uint64_t budget = ctx->memprops.memoryHeaps[h].size, usage = mine;
+    uint64_t budget = ctx->memprops.memoryHeaps[h].size, driver_usage = 0;
     if (ctx->memory_budget) {
         VkPhysicalDeviceMemoryBudgetPropertiesEXT b = {
             .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
@@ -128,14 +122,35 @@ static int fits(vramd_ctx *ctx, uint64_t size, char *why, size_t whylen) {
             .sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2, .pNext = &b};
         ctx->vk.vkGetPhysicalDeviceMemoryProperties2(ctx->phys, &p2);
         budget = b.heapBudget[h];
-        usage = b.heapUsage[h];
+        driver_usage = b.heapUsage[h];
     }
-    if (usage + size > budget) {
-        snprintf(why, whylen, "heap %u has %.1f MiB of %.1f MiB in use, %.1f MiB more needed", h,
-                 usage / MiB, budget / MiB, size / MiB);
-        return 0;
+    pthread_mutex_lock(&ctx->lock);
+    uint64_t dev = ctx->device_bytes + ctx->reserved;
+    /* The driver's usage lags our in-flight reservations; ours does not. */
+    uint64_t usage = ctx->memory_budget ? driver_usage + ctx->reserved : ctx->heap_usage[h] + ctx->reserved;
+    int ok = 1;
+    if (ctx->device_limit && dev + size > ctx->device_limit) {
+        snprintf(why, whylen, "the device limit of %.1f MiB is reached (%.1f MiB held, %.1f MiB more needed)",
+                 ctx->device_limit / MiB, dev / MiB, size / MiB);
+        ok = 0;
+    } else if (usage + size > budget) {
+        snprintf(why, whylen, "heap %u has %.1f MiB of %.1f MiB in use, %.1f MiB more needed", h, usage / MiB,
+                 budget / MiB, size / MiB);
+        ok = 0;
     }
-    return 1;
+    if (ok) ctx->reserved += size;
+    pthread_mutex_unlock(&ctx->lock);
+    return ok;
+}
+
+static void unreserve(vramd_ctx *ctx, uint64_t size, const vramd_alloc *held) {
+    pthread_mutex_lock(&ctx->lock);
+    ctx->reserved -= size;
+    if (held) {
+        ctx->heap_usage[held->heap] += held->size;
+        ctx->device_bytes += held->size;
+    }
+    pthread_mutex_unlock(&ctx->lock);
 }
 
 int vramd_alloc_device(vramd_ctx *ctx, uint64_t size, vramd_alloc *out) {
@@ -148,18 +163,21 @@ int vramd_alloc_device(vramd_ctx *ctx, uint64_t size, vramd_alloc *out) {
     out->heap = ctx->device_heap;
     char why[256];
     for (int attempt = 0;; attempt++) {
-        int ok = fits(ctx, req.size, why, sizeof why);
+        int ok = reserve(ctx, req.size, why, sizeof why);
         if (ok) {
             VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
                                        .allocationSize = req.size,
                                        .memoryTypeIndex = (uint32_t)ctx->device_type};
             r = ctx->vk.vkAllocateMemory(ctx->device, &ai, NULL, &out->memory);
+            out->is_device = 1;
+            unreserve(ctx, req.size, r == VK_SUCCESS ? out : NULL);
             if (r == VK_SUCCESS) break;
+            out->memory = VK_NULL_HANDLE;
             snprintf(why, sizeof why, "vkAllocateMemory of %.1f MiB: %s", req.size / MiB,
                      vramd_vkresult(r));
             if (r != VK_ERROR_OUT_OF_DEVICE_MEMORY && r != VK_ERROR_OUT_OF_HOST_MEMORY) {
                 ctx->vk.vkDestroyBuffer(ctx->device, out->buffer, NULL);
-                out->buffer = VK_NULL_HANDLE;
+                memset(out, 0, sizeof *out);
                 return vramd_fail(VRAMD_ERR_DEVICE, "%s", why);
             }
         }
@@ -173,18 +191,14 @@ int vramd_alloc_device(vramd_ctx *ctx, uint64_t size, vramd_alloc *out) {
             continue;
         }
         ctx->vk.vkDestroyBuffer(ctx->device, out->buffer, NULL);
-        out->buffer = VK_NULL_HANDLE;
+        memset(out, 0, sizeof *out);
         return vramd_fail(VRAMD_ERR_OOM, "out of device memory: %s", why);
     }
     r = ctx->vk.vkBindBufferMemory(ctx->device, out->buffer, out->memory, 0);
     if (r) {
-        ctx->vk.vkFreeMemory(ctx->device, out->memory, NULL);
-        ctx->vk.vkDestroyBuffer(ctx->device, out->buffer, NULL);
-        memset(out, 0, sizeof *out);
+        vramd_free_now(ctx, out);
         return vramd_vkfail(r, "vkBindBufferMemory");
     }
-    out->is_device = 1;
-    account(ctx, out, 1, +1);
     return VRAMD_OK;
 }
 
@@ -306,7 +320,7 @@ static void *reclaimer_main(void *arg) {
  * submitted work uses it any more. */
 void vramd_bury(vramd_ctx *ctx, vramd_alloc *a) {
     vramd_grave *g = malloc(sizeof *g);
-    if (!g || !ctx->reclaimer_started) {
+    if (!g || ctx->reclaimer_started == 0) {
         /* No memory for the list node: free inline, slower but correct. */
         free(g);
         ctx->vk.vkDestroyBuffer(ctx->device, a->buffer, NULL);
@@ -614,7 +628,10 @@ static int setup(vramd_ctx *ctx, const vramd_ctx_desc *d) {
         r = ctx->vk.vkCreateFence(ctx->device, &fi, NULL, &ctx->ring[i].fence);
         if (r) return vramd_vkfail(r, "vkCreateFence");
     }
-    if (pthread_create(&ctx->reclaimer, NULL, reclaimer_main, ctx) == 0) ctx->reclaimer_started = 1;
+    /* One reclaimer: freeing side by side was no faster on the H200. */
+    for (uint32_t i = 0; i < 1; i++)
+        if (pthread_create(&ctx->reclaimers[ctx->reclaimer_started], NULL, reclaimer_main, ctx) == 0)
+            ctx->reclaimer_started++;
     return VRAMD_OK;
 }
 
@@ -636,6 +653,11 @@ int vramd_ctx_create(const vramd_ctx_desc *d, vramd_ctx **out) {
     ctx->timeline = d->timeline != 0;
     ctx->host_import = d->host_import != 0;
     ctx->memory_budget = d->memory_budget != 0;
+    /* One allocator: on the H200 two or more allocating side by side slow
+     * the copy engine down to half the link rate (docs/benchmarks.md). */
+    ctx->alloc_threads = d->alloc_threads ? d->alloc_threads : 1;
+    ctx->flags = d->flags;
+    if (ctx->alloc_threads > VRAMD_MAX_THREADS) ctx->alloc_threads = VRAMD_MAX_THREADS;
     int rc = setup(ctx, d);
     if (rc) {
         char keep[512];
@@ -671,7 +693,7 @@ void vramd_ctx_destroy(vramd_ctx *ctx) {
         ctx->stopping = 1;
         pthread_cond_broadcast(&ctx->cond);
         pthread_mutex_unlock(&ctx->lock);
-        pthread_join(ctx->reclaimer, NULL);
+        for (int i = 0; i < ctx->reclaimer_started; i++) pthread_join(ctx->reclaimers[i], NULL);
     }
     if (ctx->staging.memory) {
         ctx->vk.vkUnmapMemory(ctx->device, ctx->staging.memory);

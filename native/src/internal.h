@@ -130,11 +130,14 @@ struct vramd_ctx {
     pthread_cond_t cond;
     uint64_t heap_usage[VK_MAX_MEMORY_HEAPS];
     uint64_t device_bytes;
+    uint64_t reserved;          /* device bytes being allocated right now (checked, not yet held) */
     vramd_grave *graves;
-    uint64_t pending;           /* graves not yet freed, including one in progress */
+    uint64_t pending;           /* graves not yet freed, including ones in progress */
     int stopping;
-    pthread_t reclaimer;
-    int reclaimer_started;
+    uint32_t alloc_threads, flags;
+#define VRAMD_MAX_THREADS 8
+    pthread_t reclaimers[VRAMD_MAX_THREADS];
+    int reclaimer_started;      /* how many reclaimer threads run */
 
     vramd_region **regions;
     uint32_t n_regions, cap_regions;

@@ -57,12 +57,14 @@ def _spot_check(region, seed: int) -> bool:
 
 
 def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int, device=None,
-        log=lambda s: None) -> dict:
+        log=lambda s: None, alloc_threads: int = 0, queue: str = "transfer", serial: bool = False,
+        ramp: bool = True) -> dict:
     from vramd.gpu.device import Device
-    from vramd.gpu.residency import Residency
+    from vramd.gpu.residency import Residency, lib
 
-    dev = Device(device)
-    res = Residency(dev, block_bytes=block_mib * MiB)
+    dev = Device(device, transfer_queue=(queue == "transfer"))
+    flags = (lib.VRAMD_CTX_SERIAL_RESTORE if serial else 0) | (0 if ramp else lib.VRAMD_CTX_NO_RAMP)
+    res = Residency(dev, block_bytes=block_mib * MiB, alloc_threads=alloc_threads, flags=flags)
     try:
         log(f"device: {dev.name}; transfer queue: {'dedicated' if dev.dedicated_transfer else 'shared'}; "
             f"extensions: {', '.join(sorted(dev.extensions))}; shadows "
@@ -97,16 +99,21 @@ def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int
             st = res.stats()
             r["restore_bytes"] = st["restore_bytes"]
             r["alloc_ms"] = st["restore_alloc_ns"] / 1e6
+            r["alloc_wait_ms"] = st["restore_alloc_wait_ns"] / 1e6
             r["stall_ms"] = st["restore_stall_ns"] / 1e6
 
             t0 = time.perf_counter()
             res.release(["weights"])
             r["release_ms"] = (time.perf_counter() - t0) * 1e3
-            res.drain()
-            r["release_drain_ms"] = (time.perf_counter() - t0) * 1e3
-
+            # A handover: the weights' memory is still going back to the
+            # driver while the next restore (here: the state) comes in.
+            t1 = time.perf_counter()
             res.restore(["state"])
             res.sync()
+            r["handover_restore_s"] = time.perf_counter() - t1
+            r["handover_bytes"] = res.stats()["restore_bytes"]
+            res.drain()
+            r["release_drain_ms"] = (time.perf_counter() - t0) * 1e3
             t0 = time.perf_counter()
             res.release(["state"])
             r["evict_s"] = time.perf_counter() - t0
@@ -115,8 +122,9 @@ def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int
             r["evict_copy_ms"] = st["evict_copy_ns"] / 1e6
             res.drain()
             rows.append(r)
-            log("  restore %.1f GB/s (alloc %.0f ms, stall %.0f ms), release %.2f ms (drain %.0f ms), "
-                "evict %.1f GB/s" % (r["restore_bytes"] / r["restore_s"] / 1e9, r["alloc_ms"], r["stall_ms"],
+            log("  restore %.1f GB/s (alloc %.0f ms summed, waited %.0f ms; stall %.0f ms), release %.2f ms "
+                "(drain %.0f ms), evict %.1f GB/s" % (r["restore_bytes"] / r["restore_s"] / 1e9, r["alloc_ms"],
+                                                      r["alloc_wait_ms"], r["stall_ms"],
                                      r["release_ms"], r["release_drain_ms"], r["evict_bytes"] / r["evict_s"] / 1e9))
 
         res.restore(["weights", "state"])
@@ -136,7 +144,12 @@ def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int
             "link_d2h_gbps": link["d2h_gbps"],
             "release_ms": med("release_ms"),
             "release_drain_ms": med("release_drain_ms"),
+            "handover_restore_gbps": statistics.median(row["handover_bytes"] / row["handover_restore_s"] / 1e9
+                                                       for row in rows),
+            "queue": queue, "serial": serial, "ramp": ramp,
+            "alloc_threads": alloc_threads or 1,
             "restore_alloc_ms": med("alloc_ms"),
+            "restore_alloc_wait_ms": med("alloc_wait_ms"),
             "restore_stall_ms": med("stall_ms"),
             "restore_ms": med("restore_s") * 1e3,
             "evict_copy_ms": med("evict_copy_ms"),
@@ -157,10 +170,15 @@ def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int
 @click.option("--state-gib", type=float, default=None, help="state to evict [default: min(gib, 4)]")
 @click.option("--link-gib", type=float, default=4.0, show_default=True, help="size of the raw link copy")
 @click.option("--block-mib", type=int, default=256, show_default=True, help="suballocation block target")
+@click.option("--alloc-threads", type=int, default=0, help="allocator threads [default: the core's, 4]")
+@click.option("--queue", type=click.Choice(["transfer", "compute"]), default="transfer", show_default=True,
+              help="queue for the copies (transfer: the dedicated copy engine where there is one)")
+@click.option("--serial", is_flag=True, help="diagnosis: allocate every block before the first copy")
+@click.option("--no-ramp", is_flag=True, help="diagnosis: full-size first blocks")
 @click.option("--reps", type=int, default=5, show_default=True, help="repetitions (medians are reported)")
 @click.option("--device", "device", default=None, help="device index or UUID [default: first discrete GPU]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def command(gib, state_gib, link_gib, block_mib, reps, device, as_json):
+def command(gib, state_gib, link_gib, block_mib, alloc_threads, queue, serial, no_ramp, reps, device, as_json):
     """Restore / release / eviction rates against the raw host link."""
     from vramd.errors import UsageError
 
@@ -168,7 +186,7 @@ def command(gib, state_gib, link_gib, block_mib, reps, device, as_json):
         raise UsageError("--gib, --link-gib, --block-mib and --reps must be positive")
     state_gib = min(gib, 4.0) if state_gib is None else state_gib
     log = (lambda s: print(s, file=sys.stderr)) if as_json else print
-    out = run(gib, state_gib, link_gib, block_mib, reps, device, log)
+    out = run(gib, state_gib, link_gib, block_mib, reps, device, log, alloc_threads, queue, serial, not no_ramp)
     if as_json:
         print(json.dumps(out))
         return

@@ -109,18 +109,20 @@ class Device:
     """An open Vulkan device with a compute queue and, where one exists, a
     dedicated transfer queue.  Close it (or use it as a context manager)."""
 
-    def __init__(self, select=None):
+    def __init__(self, select=None, transfer_queue: bool = True):
+        """`transfer_queue=False` keeps copies on the compute queue even where
+        a dedicated transfer family exists (for comparison)."""
         vk = self.vk = _vk()
         self.ffi = vk.ffi
         self.instance = _create_instance(vk)
         self.device = None
         try:
-            self._open(select)
+            self._open(select, transfer_queue)
         except BaseException:
             self.close()
             raise
 
-    def _open(self, select):
+    def _open(self, select, transfer_queue):
         vk = self.vk
         phys = _enumerate(vk, self.instance)
         self.index = _pick(vk, phys, select)
@@ -148,8 +150,8 @@ class Device:
                     if q.queueFlags & vk.VK_QUEUE_TRANSFER_BIT
                     and not q.queueFlags & (vk.VK_QUEUE_GRAPHICS_BIT | vk.VK_QUEUE_COMPUTE_BIT)]
         self.compute_family = compute[0]
-        self.transfer_family = transfer[0] if transfer else self.compute_family
-        self.dedicated_transfer = bool(transfer)
+        self.dedicated_transfer = bool(transfer) and transfer_queue
+        self.transfer_family = transfer[0] if self.dedicated_transfer else self.compute_family
 
         # Timeline semaphores: core in 1.2 (feature bit), else the KHR extension.
         tl = vk.VkPhysicalDeviceTimelineSemaphoreFeatures(

@@ -174,7 +174,8 @@ class Region:
 class Residency:
     """The residency core for one device: regions, release/restore, accounting."""
 
-    def __init__(self, device, block_bytes: int = 0, device_limit: int = 0):
+    def __init__(self, device, block_bytes: int = 0, device_limit: int = 0, alloc_threads: int = 0,
+                 flags: int = 0):
         self.device = device
         desc = ffi.new("vramd_ctx_desc*")
         h = device.handle
@@ -184,6 +185,7 @@ class Residency:
         desc.timeline, desc.host_import = int(device.timeline), int(device.host_import)
         desc.memory_budget = int(device.memory_budget)
         desc.block_bytes, desc.device_limit = int(block_bytes), int(device_limit)
+        desc.alloc_threads, desc.flags = int(alloc_threads), int(flags)
         p = ffi.new("vramd_ctx**")
         check(lib.vramd_ctx_create(desc, p))
         self._ctx = p[0]

@@ -15,10 +15,11 @@
  * Every function that can fail returns a vramd_status; the reason is in
  * vramd_last_error() (thread-local), one line meant for a user.
  *
- * Threading: one thread drives a context at a time.  The core runs one
- * thread of its own, the reclaimer, which returns released device memory to
- * the driver in the background (vkFreeMemory costs about as much as the DMA
- * of the same bytes on the H200; release must not wait for it).
+ * Threading: one thread drives a context at a time.  The core runs threads
+ * of its own: reclaimers, which return released device memory to the driver
+ * in the background (vkFreeMemory costs about as much as the DMA of the same
+ * bytes on the H200; release must not wait for it), and, during a restore,
+ * allocators (one thread's vkAllocateMemory is slower than the link).
  *
  * The part between the CDEF markers must stay plain C declarations: the
  * Python build feeds it to cffi verbatim.
@@ -64,10 +65,19 @@ typedef struct {
     uint32_t timeline;               /* the timelineSemaphore feature is enabled */
     uint32_t host_import;            /* VK_EXT_external_memory_host is enabled */
     uint32_t memory_budget;          /* VK_EXT_memory_budget is enabled */
-    uint32_t reserved;
+    uint32_t alloc_threads;          /* threads allocating device blocks in a restore; 0: 1 */
     uint64_t block_bytes;            /* target suballocation block; 0: 256 MiB */
     uint64_t device_limit;           /* cap on device bytes held by this context; 0: none */
+    uint32_t flags;                  /* VRAMD_CTX_* below; 0 for normal use */
+    uint32_t reserved;
 } vramd_ctx_desc;
+
+/* Diagnostic switches (the benchmark uses them to show what each part of
+ * the restore pipeline is worth). */
+enum {
+    VRAMD_CTX_SERIAL_RESTORE = 1,    /* allocate every block first, then copy: no overlap */
+    VRAMD_CTX_NO_RAMP = 2            /* regions sealed later use full-size first blocks */
+};
 
 typedef struct {
     uint64_t max_allocation;     /* maxMemoryAllocationSize: a block is never larger */
@@ -107,9 +117,10 @@ typedef struct {
 typedef struct {
     uint64_t restore_bytes;
     uint64_t restore_blocks;
-    uint64_t restore_alloc_ns;   /* time spent in vkCreateBuffer/vkAllocateMemory/bind */
+    uint64_t restore_alloc_ns;   /* vkCreateBuffer/vkAllocateMemory/bind, summed over threads */
+    uint64_t restore_alloc_wait_ns; /* submitter waiting for the next block: allocation behind */
     uint64_t restore_submit_ns;  /* time spent recording and submitting copies */
-    uint64_t restore_stall_ns;   /* time waiting for a free command buffer (copy engine behind) */
+    uint64_t restore_stall_ns;   /* waiting for a free command buffer: copy engine behind */
     uint64_t release_wait_ns;    /* waiting for in-flight compute and transfers */
     uint64_t evict_bytes;
     uint64_t evict_copy_ns;      /* device->host copy, submit to completion */
