@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from vramd.arena import doorbell, proclocks
-from vramd.arena.layout import Arena, existing_arenas
+from vramd.arena.layout import SYSTEM_ARENA, Arena, existing_arenas
 from vramd.arena.members import KINDS, Registry
 from vramd.arena.queue import Queue
 
@@ -79,5 +79,8 @@ def arena_status(arena: Arena) -> dict:
 
 
 def discover_arenas(base: Path | None = None) -> list[Path]:
-    """Every arena under the per-user base (one per device), sorted."""
-    return existing_arenas(base)
+    """Every arena under the per-user base (one per device), then the system arena if there is one."""
+    found = existing_arenas(base)
+    if (SYSTEM_ARENA / "token.lock").exists() and SYSTEM_ARENA not in found:
+        found.append(SYSTEM_ARENA)
+    return found

@@ -14,6 +14,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
+from vramd.errors import UsageError
+
 log = logging.getLogger("vramd.http")
 
 
@@ -54,7 +56,11 @@ class HttpServer:
             "/metrics": lambda: (200, "text/plain; version=0.0.4; charset=utf-8", metrics().encode()),
         }
         handler = type("Handler", (_Handler,), {"routes": routes})
-        self.server = ThreadingHTTPServer((host, port), handler)
+        try:
+            self.server = ThreadingHTTPServer((host, port), handler)
+        except OSError as e:
+            raise UsageError(f"cannot serve HTTP on {host}:{port}: {e.strerror} "
+                             "(another daemon there? give each its own --port)") from None
         self.server.daemon_threads = True
         self.host, self.port = self.server.server_address[:2]
         self._thread = threading.Thread(target=self.server.serve_forever, name="vramd-http", daemon=True)
