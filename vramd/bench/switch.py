@@ -1,0 +1,172 @@
+"""`vramd bench switch`: two real daemons, B's ring while A is warm -> B resident and ready.
+
+Two `vramd serve` processes on synthetic models of --gib GiB each share a
+fresh arena.  Each round wakes A (so A is warm), then wakes B and takes B's
+own measure of the switch: from the start of its ensure_warm (ticket, ring)
+through A's release to B's weights uploaded and its record published.  In
+the same run, before the daemons start, the raw host->device link rate is
+measured with one large vkCmdCopyBuffer from pinned memory, and each switch
+is set against B's bytes / that rate.  Goal: p50 <= 1.1 x bytes/link + 20 ms.
+
+The models are GGUF files whose tensor data is a hole (a sparse file of
+zeros): the header is real, nothing is written or read from a disk, and the
+loader still reads every byte into the host shadow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from vramd.bench.handover import percentile
+from vramd.errors import VramdError
+
+TENSOR_BYTES = 256 << 20   # one F16 tensor of 8192 x 16384
+EMBD = 8192
+
+
+def write_sparse_model(path: Path, nbytes: int, seed: int) -> Path:
+    """A llama-shaped GGUF of about `nbytes` of F16 weights whose data is a hole."""
+    import gguf
+    n = max(1, round(nbytes / TENSOR_BYTES))
+    cols = TENSOR_BYTES // 2 // EMBD if nbytes >= TENSOR_BYTES else max(32, nbytes // 2 // EMBD // 32 * 32)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"bench-{seed}")
+    w.add_context_length(4096)
+    w.add_embedding_length(EMBD)
+    w.add_feed_forward_length(4 * EMBD)
+    w.add_block_count(max(1, n // 4))
+    w.add_head_count(64)
+    w.add_head_count_kv(8)
+    w.add_layer_norm_rms_eps(1e-5)
+    for i in range(n):
+        w.add_tensor_info(f"blk.{i // 4}.w{i % 4}.weight", (cols, EMBD), np.dtype(np.float16),
+                          cols * EMBD * 2, raw_dtype=gguf.GGMLQuantizationType.F16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    align = 32
+    header = os.path.getsize(path)
+    data = -(-header // align) * align
+    per = -(-(cols * EMBD * 2) // align) * align
+    os.truncate(path, data + per * (n - 1) + cols * EMBD * 2)
+    return path
+
+
+def link_rate(nbytes: int) -> dict:
+    """The raw host<->device rate of this device, through the residency core's probe."""
+    from vramd.gpu.device import Device
+    from vramd.gpu.residency import Residency
+    with Device() as dev, Residency(dev) as res:
+        return res.link_probe(nbytes)
+
+
+class Served:
+    def __init__(self, arena: Path, model: Path, name: str, ctx: int):
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vramd.cli", "serve", str(model), "--name", name, "--arena", str(arena),
+             "--port", "0", "--ctx", str(ctx), "--quantum", "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.log: list[str] = []
+        self.socket = arena / "control" / f"{name}.sock"
+        threading.Thread(target=lambda: [self.log.append(x) for x in self.proc.stdout], daemon=True).start()
+
+    def wait_ready(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(" serving " in x for x in self.log):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise VramdError(f"switch benchmark: daemon {self.name} did not start:\n{''.join(self.log)}")
+            time.sleep(0.05)
+
+    def ask(self, cmd: str) -> dict:
+        from vramd.server.control import request
+        return request(self.socket, cmd, wait=600, timeout=600)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def run(gib: float, rounds: int, ctx: int, probe_gib: float) -> dict:
+    nbytes = int(gib * 2**30)
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="vramd-switch-", dir=base) as tmp:
+        tmp = Path(tmp)
+        a_path = write_sparse_model(tmp / "a.gguf", nbytes, 1)
+        b_path = write_sparse_model(tmp / "b.gguf", nbytes, 2)
+        link = link_rate(int(min(probe_gib, max(gib, 0.0625)) * 2**30))
+        arena = tmp / "arena"
+        a = Served(arena, a_path, "A", ctx)
+        try:
+            a.wait_ready()
+            b = Served(arena, b_path, "B", ctx)
+            try:
+                b.wait_ready()
+                switches, walls, moved = [], [], []
+                for _ in range(rounds):
+                    a.ask("wake")
+                    before = b.ask("status")["bytes_h2d"]
+                    t0 = time.monotonic()
+                    reply = b.ask("wake")
+                    walls.append((time.monotonic() - t0) * 1000)
+                    switches.append(reply["switch_ms"])
+                    moved.append(b.ask("status")["bytes_h2d"] - before)
+                b_status = b.ask("status")
+            finally:
+                b.stop()
+        finally:
+            a.stop()
+    b_bytes = statistics.median(moved)
+    ideal_ms = b_bytes / (link["h2d_gbps"] * 1e9) * 1000
+    p50, p99 = statistics.median(switches), percentile(switches, 99)
+    return {
+        "gib": gib, "rounds": rounds, "b_bytes": int(b_bytes),
+        "p50_ms": p50, "p99_ms": p99, "min_ms": min(switches), "max_ms": max(switches),
+        "wall_p50_ms": statistics.median(walls),
+        "link_h2d_gbps": link["h2d_gbps"], "link_d2h_gbps": link["d2h_gbps"],
+        "ideal_ms": ideal_ms, "goal_ms": 1.1 * ideal_ms + 20,
+        "p50_over_ideal": p50 / ideal_ms if ideal_ms else None,
+        "switch_gbps": b_bytes / (p50 / 1000) / 1e9 if p50 else None,
+        "device": b_status["device"]["name"],
+    }
+
+
+@click.command(name="switch")
+@click.option("--gib", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+              help="Size of each of the two synthetic models.")
+@click.option("--rounds", type=click.IntRange(min=1), default=10, show_default=True, help="Switches to time.")
+@click.option("--ctx", type=click.IntRange(min=1), default=512, show_default=True, help="KV cache context.")
+@click.option("--probe-gib", type=click.FloatRange(min=0.01), default=4.0, show_default=True,
+              help="Size of the raw link-rate probe (at most --gib).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def command(gib, rounds, ctx, probe_gib, as_json):
+    """Time a switch between two daemons against bytes / raw link rate."""
+    r = run(gib, rounds, ctx, probe_gib)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    click.echo(f"switch A -> B on {r['device']}, 2 x {gib:g} GiB models, {rounds} switches")
+    click.echo(f"  B moved {r['b_bytes'] / 2**30:.2f} GiB per switch; raw link {r['link_h2d_gbps']:.1f} GB/s "
+               f"-> ideal {r['ideal_ms']:.1f} ms, goal {r['goal_ms']:.1f} ms")
+    click.echo(f"  switch p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  (x{r['p50_over_ideal']:.2f} of ideal, "
+               f"{r['switch_gbps']:.1f} GB/s)  control round trip p50 {r['wall_p50_ms']:.1f} ms")
+
+
+if __name__ == "__main__":
+    command()
