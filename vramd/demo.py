@@ -1,10 +1,11 @@
-"""`make demo`: two participants hand the GPU token back and forth, with `vramd status`.
+"""`make demo`: two model daemons share one GPU, switching on demand, with `vramd status`.
 
-Each participant runs in its own process against a fresh arena and serves a
-few "requests" (a short sleep standing in for compute).  They ring each
-other, yield at idle points after their hold quantum, and queue in order;
-the timeline shows each hand-over and `vramd status` shows the arena from
-outside, as a user would see it.
+Two `vramd serve` daemons on synthetic GGUF models (llama-shaped, zero
+weights) join a fresh arena.  The demo wakes one, then the other, a few
+times — each wake rings the doorbell, the holder releases its weights at its
+next idle point (keeping its KV cache), and the waker uploads its own — and
+shows `vramd status` and the daemons' metrics along the way.  On a machine
+without a GPU it runs on Mesa's lavapipe (a CPU Vulkan device).
 """
 
 from __future__ import annotations
@@ -14,73 +15,85 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
-REQUESTS = 4
-COMPUTE_S = 0.15
-THINK_S = 0.05
+MODEL_MIB = 48
 
 
-def worker(arena_path: str, name: str, offset: float) -> None:
-    from vramd.arena.arbiter import Participant
-    from vramd.arena.layout import Arena
-
-    t_start = time.monotonic()
-
-    def say(msg):
-        print(f"  [{time.monotonic() - t_start + offset:6.3f}s] {name:8s} {msg}", flush=True)
-
-    with Participant(Arena.open(arena_path), name, model=f"{name}.gguf") as p:
-        for i in range(REQUESTS):
-            t0 = time.monotonic()
-            was_cold = not p.holds_token
-            p.ensure_warm(timeout=30)
-            if was_cold:
-                say(f"request {i + 1}: got the token in {(time.monotonic() - t0) * 1000:.1f} ms")
-            else:
-                say(f"request {i + 1}: already warm")
-            time.sleep(COMPUTE_S)  # the compute
-            # Idle point: yield if the peer rang and our quantum is served.
-            deadline = time.monotonic() + THINK_S
-            while time.monotonic() < deadline:
-                if p.idle():
-                    say("yielded to the peer")
-                    break
-                time.sleep(0.005)
-        say(f"done: {p.member.switches} times warm, {p.member.yields} yields")
+def vramd(*args: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "vramd.cli", *args], capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"vramd demo: `vramd {' '.join(args)}` failed: {r.stderr.strip()}")
+    return r.stdout.rstrip()
 
 
-def show_status(arena: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "vramd.cli", "status", "--arena", str(arena)],
-                         capture_output=True, text=True)
-    print("\n$ vramd status")
-    print(out.stdout.rstrip() or out.stderr.rstrip())
-    print()
+def show(*args: str) -> None:
+    shown = list(args)
+    if "--arena" in shown:  # every call names the demo's arena; leave it out of the echo
+        i = shown.index("--arena")
+        del shown[i:i + 2]
+    print(f"\n$ vramd {' '.join(shown)}")
+    print(vramd(*args))
+
+
+def start_daemon(arena: Path, model: Path, name: str, log: Path) -> subprocess.Popen:
+    out = open(log, "w")
+    return subprocess.Popen([sys.executable, "-m", "vramd.cli", "serve", str(model), "--name", name,
+                             "--arena", str(arena), "--port", "0", "--ctx", "1024", "--quantum", "0.05"],
+                            stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_serving(log: Path, proc: subprocess.Popen, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        for line in text.splitlines():
+            if " serving " in line:
+                return line.split(" on ", 1)[1].split()[0]
+        if proc.poll() is not None:
+            raise SystemExit(f"vramd demo: a daemon failed to start:\n{text}")
+        time.sleep(0.1)
+    raise SystemExit("vramd demo: a daemon did not start in time")
 
 
 def main() -> None:
+    from vramd.bench.switch import write_sparse_model
+
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="vramd-demo-", dir=base) as tmp:
-        arena = Path(tmp) / "arena"
-        from vramd.arena.layout import Arena
-        Arena.open(arena)
-        print(f"vramd demo: two participants share one arena ({arena})\n")
-        t0 = time.monotonic()
+        tmp = Path(tmp)
+        arena = tmp / "arena"
+        print(f"vramd demo: two model daemons share one GPU through the arena {arena}")
+        chat = write_sparse_model(tmp / "chat.gguf", MODEL_MIB << 20, 1)
+        task = write_sparse_model(tmp / "task.gguf", MODEL_MIB << 20, 2)
+        print(f"synthetic models: {chat.name} and {task.name}, {MODEL_MIB} MiB of weights each")
         procs = []
-        for name in ("chat", "task"):
-            code = ("from vramd.demo import worker; "
-                    f"worker({str(arena)!r}, {name!r}, {time.monotonic() - t0!r})")
-            procs.append(subprocess.Popen([sys.executable, "-c", code]))
-            time.sleep(0.05)
-        time.sleep(0.3)
-        show_status(arena)
-        time.sleep(0.45)
-        show_status(arena)
-        codes = [p.wait(60) for p in procs]
-        show_status(arena)
+        try:
+            procs.append(start_daemon(arena, chat, "chat", tmp / "chat.log"))
+            url = wait_serving(tmp / "chat.log", procs[-1])
+            show("status", "--arena", str(arena))
+            procs.append(start_daemon(arena, task, "task", tmp / "task.log"))
+            wait_serving(tmp / "task.log", procs[-1])
+            print("\n(task took the GPU to load; chat released its weights and kept its KV cache)")
+            show("status", "--arena", str(arena))
+            for name in ("chat", "task", "chat"):
+                show("wake", name, "--arena", str(arena))
+            show("status", "--arena", str(arena))
+            metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+            print(f"\n$ curl {url}/metrics   (chat's, excerpt)")
+            for line in metrics.splitlines():
+                if line.startswith(("vramd_switches_total", "vramd_yields_total", "vramd_bytes_moved_total",
+                                    "vramd_device_bytes")):
+                    print(line)
+        finally:
+            for p in procs:
+                p.terminate()
+            codes = [p.wait(60) for p in procs]
         if any(codes):
-            sys.exit(f"vramd demo: a participant failed (exit codes {codes})")
-        print("Both participants served every request; the token went back and forth at idle points.")
+            raise SystemExit(f"vramd demo: a daemon did not stop cleanly (exit codes {codes})")
+        show("status", "--arena", str(arena))
+        print("\nBoth daemons stopped cleanly: token released, records and sockets removed.")
 
 
 if __name__ == "__main__":
