@@ -66,6 +66,10 @@ class Kernel:
         self.cmd_pool = vk.vkCreateCommandPool(self.dev, vk.VkCommandPoolCreateInfo(
             queueFamilyIndex=dev.compute_family), None)
         self._in_flight = 0
+        # Command buffers are allocated once and reused: resetting the pool
+        # resets them but does not free them (allocating one per dispatch
+        # leaked 6 KB a step on lavapipe; tests/gpu/test_growth.py).
+        self._cmds = []
 
     def _recycle(self):
         """Descriptor sets and command buffers are reused only once the GPU
@@ -97,8 +101,10 @@ class Kernel:
                                           descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                           pBufferInfo=[infos[i]]) for i in range(len(views))]
         vk.vkUpdateDescriptorSets(self.dev, len(writes), writes, 0, None)
-        cmd = vk.vkAllocateCommandBuffers(self.dev, vk.VkCommandBufferAllocateInfo(
-            commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        if self._in_flight == len(self._cmds):
+            self._cmds.append(vk.vkAllocateCommandBuffers(self.dev, vk.VkCommandBufferAllocateInfo(
+                commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0])
+        cmd = self._cmds[self._in_flight]
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipeline)
