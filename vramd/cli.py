@@ -99,6 +99,11 @@ def render_status(r: dict) -> str:
         lines.append(f"holder  pid {r['holder_pid']} ({r['holder_name']}, {what})")
     if r["waiting"]:
         lines.append("waiting " + ", ".join(f"{w['name']} (pid {w['pid']})" for w in r["waiting"]))
+    if r.get("budget_bytes"):
+        lines.append(f"vram    {human_bytes(r['device_bytes_used'])} used by members of "
+                     f"{human_bytes(r['budget_bytes'])}, {human_bytes(r['free_bytes'])} free")
+    if r.get("eviction_order"):
+        lines.append("evicts  " + " > ".join(r["eviction_order"]) + "  (first to go on the left)")
     if not r["members"]:
         lines.append("members none")
         return "\n".join(lines)
@@ -107,7 +112,8 @@ def render_status(r: dict) -> str:
     rows = [header]
     for m in r["members"]:
         d = m["device_bytes"]
-        rows.append(("*" if m["holds_token"] else "", m["name"], str(m["pid"]), m["state"],
+        state = m["state"] + (" pinned" if m.get("pinned") else "")
+        rows.append(("*" if m["holds_token"] else "", m["name"], str(m["pid"]), state,
                      human_bytes(m["device_total"]), human_bytes(d["weights"]), human_bytes(d["state"]),
                      human_bytes(d["encoder"]), human_bytes(d["scratch"]), human_bytes(m["host_total"]),
                      human_age(m["for_s"]), str(m["switches"])))
@@ -141,9 +147,10 @@ def ring(arena_path, allow_shared_arena, pid):
 @click.argument("name", required=False)
 @click.option("--all", "all_", is_flag=True, help="Ask whoever holds the token, member or not.")
 @click.option("--wait", is_flag=True, help="Return only once the holder went cold (exit 1 on timeout).")
+@click.option("--release", is_flag=True, help="A daemon also frees its device memory instead of parking it.")
 @click.option("--timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds --wait waits.")
-def yield_(arena_path, allow_shared_arena, name, all_, wait, timeout):
+def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
     """Ask the token holder (or member NAME, if it holds it) to go cold."""
     from vramd.arena import doorbell
     from vramd.arena.members import Registry
@@ -162,7 +169,13 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, timeout):
             raise PeerError(f"no member named {name!r} in {arena.path} (see `vramd status`)")
         targets = [m.pid for m in named if m.pid in holders]
         if not targets:
-            click.echo(f"{name} is already cold")
+            parked = [m for m in named if m.device_bytes() and m.control]
+            if release and parked:
+                from vramd.server.control import request
+                request(parked[0].control, "yield", wait=timeout, release=True)
+                click.echo(f"{name} released its device memory")
+            else:
+                click.echo(f"{name} is already cold" + (" (parked: --release frees its memory)" if parked else ""))
             return
     else:
         targets = holders
@@ -174,7 +187,7 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, timeout):
     if target in members and members[target].control:
         # A daemon: ask it directly; it goes cold at its next idle point.
         from vramd.server.control import request
-        request(members[target].control, "yield", wait=timeout if wait else 5.0)
+        request(members[target].control, "yield", wait=timeout if wait else 5.0, release=release)
         click.echo(f"{label} yielded")
         return
     yields_before = members[target].yields if target in members else None
@@ -224,6 +237,12 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, timeout):
 @click.option("--quantum", type=float, default=None, help="Minimum seconds to hold the GPU before yielding [0.25].")
 @click.option("--max-hold", type=float, default=None, help="Seconds after which a busy holder yields between "
               "requests when someone waits [5].")
+@click.option("--residency", type=click.Choice(["cache", "exclusive"]), default=None,
+              help="cache: stay on the device after yielding while there is room, evicted only for a peer's "
+                   "need; exclusive: on the device only while holding the token, as llama.cpp's arbiter [cache].")
+@click.option("--pin", is_flag=True, default=None, help="Never evicted by vramd peers while parked.")
+@click.option("--priority", type=int, default=None,
+              help="Eviction priority; each point counts as 60 s of recency (ages like it) [0].")
 def serve(model, config_file, **flags):
     """Serve MODEL.gguf: resident on the GPU only while it serves."""
     import logging

@@ -11,14 +11,6 @@ from vramd.arena.token import Token
 
 from .conftest import start_line_reader, wait_until
 
-HERE = __import__("pathlib").Path(__file__).parent
-
-
-@pytest.fixture(scope="session")
-def llama_peer_bin(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cpeer") / "llama_peer"
-    subprocess.run(["cc", "-O2", "-Wall", "-Werror", "-o", str(out), str(HERE / "llama_peer.c")], check=True)
-    return out
 
 
 class CPeer:

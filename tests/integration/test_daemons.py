@@ -22,8 +22,8 @@ def breakdown_device(member):
 
 
 def test_two_daemons_alternate_100_times_bit_exact(arena, models, daemons):
-    a = daemons(arena, models[0], "alpha", "--evict-state", "always")
-    b = daemons(arena, models[1], "beta", "--evict-state", "always")
+    a = daemons(arena, models[0], "alpha", "--evict-state", "always", "--residency", "exclusive")
+    b = daemons(arena, models[1], "beta", "--evict-state", "always", "--residency", "exclusive")
     token = Token(arena / "token.lock")
     weights = {d.name: d.member().breakdown["weights"]["host"] for d in (a, b)}
     for i in range(100):
@@ -63,17 +63,18 @@ def test_idle_sleep_releases_and_a_request_wakes(arena, models, daemons):
 
 def test_wake_on_request_without_idle_sleep_after_a_peer_took_it(arena, models, daemons):
     a = daemons(arena, models[0], "alpha")          # idle sleep off (-1)
-    b = daemons(arena, models[1], "beta")           # its start made alpha yield
-    assert a.member().state == "cold"
+    b = daemons(arena, models[1], "beta")           # its start made alpha yield (and park)
+    assert a.member().state == "parked" and not a.ask("status")["holds_token"]
     assert a.ask("verify")["weights_ok"]            # a request wakes alpha anyway
-    assert b.member().state == "cold"
+    assert b.member().state == "parked"
 
 
 def test_kv_stays_on_device_while_cold_unless_the_budget_needs_it(arena, tmp_path, models, daemons):
-    a = daemons(arena, models[0], "alpha")   # evict-state auto, no budget: room for both
-    b = daemons(arena, models[1], "beta")
+    # Exclusive residency (llama.cpp's rule), evict-state auto, no budget: room for both.
+    a = daemons(arena, models[0], "alpha", "--residency", "exclusive")
+    b = daemons(arena, models[1], "beta", "--residency", "exclusive")
     m = a.member()
-    assert m.state == "cold"
+    assert m.state == "parked"  # not holding the token, KV still on the device
     assert breakdown_device(m)["weights"] == 0
     assert breakdown_device(m)["state"] == m.breakdown["state"]["host"] > 0  # KV kept on the device
     kv = a.ask("verify")["kv_sha256"]   # wakes alpha again: nothing lost
@@ -89,8 +90,8 @@ def test_vram_budget_smaller_than_both_forces_real_switches(arena, models, daemo
     assert a.stop() == 0
     # One model fits with room to spare, but not one model plus the other's KV cache.
     budget = str(one + kv // 2)
-    a = daemons(arena, models[0], "alpha", "--vram-budget", budget)
-    b = daemons(arena, models[1], "beta", "--vram-budget", budget)
+    a = daemons(arena, models[0], "alpha", "--vram-budget", budget, "--residency", "exclusive")
+    b = daemons(arena, models[1], "beta", "--vram-budget", budget, "--residency", "exclusive")
     for _ in range(5):
         for warm, cold in ((a, b), (b, a)):
             warm.ask("wake")

@@ -60,6 +60,7 @@ class Participant:
                  restore: RestoreFn | None = None, release: ReleaseFn | None = None,
                  breakdown: BreakdownFn | None = None,
                  on_yield_request: Callable[[], None] | None = None,
+                 on_ring_while_cold: Callable[[set[int]], None] | None = None,
                  quantum: float = DEFAULT_QUANTUM, max_hold: float = DEFAULT_MAX_HOLD):
         if quantum < 0 or max_hold < quantum:
             raise ValueError("need 0 <= quantum <= max_hold")
@@ -76,6 +77,9 @@ class Participant:
         # Called from the warden thread when a yield becomes wanted, so a
         # caller blocked on its own work queue can wake up and call idle().
         self._on_yield_request = on_yield_request
+        # Called from the warden with the pids that rang while we do not hold
+        # the token: a parked daemon releases for a flock-only peer.
+        self._on_ring_while_cold = on_ring_while_cold
         self.member = Member(name=name, pid=self.pid, model=model,
                              start_time=process_start_time(self.pid) or time.time())
         self._yield_wanted = threading.Event()
@@ -147,7 +151,7 @@ class Participant:
             self._let_foreign_waiter_go(deadline)
             self._queue_and_acquire(deadline, timeout)
         except BaseException:
-            self._publish("cold")
+            self._publish_unheld()
             raise
         self._warm_since_wall = time.time()
         doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
@@ -156,7 +160,7 @@ class Participant:
         except BaseException:
             self.token.release()
             self._yield_wanted.clear()
-            self._publish("cold")
+            self._publish_unheld()
             raise
         self.member.switches += 1
         self.member.bytes_h2d += moved or 0
@@ -304,11 +308,24 @@ class Participant:
                 self.member.yields += 1
             # Publish before dropping the token: the next holder sizes its
             # restore by what our record says we still hold on the device.
-            self._publish("cold")
+            # Still holding device memory without the token is "parked".
+            self.member.last_used = time.time()
+            self._publish_unheld()
             self.token.release()
             self._yield_wanted.clear()
             self._foreign_at_release = foreign
             log.debug("%s: cold (%s)", self.member.name, reason)
+
+    def _device_bytes(self) -> int:
+        return sum(v["device"] for v in self._breakdown().values()) if self._breakdown else 0
+
+    def _publish_unheld(self) -> None:
+        self._publish("parked" if self._device_bytes() else "cold")
+
+    def set_resident_state(self) -> None:
+        """Re-publish cold/parked after our device bytes changed without the token (an eviction)."""
+        if not self.token.held:
+            self._publish_unheld()
 
     # -- who waits ---------------------------------------------------------
 
@@ -341,7 +358,11 @@ class Participant:
                           self.member.name, self.arena.doorbell_dir)
                 return
             if not self.token.held:
-                continue  # cold: there is nothing to yield
+                # Nothing to yield; a parked holder of device memory may
+                # still have to make room (see on_ring_while_cold).
+                if rang and self._on_ring_while_cold is not None:
+                    self._on_ring_while_cold(rang)
+                continue
             try:
                 if rang is None:
                     wanted = self._someone_waiting()

@@ -21,8 +21,9 @@ import psutil
 from vramd.arena.layout import read_small
 from vramd.errors import ArenaError, VramdError
 
-STATES = ("cold", "warming", "warm", "cooling")
+STATES = ("cold", "warming", "warm", "cooling", "parked")
 KINDS = ("weights", "state", "encoder", "scratch")
+PRIORITY_SECONDS = 60.0
 
 
 def empty_breakdown() -> dict[str, dict[str, int]]:
@@ -53,8 +54,21 @@ class Member:
     last_switch_ms: float | None = None
     breakdown: dict = field(default_factory=empty_breakdown)
     wants_bytes: int = 0       # device bytes it needs to go warm (set while warming)
+    last_used: float = 0.0     # wall time it last held the token: the LRU key
+    pinned: bool = False       # never evicted by vramd peers while parked
+    priority: int = 0          # each point counts as PRIORITY_SECONDS of recency
+    budget: int = 0            # device bytes the arena's members may hold together, as it sees it
     endpoint: str = ""         # http://host:port of a daemon's API, if any
     control: str = ""          # path of a daemon's control socket, if any
+
+    def eviction_key(self) -> float:
+        """Smaller is evicted first: least recently used, shifted by priority.
+
+        A priority point counts as PRIORITY_SECONDS of recency, and it ages
+        like any other recency: a high-priority model left unused long
+        enough becomes the first to go, so no model is starved for ever.
+        """
+        return self.last_used + self.priority * PRIORITY_SECONDS
 
     def device_bytes(self) -> int:
         return sum(v.get("device", 0) for v in self.breakdown.values())
@@ -83,6 +97,13 @@ class Member:
         m.last_switch_ms = float(last) if isinstance(last, (int, float)) else None
         m.breakdown = _breakdown(data.get("breakdown", {}))
         m.wants_bytes = _int(data, "wants_bytes", 0)
+        m.last_used = _num(data, "last_used", 0.0)
+        pinned = data.get("pinned", False)
+        if not isinstance(pinned, bool):
+            raise ValueError("pinned is not a boolean")
+        m.pinned = pinned
+        m.priority = _int(data, "priority", 0)
+        m.budget = _int(data, "budget", 0)
         m.endpoint = _str(data, "endpoint", "")
         m.control = _str(data, "control", "")
         return m

@@ -60,7 +60,13 @@ def arena_status(arena: Arena) -> dict:
             "bytes_h2d": m.bytes_h2d,
             "bytes_d2h": m.bytes_d2h,
             "last_switch_ms": m.last_switch_ms,
+            "pinned": m.pinned,
+            "priority": m.priority,
+            "last_used": m.last_used,
         })
+    budgets = [m.budget for m in members if m.budget > 0]
+    used = sum(m.device_bytes() for m in members)
+    evictable = [m for m in members if m.pid not in holders and m.device_bytes() > 0 and not m.pinned]
     waiting = []
     for pid in dict.fromkeys(queued + blocked):
         waiting.append({"pid": pid, "name": by_pid[pid].name if pid in by_pid else process_name(pid),
@@ -75,6 +81,10 @@ def arena_status(arena: Arena) -> dict:
         "waiting": waiting,
         "rings": sorted(doorbell.scan(arena.doorbell_dir, clean=False).rings),
         "members": rows,
+        "budget_bytes": min(budgets) if budgets else None,
+        "device_bytes_used": used,
+        "free_bytes": (min(budgets) - used) if budgets else None,
+        "eviction_order": [m.name for m in sorted(evictable, key=lambda m: m.eviction_key())],
     }
 
 

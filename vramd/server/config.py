@@ -15,6 +15,7 @@ from pathlib import Path
 from vramd.errors import UsageError
 
 EVICT_STATE = ("auto", "always", "never")
+RESIDENCY = ("cache", "exclusive")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 1000**2, "mb": 1000**2,
           "mi": 1024**2, "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gi": 1024**3, "gib": 1024**3,
@@ -36,6 +37,9 @@ class ServeConfig:
     port: int = 8080
     quantum: float = 0.25
     max_hold: float = 5.0
+    residency: str = "cache"
+    pin: bool = False
+    priority: int = 0
 
     def check(self, where: str = "flags") -> "ServeConfig":
         if not self.model:
@@ -46,6 +50,10 @@ class ServeConfig:
             raise UsageError(f"{where}: ctx {self.ctx}: must be between 1 and {1 << 20}")
         if self.evict_state not in EVICT_STATE:
             raise UsageError(f"{where}: evict_state {self.evict_state!r}: one of {', '.join(EVICT_STATE)}")
+        if self.residency not in RESIDENCY:
+            raise UsageError(f"{where}: residency {self.residency!r}: one of {', '.join(RESIDENCY)}")
+        if not -1000 <= self.priority <= 1000:
+            raise UsageError(f"{where}: priority {self.priority}: must be between -1000 and 1000")
         if self.vram_budget is not None and self.vram_budget <= 0:
             raise UsageError(f"{where}: vram_budget must be positive")
         if not 0 <= self.port <= 65535:

@@ -83,6 +83,10 @@ class Daemon:
         self.last_activity = time.monotonic()
         self.device = self.residency = self.model = self.participant = None
         self.control = self.http = None
+        # Residency calls come from the loop thread and, for evictions asked by
+        # the token holder while we are parked, from a control thread.
+        self.lock = threading.RLock()
+        self._release_everything = False  # set for idle sleep, shutdown, an operator's --release
 
     # -- set-up ------------------------------------------------------------
 
@@ -108,8 +112,11 @@ class Daemon:
         self.participant = Participant(
             self.arena, self.name, model=os.path.basename(cfg.model),
             restore=self._restore, release=self._release, breakdown=self.residency.breakdown,
-            on_yield_request=self.poke, quantum=cfg.quantum, max_hold=cfg.max_hold)
-        self.participant.member.control = str(self.arena.control_dir / f"{self.name}.sock")
+            on_yield_request=self.poke, on_ring_while_cold=self._ring_while_parked,
+            quantum=cfg.quantum, max_hold=cfg.max_hold)
+        member = self.participant.member
+        member.control = str(self.arena.control_dir / f"{self.name}.sock")
+        member.pinned, member.priority, member.budget = cfg.pin, cfg.priority, self._budget()
         self.control = ControlServer(self.arena.control_dir / f"{self.name}.sock", self.handle_control)
         self.http = HttpServer(cfg.host, cfg.port, health=self.health, status=self.status,
                                metrics=self.render_metrics)
@@ -140,35 +147,52 @@ class Daemon:
         return sum(b[k]["host"] - b[k]["device"] for k in ("weights", "state", "scratch") if b[k]["host"] > b[k]["device"])
 
     def _restore(self) -> int:
-        before = self._device_total()
-        if self.cfg.vram_budget:
-            room = self.cfg.vram_budget - self._others_device_bytes()
+        with self.lock:
+            before = self._device_total()
+            need = self._needed_bytes()
+            if need and self.cfg.residency == "cache":
+                self._make_room(need)
+            room = self._budget() - self._others_device_bytes()
             if room <= before:
-                raise OutOfDeviceMemory(f"{self.name}: --vram-budget {self.cfg.vram_budget} B is used up by "
+                raise OutOfDeviceMemory(f"{self.name}: the device budget ({self._budget()} B) is used up by "
                                         "other members' resident buffers")
             self.residency.set_device_limit(room)
-        try:
-            self.residency.restore(["weights", "state"])
-        except OutOfDeviceMemory:
-            self.metrics.count("restore_failures")
-            raise
-        moved = self._device_total() - before
+            try:
+                self.residency.restore(["weights", "state"])
+            except OutOfDeviceMemory:
+                self.metrics.count("restore_failures")
+                raise
+            moved = self._device_total() - before
         systemd.status(f"warm: holding the GPU ({moved} bytes uploaded)")
         return moved
 
     def _release(self) -> int:
-        evict = self._should_evict_state()
-        if self.model.kv is not None:
-            self.model.kv.evict = evict
-        state_before = self.residency.breakdown()["state"]["device"]
-        self.residency.release(list(KINDS))
-        if evict or self.participant.incoming_need() is None:
-            # Someone who needs the room (or a foreign peer expecting an
-            # empty GPU) comes next: be sure the driver has the memory back.
-            self.residency.drain()
-        moved = state_before - self.residency.breakdown()["state"]["device"]
-        self.metrics.observe_release(moved)
-        systemd.status("cold: weights released" + ("" if evict else ", KV cache kept on the device"))
+        """Going cold.  Exclusive mode (and idle sleep, shutdown, a flock-only
+        peer next) frees the device buffers; cache mode parks them."""
+        with self.lock:
+            foreign_next = self._foreign_peer_waits()
+            everything = self._release_everything or foreign_next or self.stopping
+            self._release_everything = False
+            state_before = self.residency.breakdown()["state"]["device"]
+            if everything or self.cfg.residency == "exclusive":
+                evict = everything or self._should_evict_state()
+                if self.model.kv is not None:
+                    self.model.kv.evict = evict
+                self.residency.release(list(KINDS))
+                if foreign_next:
+                    self._empty_parked_peers()
+                if evict or foreign_next or self.participant.incoming_need() is None:
+                    # Someone who needs the room (or a foreign peer expecting an
+                    # empty GPU) comes next: be sure the driver has the memory back.
+                    self.residency.drain()
+            elif self.cfg.evict_state == "always" and self.model.kv is not None:
+                self.model.kv.evict = True
+                self.residency.release(["state"])
+            moved = state_before - self.residency.breakdown()["state"]["device"]
+            self.metrics.observe_release(moved)
+            parked = self._device_total()
+        systemd.status("parked: keeps its buffers on the device until a peer needs the room" if parked
+                       else "cold: device buffers released")
         return moved
 
     def _should_evict_state(self) -> bool:
@@ -181,6 +205,80 @@ class Daemon:
         kv_device = self.residency.breakdown()["state"]["device"]
         free_after = self._budget() - self._others_device_bytes() - kv_device
         return free_after < need
+
+    # -- the shared cache (--residency cache) ----------------------------------
+
+    def _free_bytes(self) -> int:
+        return self._budget() - self._others_device_bytes() - self._device_total()
+
+    def eviction_order(self) -> list:
+        """Peers whose buffers may go to make room: not the holder, not pinned,
+        least recently used (shifted by priority) first."""
+        holders = set(self.participant.token.holders())
+        members = Registry(self.arena.members_dir).list(clean=False)
+        candidates = [m for m in members if m.pid != os.getpid() and m.control and m.device_bytes() > 0
+                      and not m.pinned and m.pid not in holders and m.state in ("parked", "cold", "warming")]
+        return sorted(candidates, key=lambda m: m.eviction_key())
+
+    def _make_room(self, need: int) -> None:
+        """Ask parked peers, in eviction order, to release until `need` bytes are free."""
+        from vramd.server.control import request
+        shortfall = need - self._free_bytes()
+        for peer in self.eviction_order():
+            if shortfall <= 0:
+                return
+            try:
+                reply = request(peer.control, "evict", wait=120, bytes=shortfall)
+            except VramdError as e:
+                log.warning("%s: could not evict %s: %s", self.name, peer.name, e)
+                continue
+            log.info("%s: %s released %d bytes to make room", self.name, peer.name, reply["freed"])
+            shortfall = need - self._free_bytes()
+
+    def _empty_parked_peers(self) -> None:
+        """A flock-only peer comes next and expects an empty GPU: every parked member releases."""
+        from vramd.server.control import request
+        for m in Registry(self.arena.members_dir).list(clean=False):
+            if m.pid != os.getpid() and m.control and m.device_bytes() > 0:
+                try:
+                    request(m.control, "evict", wait=120, everything=True)
+                except VramdError as e:
+                    log.warning("%s: could not empty %s: %s", self.name, m.name, e)
+
+    def _foreign_peer_waits(self) -> bool:
+        """Is a process that is not a vramd member blocked on the token?"""
+        registry = Registry(self.arena.members_dir)
+        return any(pid != os.getpid() and registry.read(pid) is None for pid in self.participant.token.waiters())
+
+    def _ring_while_parked(self, pids: set[int]) -> None:
+        """Warden hook: a ring from a non-member while we park: release everything."""
+        registry = Registry(self.arena.members_dir)
+        if self._device_total() and any(registry.read(pid) is None for pid in pids):
+            threading.Thread(target=self.evict, kwargs={"everything": True}, daemon=True).start()
+
+    def evict(self, nbytes: int = 0, everything: bool = False) -> int:
+        """Release parked buffers for the token holder: scratch, then state, then weights,
+        until `nbytes` are freed (or all of them).  Never while we hold the token."""
+        with self.lock:
+            if self.participant.holds_token:
+                raise PeerError(f"{self.name} holds the token; it is never asked to evict")
+            breakdown = self.residency.breakdown()
+            freed = 0
+            for kind in ("encoder", "scratch", "state", "weights"):
+                if freed >= nbytes and not everything:
+                    break
+                on_device = breakdown[kind]["device"]
+                if not on_device:
+                    continue
+                if kind == "state" and self.model.kv is not None:
+                    self.model.kv.evict = True  # an evicted KV cache is copied to the host, never lost
+                self.residency.release([kind])
+                freed += on_device
+            if freed:
+                self.residency.drain()  # the holder allocates next: the memory must be back
+                self.metrics.observe_eviction(freed)
+            self.participant.set_resident_state()
+        return freed
 
     def _device_total(self) -> int:
         return sum(v["device"] for v in self.residency.breakdown().values())
@@ -237,6 +335,7 @@ class Daemon:
         if (self.cfg.idle_sleep >= 0 and self.participant.holds_token
                 and time.monotonic() - self.last_activity >= self.cfg.idle_sleep):
             log.info("%s: idle for %.1f s, releasing the GPU", self.name, self.cfg.idle_sleep)
+            self._release_everything = True
             self.participant.go_cold(reason="idle-sleep")
 
     def _run(self, job: Job) -> None:
@@ -279,21 +378,35 @@ class Daemon:
         if cmd == "wake":
             t0 = time.monotonic()
             was_cold = not self.participant.holds_token
+            h2d = self.participant.member.bytes_h2d
             self.submit(Job("wake", needs_gpu=True, timeout=timeout))
             m = self.participant.member
-            return {"ok": True, "state": m.state, "was_cold": was_cold,
+            return {"ok": True, "state": m.state, "was_cold": was_cold, "moved_bytes": m.bytes_h2d - h2d,
                     "wait_ms": (time.monotonic() - t0) * 1000,
                     "switch_ms": m.last_switch_ms if was_cold else 0.0,
                     "device_bytes": self._device_total()}
         if cmd == "yield":
-            self.submit(Job("yield", fn=lambda: self.participant.go_cold(reason="yield")))
+            release = bool(request.get("release", False))
+
+            def go_cold():
+                self._release_everything = release
+                self.participant.go_cold(reason="yield")
+                if release and self._device_total():  # parked before: drop what is left
+                    self.evict(everything=True)
+            self.submit(Job("yield", fn=go_cold))
             return {"ok": True, "state": self.participant.state}
+        if cmd == "evict":
+            nbytes = request.get("bytes", 0)
+            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+                raise UsageError("bytes must be a non-negative integer")
+            freed = self.evict(nbytes, everything=bool(request.get("everything", False)))
+            return {"ok": True, "freed": freed, "state": self.participant.state}
         if cmd == "verify":
             return {"ok": True, **self.submit(Job("verify", fn=self.verify, needs_gpu=True, timeout=timeout))}
         if cmd == "shutdown":
             threading.Thread(target=self.request_stop, daemon=True).start()
             return {"ok": True, "state": "stopping"}
-        raise UsageError(f"unknown command {cmd!r} (status, wake, yield, verify, shutdown)")
+        raise UsageError(f"unknown command {cmd!r} (status, wake, yield, evict, verify, shutdown)")
 
     def verify(self) -> dict:
         """Read every weight back from the device and compare with the model file."""
@@ -326,6 +439,8 @@ class Daemon:
                 "breakdown": self.residency.breakdown(), "switches": m.switches, "yields": m.yields,
                 "bytes_h2d": m.bytes_h2d, "bytes_d2h": m.bytes_d2h, "last_switch_ms": m.last_switch_ms,
                 "evict_state": self.cfg.evict_state, "idle_sleep": self.cfg.idle_sleep,
+                "residency": self.cfg.residency, "pinned": self.cfg.pin, "priority": self.cfg.priority,
+                "evictions": self.metrics.evictions, "evicted_bytes": self.metrics.evicted_bytes,
                 "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url}
 
     def render_metrics(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 SWITCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-STATES = ("cold", "warming", "warm", "cooling")
+STATES = ("cold", "warming", "warm", "cooling", "parked")
 
 
 class Metrics:
@@ -23,6 +23,8 @@ class Metrics:
         self.bytes_h2d = 0
         self.bytes_d2h = 0
         self.requests = 0
+        self.evictions = 0
+        self.evicted_bytes = 0
 
     def observe_switch(self, seconds: float, h2d: int) -> None:
         with self._lock:
@@ -36,6 +38,11 @@ class Metrics:
     def observe_release(self, d2h: int) -> None:
         with self._lock:
             self.bytes_d2h += d2h
+
+    def observe_eviction(self, nbytes: int) -> None:
+        with self._lock:
+            self.evictions += 1
+            self.evicted_bytes += nbytes
 
     def count(self, name: str) -> None:
         with self._lock:
@@ -63,6 +70,12 @@ class Metrics:
                 "# HELP vramd_requests_total Requests served (control and API).",
                 "# TYPE vramd_requests_total counter",
                 f"vramd_requests_total{{{label}}} {self.requests}",
+                "# HELP vramd_evictions_total Times a peer's need made this daemon release parked buffers.",
+                "# TYPE vramd_evictions_total counter",
+                f"vramd_evictions_total{{{label}}} {self.evictions}",
+                "# HELP vramd_evicted_bytes_total Device bytes released for peers' needs.",
+                "# TYPE vramd_evicted_bytes_total counter",
+                f"vramd_evicted_bytes_total{{{label}}} {self.evicted_bytes}",
                 "# HELP vramd_switch_seconds From asking for the token to resident and ready.",
                 "# TYPE vramd_switch_seconds histogram",
             ]
