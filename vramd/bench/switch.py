@@ -73,11 +73,11 @@ def link_rate(nbytes: int) -> dict:
 
 
 class Served:
-    def __init__(self, arena: Path, model: Path, name: str, ctx: int):
+    def __init__(self, arena: Path, model: Path, name: str, ctx: int, residency: str):
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vramd.cli", "serve", str(model), "--name", name, "--arena", str(arena),
-             "--port", "0", "--ctx", str(ctx), "--quantum", "0"],
+             "--port", "0", "--ctx", str(ctx), "--quantum", "0", "--residency", residency],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log: list[str] = []
         self.socket = arena / "control" / f"{name}.sock"
@@ -103,48 +103,62 @@ class Served:
                 self.proc.kill()
 
 
-def run(gib: float, rounds: int, ctx: int, probe_gib: float) -> dict:
+def measure(arena: Path, a_path: Path, b_path: Path, rounds: int, ctx: int, residency: str) -> dict:
+    a = Served(arena, a_path, "A", ctx, residency)
+    try:
+        a.wait_ready()
+        b = Served(arena, b_path, "B", ctx, residency)
+        try:
+            b.wait_ready()
+            switches, walls, moved = [], [], []
+            for _ in range(rounds):
+                a.ask("wake")
+                t0 = time.monotonic()
+                reply = b.ask("wake")
+                walls.append((time.monotonic() - t0) * 1000)
+                switches.append(reply["switch_ms"])
+                moved.append(reply["moved_bytes"])
+            device = b.ask("status")["device"]["name"]
+        finally:
+            b.stop()
+    finally:
+        a.stop()
+    return {"switches": switches, "walls": walls, "moved": moved, "device": device}
+
+
+def summarize(m: dict, link: dict, residency: str) -> dict:
+    switches = m["switches"]
+    b_bytes = statistics.median(m["moved"])
+    ideal_ms = b_bytes / (link["h2d_gbps"] * 1e9) * 1000
+    p50 = statistics.median(switches)
+    return {
+        "residency": residency, "rounds": len(switches), "b_bytes": int(b_bytes),
+        "p50_ms": p50, "p99_ms": percentile(switches, 99), "min_ms": min(switches), "max_ms": max(switches),
+        "wall_p50_ms": statistics.median(m["walls"]),
+        "ideal_ms": ideal_ms, "goal_ms": 1.1 * ideal_ms + 20 if b_bytes else 5.0,
+        "p50_over_ideal": p50 / ideal_ms if ideal_ms else None,
+        "switch_gbps": b_bytes / (p50 / 1000) / 1e9 if p50 and b_bytes else None,
+    }
+
+
+def run(gib: float, rounds: int, ctx: int, probe_gib: float, modes: list[str]) -> dict:
     nbytes = int(gib * 2**30)
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    results = {}
     with tempfile.TemporaryDirectory(prefix="vramd-switch-", dir=base) as tmp:
         tmp = Path(tmp)
         a_path = write_sparse_model(tmp / "a.gguf", nbytes, 1)
         b_path = write_sparse_model(tmp / "b.gguf", nbytes, 2)
         link = link_rate(int(min(probe_gib, max(gib, 0.0625)) * 2**30))
-        arena = tmp / "arena"
-        a = Served(arena, a_path, "A", ctx)
-        try:
-            a.wait_ready()
-            b = Served(arena, b_path, "B", ctx)
-            try:
-                b.wait_ready()
-                switches, walls, moved = [], [], []
-                for _ in range(rounds):
-                    a.ask("wake")
-                    before = b.ask("status")["bytes_h2d"]
-                    t0 = time.monotonic()
-                    reply = b.ask("wake")
-                    walls.append((time.monotonic() - t0) * 1000)
-                    switches.append(reply["switch_ms"])
-                    moved.append(b.ask("status")["bytes_h2d"] - before)
-                b_status = b.ask("status")
-            finally:
-                b.stop()
-        finally:
-            a.stop()
-    b_bytes = statistics.median(moved)
-    ideal_ms = b_bytes / (link["h2d_gbps"] * 1e9) * 1000
-    p50, p99 = statistics.median(switches), percentile(switches, 99)
-    return {
-        "gib": gib, "rounds": rounds, "b_bytes": int(b_bytes),
-        "p50_ms": p50, "p99_ms": p99, "min_ms": min(switches), "max_ms": max(switches),
-        "wall_p50_ms": statistics.median(walls),
-        "link_h2d_gbps": link["h2d_gbps"], "link_d2h_gbps": link["d2h_gbps"],
-        "ideal_ms": ideal_ms, "goal_ms": 1.1 * ideal_ms + 20,
-        "p50_over_ideal": p50 / ideal_ms if ideal_ms else None,
-        "switch_gbps": b_bytes / (p50 / 1000) / 1e9 if p50 else None,
-        "device": b_status["device"]["name"],
-    }
+        for mode in modes:
+            m = measure(tmp / f"arena-{mode}", a_path, b_path, rounds, ctx, mode)
+            results[mode] = summarize(m, link, mode)
+            device = m["device"]
+    out = {"gib": gib, "device": device, "link_h2d_gbps": link["h2d_gbps"], "link_d2h_gbps": link["d2h_gbps"],
+           "modes": results}
+    # The first mode's figures also at the top level, for scripts that read one.
+    out.update({k: v for k, v in results[modes[0]].items() if k != "residency"})
+    return out
 
 
 @click.command(name="switch")
@@ -154,18 +168,23 @@ def run(gib: float, rounds: int, ctx: int, probe_gib: float) -> dict:
 @click.option("--ctx", type=click.IntRange(min=1), default=512, show_default=True, help="KV cache context.")
 @click.option("--probe-gib", type=click.FloatRange(min=0.01), default=4.0, show_default=True,
               help="Size of the raw link-rate probe (at most --gib).")
+@click.option("--residency", type=click.Choice(["exclusive", "cache", "both"]), default="exclusive",
+              show_default=True, help="exclusive: every switch uploads B; cache: both models fit and stay "
+              "parked, a switch moves nothing; both: one after the other, side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def command(gib, rounds, ctx, probe_gib, as_json):
+def command(gib, rounds, ctx, probe_gib, residency, as_json):
     """Time a switch between two daemons against bytes / raw link rate."""
-    r = run(gib, rounds, ctx, probe_gib)
+    modes = ["exclusive", "cache"] if residency == "both" else [residency]
+    r = run(gib, rounds, ctx, probe_gib, modes)
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
-    click.echo(f"switch A -> B on {r['device']}, 2 x {gib:g} GiB models, {rounds} switches")
-    click.echo(f"  B moved {r['b_bytes'] / 2**30:.2f} GiB per switch; raw link {r['link_h2d_gbps']:.1f} GB/s "
-               f"-> ideal {r['ideal_ms']:.1f} ms, goal {r['goal_ms']:.1f} ms")
-    click.echo(f"  switch p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  (x{r['p50_over_ideal']:.2f} of ideal, "
-               f"{r['switch_gbps']:.1f} GB/s)  control round trip p50 {r['wall_p50_ms']:.1f} ms")
+    click.echo(f"switch A -> B on {r['device']}, 2 x {gib:g} GiB models, {rounds} switches, "
+               f"raw link {r['link_h2d_gbps']:.1f} GB/s host->device")
+    for mode, m in r["modes"].items():
+        ratio = f"x{m['p50_over_ideal']:.2f} of ideal {m['ideal_ms']:.1f} ms, " if m["ideal_ms"] else ""
+        click.echo(f"  {mode:9s} moved {m['b_bytes'] / 2**30:6.2f} GiB  p50 {m['p50_ms']:8.1f} ms  "
+                   f"p99 {m['p99_ms']:8.1f} ms  ({ratio}goal {m['goal_ms']:.1f} ms)")
 
 
 if __name__ == "__main__":
