@@ -165,7 +165,10 @@ int vramd_alloc_device(vramd_ctx *ctx, uint64_t size, vramd_alloc *out) {
     for (int attempt = 0;; attempt++) {
         int ok = reserve(ctx, req.size, why, sizeof why);
         if (ok) {
+            VkMemoryDedicatedAllocateInfo ded = {.sType = VK_STRUCTURE_TYPE_MEMORY_DEDICATED_ALLOCATE_INFO,
+                                                 .buffer = out->buffer};
             VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                       .pNext = (ctx->flags & VRAMD_CTX_DEDICATED) ? &ded : NULL,
                                        .allocationSize = req.size,
                                        .memoryTypeIndex = (uint32_t)ctx->device_type};
             r = ctx->vk.vkAllocateMemory(ctx->device, &ai, NULL, &out->memory);

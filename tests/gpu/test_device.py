@@ -1,4 +1,5 @@
 """The device context: choice of device, queues, extensions, budget."""
+import os
 import subprocess
 import sys
 
@@ -39,7 +40,7 @@ def test_bad_selection_is_one_clear_line():
 def test_no_driver_gives_one_line_with_what_to_install(tmp_path):
     code = ("import sys\nfrom vramd.errors import DeviceError\nfrom vramd.gpu.device import Device\n"
             "try:\n    Device()\nexcept DeviceError as e:\n    print(e); sys.exit(e.exit_code)\n")
-    env = {"VK_DRIVER_FILES": str(tmp_path / "none.json"), "PATH": "/usr/bin:/bin"}
+    env = dict(os.environ, VK_DRIVER_FILES=str(tmp_path / "none.json"))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == DeviceError.exit_code, p.stderr
     lines = p.stdout.strip().splitlines()

@@ -30,6 +30,7 @@ TENSOR = 64 * MiB  # a typical large tensor; the core packs them into blocks
 
 def _tensors(prefix: str, nbytes: int) -> dict:
     out, i = {}, 0
+    nbytes = max(4096, nbytes // 4096 * 4096)  # whole words for the fill pattern
     while nbytes > 0:
         n = min(TENSOR, nbytes)
         out[f"{prefix}.{i}"] = n
@@ -58,12 +59,13 @@ def _spot_check(region, seed: int) -> bool:
 
 def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int, device=None,
         log=lambda s: None, alloc_threads: int = 0, queue: str = "transfer", serial: bool = False,
-        ramp: bool = True) -> dict:
+        ramp: bool = True, dedicated: bool = False) -> dict:
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency, lib
 
     dev = Device(device, transfer_queue=(queue == "transfer"))
-    flags = (lib.VRAMD_CTX_SERIAL_RESTORE if serial else 0) | (0 if ramp else lib.VRAMD_CTX_NO_RAMP)
+    flags = ((lib.VRAMD_CTX_SERIAL_RESTORE if serial else 0) | (0 if ramp else lib.VRAMD_CTX_NO_RAMP)
+             | (lib.VRAMD_CTX_DEDICATED if dedicated else 0))
     res = Residency(dev, block_bytes=block_mib * MiB, alloc_threads=alloc_threads, flags=flags)
     try:
         log(f"device: {dev.name}; transfer queue: {'dedicated' if dev.dedicated_transfer else 'shared'}; "
@@ -146,7 +148,7 @@ def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int
             "release_drain_ms": med("release_drain_ms"),
             "handover_restore_gbps": statistics.median(row["handover_bytes"] / row["handover_restore_s"] / 1e9
                                                        for row in rows),
-            "queue": queue, "serial": serial, "ramp": ramp,
+            "queue": queue, "serial": serial, "ramp": ramp, "dedicated": dedicated,
             "alloc_threads": alloc_threads or 1,
             "restore_alloc_ms": med("alloc_ms"),
             "restore_alloc_wait_ms": med("alloc_wait_ms"),
@@ -175,10 +177,12 @@ def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int
               help="queue for the copies (transfer: the dedicated copy engine where there is one)")
 @click.option("--serial", is_flag=True, help="diagnosis: allocate every block before the first copy")
 @click.option("--no-ramp", is_flag=True, help="diagnosis: full-size first blocks")
+@click.option("--dedicated", is_flag=True, help="diagnosis: dedicated allocations for device blocks")
 @click.option("--reps", type=int, default=5, show_default=True, help="repetitions (medians are reported)")
 @click.option("--device", "device", default=None, help="device index or UUID [default: first discrete GPU]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def command(gib, state_gib, link_gib, block_mib, alloc_threads, queue, serial, no_ramp, reps, device, as_json):
+def command(gib, state_gib, link_gib, block_mib, alloc_threads, queue, serial, no_ramp, dedicated, reps, device,
+            as_json):
     """Restore / release / eviction rates against the raw host link."""
     from vramd.errors import UsageError
 
@@ -186,7 +190,8 @@ def command(gib, state_gib, link_gib, block_mib, alloc_threads, queue, serial, n
         raise UsageError("--gib, --link-gib, --block-mib and --reps must be positive")
     state_gib = min(gib, 4.0) if state_gib is None else state_gib
     log = (lambda s: print(s, file=sys.stderr)) if as_json else print
-    out = run(gib, state_gib, link_gib, block_mib, reps, device, log, alloc_threads, queue, serial, not no_ramp)
+    out = run(gib, state_gib, link_gib, block_mib, reps, device, log, alloc_threads, queue, serial, not no_ramp,
+              dedicated)
     if as_json:
         print(json.dumps(out))
         return
