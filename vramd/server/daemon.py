@@ -37,7 +37,8 @@ from vramd.errors import OutOfDeviceMemory, PeerError, Timeout, UsageError, Vram
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
-from vramd.server.http import HttpServer
+from vramd.server import openai_api
+from vramd.server.http import Exchange, HttpServer, json_route
 from vramd.server.metrics import Metrics
 
 log = logging.getLogger("vramd.daemon")
@@ -118,8 +119,7 @@ class Daemon:
         member.control = str(self.arena.control_dir / f"{self.name}.sock")
         member.pinned, member.priority, member.budget = cfg.pin, cfg.priority, self._budget()
         self.control = ControlServer(self.arena.control_dir / f"{self.name}.sock", self.handle_control)
-        self.http = HttpServer(cfg.host, cfg.port, health=self.health, status=self.status,
-                               metrics=self.render_metrics)
+        self.http = HttpServer(cfg.host, cfg.port, self.routes(), on_error=openai_api.error_body)
         self.participant.member.endpoint = self.http.url
 
     def _refuse_duplicate_name(self) -> None:
@@ -426,6 +426,14 @@ class Daemon:
                 kv.update(tensor.read().tobytes())
         return {"weights_ok": not bad, "mismatched": bad, "tensors": len(mf.tensors),
                 "kv_sha256": kv.hexdigest()}
+
+    def routes(self) -> dict:
+        return {
+            ("GET", "/health"): json_route(self.health),
+            ("GET", "/vramd/status"): json_route(lambda: (200, self.status())),
+            ("GET", "/metrics"): lambda ex: ex.reply(200, self.render_metrics().encode(),
+                                                     "text/plain; version=0.0.4; charset=utf-8"),
+        }
 
     def health(self) -> tuple[int, dict]:
         if not self.loaded:

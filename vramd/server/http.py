@@ -1,9 +1,9 @@
-"""The daemon's HTTP face: `/health`, `/vramd/status` (JSON), `/metrics` (Prometheus).
+"""The daemon's HTTP face: a small router over the stdlib's threading HTTP server.
 
-Bound to --host:--port (127.0.0.1 by default).  A thread per connection
-(the stdlib's ThreadingHTTPServer); handlers only read the daemon's state,
-GPU work goes through the daemon's loop.  The inference endpoints arrive
-with the engine.
+Bound to --host:--port (127.0.0.1 by default), a thread per connection.
+Routes are `(method, path) -> fn(exchange)`; an `Exchange` reads the body
+(capped) and writes a JSON reply or a server-sent-event stream.  Handlers
+never touch the GPU: generation is a job on the daemon's loop thread.
 """
 
 from __future__ import annotations
@@ -18,44 +18,115 @@ from vramd.errors import UsageError
 
 log = logging.getLogger("vramd.http")
 
+MAX_BODY = 8 << 20
+
+
+class ClientGone(Exception):
+    """The client closed the connection while we were writing to it."""
+
+
+class Exchange:
+    """One request and its response."""
+
+    def __init__(self, handler: BaseHTTPRequestHandler):
+        self.h = handler
+        self.path = handler.path.split("?", 1)[0]
+        self.streaming = False
+
+    def body(self) -> bytes:
+        try:
+            n = int(self.h.headers.get("Content-Length", "0"))
+        except ValueError:
+            raise UsageError("bad Content-Length") from None
+        if n < 0 or n > MAX_BODY:
+            raise UsageError(f"request body of {n} bytes: at most {MAX_BODY}")
+        return self.h.rfile.read(n) if n else b""
+
+    def reply(self, status: int, payload, ctype: str = "application/json") -> None:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.h.send_response(status)
+        self.h.send_header("Content-Type", ctype)
+        self.h.send_header("Content-Length", str(len(body)))
+        self.h.end_headers()
+        self._write(body)
+
+    def start_stream(self) -> None:
+        """Server-sent events: no length, the connection closes at the end."""
+        self.streaming = True
+        self.h.close_connection = True
+        self.h.send_response(200)
+        self.h.send_header("Content-Type", "text/event-stream")
+        self.h.send_header("Cache-Control", "no-cache")
+        self.h.send_header("Connection", "close")
+        self.h.end_headers()
+        self._write(b"")
+
+    def send(self, data: bytes) -> None:
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            if data:
+                self.h.wfile.write(data)
+            self.h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError) as e:
+            raise ClientGone(str(e)) from None
+
+
+Route = Callable[[Exchange], None]
+
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "vramd"
-    routes: dict[str, Callable[[], tuple[int, str, bytes]]] = {}
+    routes: dict[tuple[str, str], Route] = {}
+    on_error: Callable[[BaseException], tuple[int, dict]] = None
 
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        route = self.routes.get(self.path.split("?", 1)[0])
+    def _dispatch(self, method: str) -> None:
+        ex = Exchange(self)
+        route = self.routes.get((method, ex.path))
         if route is None:
-            self._reply(404, "application/json", json.dumps({"error": {"message": f"no route {self.path}",
-                                                                        "type": "not_found"}}).encode())
+            known = any(path == ex.path for _m, path in self.routes)
+            status = 405 if known else 404
+            ex.reply(status, {"error": {"message": f"{method} {ex.path}: no such route", "type": "not_found_error",
+                                        "param": None, "code": None}})
             return
         try:
-            status, ctype, body = route()
+            route(ex)
+        except ClientGone:
+            log.info("%s %s: client went away", method, ex.path)
         except Exception as e:
-            log.exception("GET %s failed", self.path)
-            status, ctype, body = 500, "application/json", json.dumps({"error": {"message": str(e)}}).encode()
-        self._reply(status, ctype, body)
+            if not isinstance(e, UsageError) and getattr(e, "http_status", 500) == 500:
+                log.exception("%s %s failed", method, ex.path)
+            if ex.streaming:
+                return  # headers are gone; the stream just ends
+            status, payload = type(self).on_error(e)
+            try:
+                ex.reply(status, payload)
+            except ClientGone:
+                pass
 
-    def _reply(self, status: int, ctype: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self._dispatch("GET")
+
+    def do_POST(self):  # noqa: N802
+        self._dispatch("POST")
 
     def log_message(self, fmt, *args):
         log.debug("%s " + fmt, self.address_string(), *args)
 
 
+def json_route(fn: Callable[[], tuple[int, dict]]) -> Route:
+    """A GET route whose function returns (status, payload)."""
+    def route(ex: Exchange) -> None:
+        status, payload = fn()
+        ex.reply(status, payload)
+    return route
+
+
 class HttpServer:
-    def __init__(self, host: str, port: int, *, health: Callable[[], tuple[int, dict]],
-                 status: Callable[[], dict], metrics: Callable[[], str]):
-        routes = {
-            "/health": lambda: _json(*health()),
-            "/vramd/status": lambda: _json(200, status()),
-            "/metrics": lambda: (200, "text/plain; version=0.0.4; charset=utf-8", metrics().encode()),
-        }
-        handler = type("Handler", (_Handler,), {"routes": routes})
+    def __init__(self, host: str, port: int, routes: dict[tuple[str, str], Route],
+                 on_error: Callable[[BaseException], tuple[int, dict]]):
+        handler = type("Handler", (_Handler,), {"routes": routes, "on_error": staticmethod(on_error)})
         try:
             self.server = ThreadingHTTPServer((host, port), handler)
         except OSError as e:
@@ -78,7 +149,3 @@ class HttpServer:
         if self._thread.is_alive():  # shutdown() waits for serve_forever: only if it runs
             self.server.shutdown()
         self.server.server_close()
-
-
-def _json(status: int, payload: dict) -> tuple[int, str, bytes]:
-    return status, "application/json", json.dumps(payload).encode()

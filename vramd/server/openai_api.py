@@ -1,0 +1,252 @@
+"""The OpenAI-compatible endpoints: request validation, response and stream shapes.
+
+    GET  /v1/models
+    POST /v1/completions          prompt as text or token ids, echo, logprobs
+    POST /v1/chat/completions     messages through the model's chat template
+
+This module owns the wire format only: it turns a request body into a
+`GenerationRequest` and a stream of `Piece`s (from the engine, on the
+daemon's loop thread) into OpenAI JSON or server-sent events.  Errors use
+OpenAI's shape {"error": {"message", "type", "param", "code"}} with the
+status of the vramd error class (400 bad request, 404 unknown model, 503
+when the GPU could not be had in time).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from vramd.errors import UsageError, VramdError
+
+MAX_BODY = 4 << 20
+
+
+class NotFound(VramdError):
+    exit_code = 8
+    http_status = 404
+
+
+@dataclass
+class Piece:
+    """One generated token as the API reports it."""
+
+    token: int
+    text: str                       # the text it completes (may be "" mid-character)
+    logprob: float | None = None
+    top: list[tuple[str, float]] | None = None   # (token text, logprob), best first
+
+
+@dataclass
+class GenerationRequest:
+    kind: str                       # "completion" or "chat"
+    prompt: list[int] | str | None = None
+    messages: list[dict] | None = None
+    max_tokens: int | None = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    logprobs: int | None = None     # completions: how many top logprobs; chat: top_logprobs
+    echo: bool = False
+    include_usage: bool = False
+
+
+def error_body(e: BaseException) -> tuple[int, dict]:
+    status = getattr(e, "http_status", 500)
+    kind = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable"}.get(status, "server_error")
+    return status, {"error": {"message": str(e), "type": kind, "param": None, "code": None}}
+
+
+def _number(body: dict, key: str, default, lo=None, hi=None, integer=False):
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        raise UsageError(f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise UsageError(f"'{key}' must be between {lo} and {hi}, got {v!r}")
+    return v
+
+
+def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationRequest:
+    """Validate a request body; every problem is a UsageError (400) or NotFound (404)."""
+    if len(raw) > MAX_BODY:
+        raise UsageError(f"request body over {MAX_BODY} bytes")
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"request body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise UsageError("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model not in model_names:
+        raise NotFound(f"the model '{model}' does not exist here (this daemon serves "
+                       f"{', '.join(sorted(model_names))})")
+    if _number(body, "n", 1, 1, 1, integer=True) != 1:
+        raise UsageError("'n' must be 1")
+    req = GenerationRequest(kind=kind)
+    req.max_tokens = _number(body, "max_tokens" if kind == "completion" else "max_completion_tokens",
+                             None, 1, 1 << 20, integer=True)
+    if kind == "chat" and req.max_tokens is None:
+        req.max_tokens = _number(body, "max_tokens", None, 1, 1 << 20, integer=True)
+    if kind == "completion" and "max_tokens" not in body:
+        req.max_tokens = 16  # OpenAI's default for completions
+    req.temperature = float(_number(body, "temperature", 1.0, 0.0, 2.0))
+    req.top_p = float(_number(body, "top_p", 1.0, 0.0, 1.0))
+    req.top_k = _number(body, "top_k", 0, 0, 1 << 20, integer=True)
+    req.min_p = float(_number(body, "min_p", 0.0, 0.0, 1.0))
+    req.seed = _number(body, "seed", None, integer=True)
+    req.stream = bool(body.get("stream", False))
+    opts = body.get("stream_options") or {}
+    req.include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+    stop = body.get("stop")
+    if stop is None:
+        req.stop = []
+    elif isinstance(stop, str):
+        req.stop = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4:
+        req.stop = [s for s in stop if s]
+    else:
+        raise UsageError("'stop' must be a string or a list of at most 4 strings")
+    if kind == "completion":
+        req.prompt = _prompt(body.get("prompt"))
+        lp = body.get("logprobs")
+        req.logprobs = None if lp is None else _number(body, "logprobs", 0, 0, 20, integer=True)
+        req.echo = bool(body.get("echo", False))
+    else:
+        req.messages = _messages(body.get("messages"))
+        if body.get("logprobs"):
+            req.logprobs = _number(body, "top_logprobs", 0, 0, 20, integer=True)
+    return req
+
+
+def _prompt(p):
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        return p[0]
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        return p
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], list):
+        return _prompt(p[0])
+    raise UsageError("'prompt' must be a string or a list of token ids (one prompt per request)")
+
+
+def _messages(m):
+    if not isinstance(m, list) or not m:
+        raise UsageError("'messages' must be a non-empty list")
+    out = []
+    for i, msg in enumerate(m):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise UsageError(f"messages[{i}] needs a 'role'")
+        content = msg.get("content", "")
+        if isinstance(content, list):  # content parts: text only until images arrive
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise UsageError(f"messages[{i}]: only text content parts are supported")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise UsageError(f"messages[{i}].content must be a string or a list of text parts")
+        out.append({"role": msg["role"], "content": content})
+    return out
+
+
+# -- responses --------------------------------------------------------------------
+
+class ResponseBuilder:
+    """Accumulates pieces and renders the final JSON or the stream's chunks."""
+
+    def __init__(self, req: GenerationRequest, model: str):
+        self.req, self.model = req, model
+        self.id = ("cmpl-" if req.kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.text: list[str] = []
+        self.pieces: list[Piece] = []
+        self.prompt_tokens = 0
+        self.echo_text = ""
+        self.role_sent = False
+
+    def usage(self) -> dict:
+        n = len(self.pieces)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+
+    def add(self, piece: Piece) -> None:
+        self.pieces.append(piece)
+        self.text.append(piece.text)
+
+    def _completion_logprobs(self, pieces: list[Piece]) -> dict | None:
+        if self.req.logprobs is None:
+            return None
+        offsets, pos = [], len(self.echo_text)
+        for p in pieces:
+            offsets.append(pos)
+            pos += len(p.text)
+        return {"tokens": [p.text for p in pieces], "token_logprobs": [p.logprob for p in pieces],
+                "top_logprobs": [dict(p.top or []) for p in pieces], "text_offset": offsets}
+
+    def _chat_logprobs(self, pieces: list[Piece]) -> dict | None:
+        if self.req.logprobs is None:
+            return None
+        return {"content": [{"token": p.text, "logprob": p.logprob, "bytes": list(p.text.encode()),
+                             "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())}
+                                              for t, lp in (p.top or [])]} for p in pieces]}
+
+    def final(self, finish_reason: str) -> dict:
+        text = "".join(self.text)
+        if self.req.kind == "completion":
+            choice = {"index": 0, "text": (self.echo_text if self.req.echo else "") + text,
+                      "logprobs": self._completion_logprobs(self.pieces), "finish_reason": finish_reason}
+            obj = "text_completion"
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": self._chat_logprobs(self.pieces), "finish_reason": finish_reason}
+            obj = "chat.completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": self.usage()}
+
+    def chunk(self, pieces: list[Piece], finish_reason: str | None = None, first: bool = False) -> dict:
+        text = "".join(p.text for p in pieces)
+        if self.req.kind == "completion":
+            if first and self.req.echo:
+                text = self.echo_text + text
+            choice = {"index": 0, "text": text, "logprobs": self._completion_logprobs(pieces) if pieces else None,
+                      "finish_reason": finish_reason}
+            obj = "text_completion"
+        else:
+            delta: dict = {}
+            if not self.role_sent:
+                delta["role"] = "assistant"
+                self.role_sent = True
+            if text or (not finish_reason and "role" not in delta):
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta,
+                      "logprobs": self._chat_logprobs(pieces) if pieces else None, "finish_reason": finish_reason}
+            obj = "chat.completion.chunk"
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
+        if self.req.include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self) -> dict:
+        obj = "text_completion" if self.req.kind == "completion" else "chat.completion.chunk"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [],
+                "usage": self.usage()}
+
+
+def sse(obj) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+
+def models_list(names: list[str], created: int) -> dict:
+    return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "vramd"}
+                                       for n in names]}
