@@ -2,7 +2,8 @@
 # Builds the residency core and runs the residency benchmark on a lent GPU
 # machine (the device tool), which has the NVIDIA driver but no Vulkan
 # loader, no Python `vulkan`/`cffi` and no Vulkan headers.  Carry:
-#   .gl/   libvulkan1 and libvulkan-dev .debs (Debian; apt-get download)
+#   .gl/   libvulkan1, libglvnd0 and the other GL dispatch .debs (the NVIDIA
+#          ICD lives in libGLX_nvidia, which needs libglvnd), and libvulkan-dev
 #   .whl/  vulkan, cffi, pycparser wheels for CPython 3.12 (pip download)
 # The loader is unpacked into / (the device README's recipe); the headers
 # into /tmp only.  Nothing built here is carried: the core compiles there.
@@ -10,7 +11,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/vramd-out}
 mkdir -p "$OUT"
-for f in .gl/libvulkan1_*.deb; do dpkg -x "$f" /; done
+for f in .gl/*.deb; do case "$f" in *libvulkan-dev*) ;; *) dpkg -x "$f" /;; esac; done
 ldconfig
 mkdir -p /tmp/vkdev && dpkg -x .gl/libvulkan-dev_*.deb /tmp/vkdev
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -59,13 +59,13 @@ def _spot_check(region, seed: int) -> bool:
 
 def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int, device=None,
         log=lambda s: None, alloc_threads: int = 0, queue: str = "transfer", serial: bool = False,
-        ramp: bool = True, dedicated: bool = False) -> dict:
+        ramp: bool = True, dedicated: bool = True) -> dict:
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency, lib
 
     dev = Device(device, transfer_queue=(queue == "transfer"))
     flags = ((lib.VRAMD_CTX_SERIAL_RESTORE if serial else 0) | (0 if ramp else lib.VRAMD_CTX_NO_RAMP)
-             | (lib.VRAMD_CTX_DEDICATED if dedicated else 0))
+             | (0 if dedicated else lib.VRAMD_CTX_NOT_DEDICATED))
     res = Residency(dev, block_bytes=block_mib * MiB, alloc_threads=alloc_threads, flags=flags)
     try:
         log(f"device: {dev.name}; transfer queue: {'dedicated' if dev.dedicated_transfer else 'shared'}; "
@@ -177,11 +177,11 @@ def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int
               help="queue for the copies (transfer: the dedicated copy engine where there is one)")
 @click.option("--serial", is_flag=True, help="diagnosis: allocate every block before the first copy")
 @click.option("--no-ramp", is_flag=True, help="diagnosis: full-size first blocks")
-@click.option("--dedicated", is_flag=True, help="diagnosis: dedicated allocations for device blocks")
+@click.option("--not-dedicated", is_flag=True, help="diagnosis: plain (not dedicated) device allocations")
 @click.option("--reps", type=int, default=5, show_default=True, help="repetitions (medians are reported)")
 @click.option("--device", "device", default=None, help="device index or UUID [default: first discrete GPU]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def command(gib, state_gib, link_gib, block_mib, alloc_threads, queue, serial, no_ramp, dedicated, reps, device,
+def command(gib, state_gib, link_gib, block_mib, alloc_threads, queue, serial, no_ramp, not_dedicated, reps, device,
             as_json):
     """Restore / release / eviction rates against the raw host link."""
     from vramd.errors import UsageError
@@ -191,7 +191,7 @@ def command(gib, state_gib, link_gib, block_mib, alloc_threads, queue, serial, n
     state_gib = min(gib, 4.0) if state_gib is None else state_gib
     log = (lambda s: print(s, file=sys.stderr)) if as_json else print
     out = run(gib, state_gib, link_gib, block_mib, reps, device, log, alloc_threads, queue, serial, not no_ramp,
-              dedicated)
+              not not_dedicated)
     if as_json:
         print(json.dumps(out))
         return

@@ -77,7 +77,7 @@ typedef struct {
 enum {
     VRAMD_CTX_SERIAL_RESTORE = 1,    /* allocate every block first, then copy: no overlap */
     VRAMD_CTX_NO_RAMP = 2,           /* regions sealed later use full-size first blocks */
-    VRAMD_CTX_DEDICATED = 4          /* device blocks as dedicated allocations */
+    VRAMD_CTX_NOT_DEDICATED = 4      /* device blocks as plain, not dedicated, allocations */
 };
 
 typedef struct {
