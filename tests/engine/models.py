@@ -1,0 +1,441 @@
+"""Synthetic llama-family GGUF models for the engine's tests.
+
+Owns: `write_llama` (and the pieces it is made of: `LlamaSpec`, `make_weights`,
+`write_weights`, `make_vocab`), which writes small, deterministic llama /
+mistral-style / qwen2 models with complete tokenizer metadata, in F32, F16,
+BF16, Q8_0 or Q4_0.  Nothing is committed as a binary: tests write the files
+they need (a default model is ~0.3 MB in F16 and takes well under a second).
+
+Architectures ("arch" here is a style; general.architecture is what is written)
+    llama    general.architecture "llama", n_head_kv = n_head, rope base 1e4,
+             SentencePiece vocabulary, Llama-2 [INST]/<<SYS>> chat template.
+    mistral  general.architecture "llama" (as llama.cpp converts Mistral 7B),
+             GQA n_head_kv = n_head / 4 (at least 1), rope base 1e6, SentencePiece
+             vocabulary, Mistral [INST] chat template.
+    qwen2    general.architecture "qwen2" (NeoX RoPE), GQA n_head_kv = n_head / 2,
+             q/k/v biases, rope base 1e6, eps 1e-6, GPT-2 BPE vocabulary with
+             ChatML specials and template, no BOS added.
+  Every default can be overridden (n_head_kv, with_bias, vocab, rope_freq_base...).
+
+Weights (all from numpy's default_rng, one stream per tensor seeded by
+(seed, crc32(name)), so changing one option leaves every other tensor as it was):
+    token_embd       N(0, 1)                 the residual stream starts at rms ~1
+    attn_q, attn_k   N(0, (1.5/sqrt(n_embd))^2)  q.k/sqrt(d) has std ~1.5^2: attention
+                                              is selective without being one-hot
+    attn_v           N(0, 1/n_embd)
+    attn_output      N(0, 1/(n_head*head_dim))
+    ffn_gate, ffn_up N(0, 1/n_embd);  ffn_down N(0, 1/n_ff)
+    q/k/v biases     N(0, 0.5^2), N(0, 0.5^2), N(0, 0.1^2)
+    attn_norm, ffn_norm   1 + N(0, 0.1^2)
+    output           N(0, (LOGIT_STD/sqrt(n_embd))^2), output_norm 1 + N(0, 0.1^2);
+      tied: output_norm (LOGIT_STD/sqrt(n_embd)) * (1 + N(0, 0.1^2)) instead,
+      so that logits have a standard deviation of about LOGIT_STD = 4 either way.
+  With logits that spread, the gap between the best and the second-best token
+  is typically ~1, so small numeric differences rarely flip a greedy choice, and
+  each layer's attention and FFN add about as much to the residual stream as
+  the embedding: continuations depend on the whole prompt, not only on its last
+  token (test_reference checks both).  Quantized types quantize these values
+  with gguf.quants.quantize (what a test compares against is always the
+  dequantized file, never the float values).  Norm weights and biases are F32,
+  as in llama.cpp conversions; every matrix, token_embd and output included,
+  takes `weight_type`.
+
+Vocabularies (built from CORPUS, a few hundred words of plain English, by a
+small deterministic BPE trainer):
+    spm   tokenizer.ggml.model "llama": <unk>=0 (UNKNOWN), <s>=1 and </s>=2
+          (CONTROL), <0x00>..<0xFF> = 3..258 (BYTE), then the learned pieces
+          (NORMAL, "▁" for a space) by descending score (score = -rank), then the
+          corpus's single characters (lowest scores).  Every learned piece
+          is the concatenation of two pieces that rank before it (or of single
+          characters), so SentencePiece's score-driven merging reaches it; characters outside the
+          corpus go through byte fallback.  add_bos_token true, add_space_prefix true.
+    bpe   tokenizer.ggml.model "gpt2", pre "gpt-2" (override with bpe_pre=): the
+          256 byte tokens in GPT-2's byte-to-unicode alphabet, id = byte value,
+          then one token per learned merge (tokenizer.ggml.merges "a b"), then
+          <|endoftext|> (BOS), <|im_start|>, <|im_end|> (EOS) as CONTROL tokens.
+          add_bos_token false.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+LOGIT_STD = 4.0
+
+WEIGHT_TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0}
+_FILE_TYPES = {Q.F32: gguf.LlamaFileType.ALL_F32, Q.F16: gguf.LlamaFileType.MOSTLY_F16,
+               Q.BF16: gguf.LlamaFileType.MOSTLY_BF16, Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+               Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0}
+
+# token types (llama.cpp's llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+CORPUS = """\
+The river ran past the old mill, and the miller sat by the door to watch the water.
+Every morning he counted the sacks of grain, and every evening he counted them again.
+When the rain came in the spring, the wheel turned faster and the whole house sang.
+His daughter kept the books; she wrote the numbers in a clean, careful hand: 12 sacks
+on Monday, 30 on Tuesday, 7 on the day the bridge was closed. She liked the numbers
+because they did not change when you looked away from them.
+In the summer the travellers came down the road with carts and questions. Where is the
+market? How far to the sea? Is the water good to drink? The miller answered them all,
+and his daughter listened, and later she drew a map of the valley on the back of a
+ledger: the road, the river, the forest to the north, the hills to the east, and the
+small stone church where the road turned west towards the coast.
+Years later the map was still on the wall. The paper was brown and the ink was faded,
+but you could read every name. A visitor from the city asked if he could buy it. "It is
+not for sale," she said, "but you may copy it, if you are careful with the corners."
+He copied it that afternoon, slowly, line by line, while the wheel turned and the water
+went on past the mill as it always had. Then he thanked her, paid for his bread, and
+walked on towards the coast, where the road ends and the boats begin.
+Some say the café by the harbour still keeps a copy of that map; others say it was a
+different map, drawn by someone else, for a different valley. Nobody knows for certain,
+and nobody minds very much. The river does not care who draws it; it only runs.
+"""
+
+LLAMA2_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+    "{% set messages = messages[1:] %}{% else %}{% set system = '' %}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' }}"
+    "{% if loop.first and system %}{{ '<<SYS>>\\n' + system + '\\n<</SYS>>\\n\\n' }}{% endif %}"
+    "{{ message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + ' ' + eos_token }}"
+    "{% endif %}{% endfor %}")
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% elif message['role'] == 'system' %}{{ message['content'] + '\\n\\n' }}"
+    "{% endif %}{% endfor %}")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+# Per style: (general.architecture, default n_head_kv given n_head, rope base, eps,
+#             vocabulary, biases, chat template for that vocabulary)
+_STYLES = {
+    "llama": ("llama", lambda h: h, 10000.0, 1e-5, "spm", False, LLAMA2_TEMPLATE),
+    "mistral": ("llama", lambda h: max(1, h // 4), 1e6, 1e-5, "spm", False, MISTRAL_TEMPLATE),
+    "qwen2": ("qwen2", lambda h: max(1, h // 2), 1e6, 1e-6, "bpe", True, CHATML_TEMPLATE),
+}
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """Everything write_llama is told; None fields take the style's default (see resolve())."""
+
+    arch: str = "llama"
+    n_vocab: int = 512
+    n_embd: int = 128
+    n_head: int = 4
+    n_head_kv: int | None = None
+    n_layer: int = 2
+    n_ff: int = 256
+    weight_type: str = "F16"
+    tied_output: bool = False
+    with_bias: bool | None = None
+    vocab: str | None = None
+    seed: int = 0
+    rope_freq_base: float | None = None
+    rope_scaling_factor: float | None = None   # written as rope.scaling.type linear + factor
+    eps: float | None = None
+    context_length: int = 4096
+    bpe_pre: str = "gpt-2"
+    chat_template: str | None = None           # None: the style's; "" writes none
+
+    def resolve(self) -> "LlamaSpec":
+        if self.arch not in _STYLES:
+            raise ValueError(f"arch {self.arch!r}: expected one of {', '.join(_STYLES)}")
+        _, kv_heads, base, eps, vocab, bias, template = _STYLES[self.arch]
+        spec = replace(
+            self,
+            n_head_kv=kv_heads(self.n_head) if self.n_head_kv is None else self.n_head_kv,
+            rope_freq_base=base if self.rope_freq_base is None else self.rope_freq_base,
+            eps=eps if self.eps is None else self.eps,
+            vocab=vocab if self.vocab is None else self.vocab,
+            with_bias=bias if self.with_bias is None else self.with_bias,
+            chat_template=(self.chat_template if self.chat_template is not None else
+                           CHATML_TEMPLATE if (self.vocab or vocab) == "bpe" else
+                           template if vocab == "spm" else LLAMA2_TEMPLATE))
+        if spec.weight_type not in WEIGHT_TYPES:
+            raise ValueError(f"weight_type {spec.weight_type!r}: expected one of {', '.join(WEIGHT_TYPES)}")
+        if spec.vocab not in ("spm", "bpe"):
+            raise ValueError(f"vocab {spec.vocab!r}: expected 'spm' or 'bpe'")
+        if spec.n_embd % spec.n_head or (spec.n_embd // spec.n_head) % 2:
+            raise ValueError(f"n_embd {spec.n_embd} must split into {spec.n_head} heads of even size")
+        if spec.n_head % spec.n_head_kv:
+            raise ValueError(f"n_head {spec.n_head} is not a multiple of n_head_kv {spec.n_head_kv}")
+        block = gguf.GGML_QUANT_SIZES[WEIGHT_TYPES[spec.weight_type]][0]
+        for name, cols in (("n_embd", spec.n_embd), ("n_ff", spec.n_ff)):
+            if cols % block:
+                raise ValueError(f"{name} {cols} is not a multiple of {spec.weight_type}'s block {block}")
+        return spec
+
+    @property
+    def gguf_arch(self) -> str:
+        return _STYLES[self.arch][0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+# --- weights -------------------------------------------------------------------------
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode())])
+
+
+def _normal(spec: LlamaSpec, name: str, shape: tuple[int, ...], std: float) -> np.ndarray:
+    return (_rng(spec.seed, name).standard_normal(shape) * std).astype(np.float32)
+
+
+def _gain(spec: LlamaSpec, name: str, n: int, scale: float = 1.0) -> np.ndarray:
+    return (scale * (1.0 + 0.1 * _rng(spec.seed, name).standard_normal(n))).astype(np.float32)
+
+
+def make_weights(spec: LlamaSpec) -> dict[str, np.ndarray]:
+    """Every tensor of the model as float32 in numpy order ([rows, row length]),
+    in file order: token_embd, the blocks, output_norm, output."""
+    spec = spec.resolve()
+    e, hd, f = spec.n_embd, spec.head_dim, spec.n_ff
+    qk_std = 1.5 / np.sqrt(e)
+    w: dict[str, np.ndarray] = {"token_embd.weight": _normal(spec, "token_embd.weight", (spec.n_vocab, e), 1.0)}
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = _gain(spec, p + "attn_norm.weight", e)
+        w[p + "attn_q.weight"] = _normal(spec, p + "attn_q.weight", (spec.n_head * hd, e), qk_std)
+        w[p + "attn_k.weight"] = _normal(spec, p + "attn_k.weight", (spec.n_head_kv * hd, e), qk_std)
+        w[p + "attn_v.weight"] = _normal(spec, p + "attn_v.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
+        if spec.with_bias:
+            w[p + "attn_q.bias"] = _normal(spec, p + "attn_q.bias", (spec.n_head * hd,), 0.5)
+            w[p + "attn_k.bias"] = _normal(spec, p + "attn_k.bias", (spec.n_head_kv * hd,), 0.5)
+            w[p + "attn_v.bias"] = _normal(spec, p + "attn_v.bias", (spec.n_head_kv * hd,), 0.1)
+        w[p + "attn_output.weight"] = _normal(spec, p + "attn_output.weight", (e, spec.n_head * hd),
+                                              1 / np.sqrt(spec.n_head * hd))
+        w[p + "ffn_norm.weight"] = _gain(spec, p + "ffn_norm.weight", e)
+        w[p + "ffn_gate.weight"] = _normal(spec, p + "ffn_gate.weight", (f, e), 1 / np.sqrt(e))
+        w[p + "ffn_up.weight"] = _normal(spec, p + "ffn_up.weight", (f, e), 1 / np.sqrt(e))
+        w[p + "ffn_down.weight"] = _normal(spec, p + "ffn_down.weight", (e, f), 1 / np.sqrt(f))
+    if spec.tied_output:
+        w["output_norm.weight"] = _gain(spec, "output_norm.weight", e, LOGIT_STD / np.sqrt(e))
+    else:
+        w["output_norm.weight"] = _gain(spec, "output_norm.weight", e)
+        w["output.weight"] = _normal(spec, "output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))
+    return w
+
+
+def write_weights(path: str | Path, spec: LlamaSpec, weights: dict[str, np.ndarray]) -> Path:
+    """Write `weights` (numpy order, float32) with the metadata and vocabulary
+    of `spec`: 2-D tensors in spec.weight_type, 1-D ones in F32.  Tests use it
+    to write edited weights (an expanded GQA, a tied copy, zeroed biases)."""
+    spec = spec.resolve()
+    path = Path(path)
+    qtype = WEIGHT_TYPES[spec.weight_type]
+    arch = spec.gguf_arch
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"synthetic-{spec.arch}-{spec.weight_type}-{spec.seed}")
+    writer.add_file_type(_FILE_TYPES[qtype])
+    writer.add_context_length(spec.context_length)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_block_count(spec.n_layer)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head_kv)
+    writer.add_layer_norm_rms_eps(spec.eps)
+    writer.add_rope_freq_base(spec.rope_freq_base)
+    writer.add_rope_dimension_count(spec.head_dim)
+    if spec.rope_scaling_factor is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(spec.rope_scaling_factor)
+    writer.add_vocab_size(spec.n_vocab)
+    _write_vocab(writer, spec)
+    for name, value in weights.items():
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        if value.ndim == 1 or qtype == Q.F32:
+            writer.add_tensor(name, value)
+        elif qtype == Q.F16:
+            writer.add_tensor(name, value.astype(np.float16))
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_llama(path: str | Path, *, arch: str = "llama", n_vocab: int = 512, n_embd: int = 128,
+                n_head: int = 4, n_head_kv: int | None = None, n_layer: int = 2, n_ff: int = 256,
+                weight_type: str = "F16", tied_output: bool = False, with_bias: bool | None = None,
+                vocab: str | None = None, seed: int = 0, **more) -> Path:
+    """Write a synthetic model to `path` and return the path.  Same arguments,
+    same bytes.  `more` takes LlamaSpec's other fields (rope_freq_base,
+    rope_scaling_factor, eps, context_length, bpe_pre, chat_template)."""
+    spec = LlamaSpec(arch=arch, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                     n_layer=n_layer, n_ff=n_ff, weight_type=weight_type, tied_output=tied_output,
+                     with_bias=with_bias, vocab=vocab, seed=seed, **more)
+    return write_weights(path, spec, make_weights(spec))
+
+
+# --- vocabularies --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Vocab:
+    model: str                  # tokenizer.ggml.model
+    tokens: list[str]
+    types: list[int]
+    scores: list[float] | None  # SentencePiece only
+    merges: list[str] | None    # BPE only
+    bos: int
+    eos: int
+    unk: int | None
+    special: dict[str, int] = field(default_factory=dict)
+
+
+def make_vocab(kind: str, n_vocab: int) -> Vocab:
+    """A vocabulary of exactly n_vocab tokens learned from CORPUS."""
+    if kind == "spm":
+        return _spm_vocab(n_vocab)
+    if kind == "bpe":
+        return _bpe_vocab(n_vocab)
+    raise ValueError(f"vocab {kind!r}: expected 'spm' or 'bpe'")
+
+
+def _train_bpe(words: Counter, n_tokens: int, have: set[str]) -> list[tuple[str, str]]:
+    """Merge the most frequent adjacent pair (ties: the lexicographically smallest)
+    until n_tokens new token strings exist; words are tuples of symbols."""
+    merges: list[tuple[str, str]] = []
+    new = 0
+    words = Counter({tuple(w): c for w, c in words.items()})
+    while new < n_tokens:
+        pairs: Counter = Counter()
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] += c
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        joined = best[0] + best[1]
+        if joined not in have:
+            have.add(joined)
+            new += 1
+        merged: Counter = Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(joined)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            merged[tuple(out)] += c
+        words = merged
+    return merges
+
+
+def _spm_vocab(n_vocab: int) -> Vocab:
+    words = Counter("\u2581" + w for w in CORPUS.split())
+    chars = sorted({c for w in words for c in w})
+    fixed = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    room = n_vocab - len(fixed) - len(chars)
+    if room < 0:
+        raise ValueError(f"an SPM vocabulary needs at least {len(fixed) + len(chars)} tokens")
+    merges = _train_bpe(Counter({tuple(w): c for w, c in words.items()}), room, set(chars))
+    pieces: list[str] = []
+    for a, b in merges:
+        if a + b not in pieces and a + b not in chars:
+            pieces.append(a + b)
+    pieces = pieces[:room]
+    unused = [f"<unused{i}>" for i in range(room - len(pieces))]  # only if CORPUS ran out of merges
+    tokens = fixed + pieces + chars + unused
+    types = [UNKNOWN, CONTROL, CONTROL] + [BYTE] * 256 + [NORMAL] * (len(pieces) + len(chars)) \
+        + [UNUSED] * len(unused)
+    scores = [0.0] * len(fixed) + [-float(i) for i in range(len(pieces) + len(chars))] \
+        + [-1e9] * len(unused)
+    return Vocab("llama", tokens, types, scores, None, bos=1, eos=2, unk=0)
+
+
+def gpt2_byte_chars() -> list[str]:
+    """GPT-2's bytes_to_unicode: the printable character standing for each byte value."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1))
+                 + list(range(ord("\xae"), ord("\xff") + 1)))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return [table[b] for b in range(256)]
+
+
+# GPT-2's pre-tokenizer with Python's `re` (\p{L} -> [^\W\d_], \p{N} -> \d): used
+# only to cut CORPUS into words for training; the file names the real one in
+# tokenizer.ggml.pre.
+_GPT2_SPLIT = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+""")
+
+
+def _bpe_vocab(n_vocab: int) -> Vocab:
+    byte_chars = gpt2_byte_chars()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    room = n_vocab - 256 - len(specials)
+    if room < 0:
+        raise ValueError(f"a BPE vocabulary needs at least {256 + len(specials)} tokens")
+    words = Counter(tuple(byte_chars[b] for b in piece.encode())
+                    for piece in _GPT2_SPLIT.findall(CORPUS))
+    merges = _train_bpe(words, room, set(byte_chars))
+    tokens = list(byte_chars)
+    seen = set(tokens)
+    kept_merges = []
+    for a, b in merges:
+        if a + b not in seen:
+            if len(tokens) - 256 >= room:
+                break
+            seen.add(a + b)
+            tokens.append(a + b)
+        kept_merges.append(f"{a} {b}")
+    unused = [f"<unused{i}>" for i in range(room - (len(tokens) - 256))]
+    first_special = len(tokens) + len(unused)
+    tokens += unused + specials
+    types = [NORMAL] * (first_special - len(unused)) + [UNUSED] * len(unused) + [CONTROL] * 3
+    ids = {s: first_special + i for i, s in enumerate(specials)}
+    return Vocab("gpt2", tokens, types, None, kept_merges, bos=ids["<|endoftext|>"],
+                 eos=ids["<|im_end|>"], unk=None, special=ids)
+
+
+def _write_vocab(writer: gguf.GGUFWriter, spec: LlamaSpec) -> None:
+    v = make_vocab(spec.vocab, spec.n_vocab)
+    writer.add_tokenizer_model(v.model)
+    if v.model == "gpt2":
+        writer.add_tokenizer_pre(spec.bpe_pre)
+    writer.add_token_list(v.tokens)
+    writer.add_token_types(v.types)
+    if v.scores is not None:
+        writer.add_token_scores(v.scores)
+    if v.merges is not None:
+        writer.add_token_merges(v.merges)
+    writer.add_bos_token_id(v.bos)
+    writer.add_eos_token_id(v.eos)
+    if v.unk is not None:
+        writer.add_unk_token_id(v.unk)
+    if v.model == "gpt2":
+        writer.add_pad_token_id(v.bos)
+    writer.add_add_bos_token(v.model == "llama")
+    writer.add_add_eos_token(False)
+    if v.model == "llama":
+        writer.add_add_space_prefix(True)
+    if spec.chat_template:
+        writer.add_chat_template(spec.chat_template)

@@ -1,0 +1,449 @@
+"""The numpy reference forward pass of the llama family: the specification the engine is checked against.
+
+Owns: `ReferenceModel` (a GGUF file -> dequantized float32 weights -> logits),
+`ReferenceKV` (its explicit KV cache), `rope()` and `rms_norm()`.  Plain numpy,
+one obvious operation per line, no batching tricks: when the Vulkan engine and
+this module disagree, this module is meant to be the one that is easy to check
+by reading.  Nothing here is imported by vramd itself; it lives in the tests.
+
+What it computes is what llama.cpp computes for `general.architecture` "llama"
+(Llama 2/3, and Mistral, whose GGUF conversions are written as "llama") and
+"qwen2", from the GGUF as stored.  Any other architecture, any tensor it does
+not know (e.g. Qwen3's attn_q_norm) and any RoPE scaling other than none/linear
+is refused with a ValueError rather than computed wrongly.
+
+Metadata keys read (`A` = the value of general.architecture)
+-------------------------------------------------------------
+  general.architecture                      "llama" or "qwen2"
+  A.block_count                             n_layer (required)
+  A.embedding_length                        n_embd (required)
+  A.attention.head_count                    n_head (required)
+  A.attention.head_count_kv                 n_head_kv, default n_head (GQA when smaller)
+  A.attention.key_length                    head_dim_k, default n_embd / n_head
+  A.attention.value_length                  head_dim_v, default n_embd / n_head
+  A.attention.layer_norm_rms_epsilon        eps of every RMSNorm (required)
+  A.rope.dimension_count                    n_rot, default head_dim_k
+  A.rope.freq_base                          default 10000.0
+  A.rope.scaling.type                       "none" or "linear" (default "linear", as llama.cpp)
+  A.rope.scaling.factor                     f; freq_scale = 1/f (absent or 0: 1.0);
+    (A.rope.scale_linear, the old name, when .factor is absent)
+  A.feed_forward_length                     only checked against the tensor shapes
+  tokenizer.ggml.bos_token_id / eos_token_id   exposed as .bos / .eos (None if absent)
+  A.context_length                          exposed as .n_ctx_train, not enforced
+
+Layouts
+-------
+A GGUF tensor's shape is in ggml order: ne[0] is the row length (contiguous).
+Every tensor is dequantized with `gguf.quants.dequantize` (F32, F16, BF16,
+Q8_0, Q4_0, Q4_K, Q6_K, ... anything gguf knows) to float32 and held in numpy
+order, i.e. shape reversed: a matrix with ggml shape (n_in, n_out) becomes a
+numpy array W of shape (n_out, n_in) whose row r is the r-th ggml row, and a
+linear layer is y = W @ x (+ b) -- ggml_mul_mat(W, x).  Consequently
+  token_embd.weight  (n_vocab, n_embd):  the embedding of token t is row t;
+  attn_q.weight      (n_head * head_dim_k, n_embd): head h is rows
+                     [h*head_dim_k, (h+1)*head_dim_k); likewise attn_k/attn_v
+                     with n_head_kv heads;
+  attn_output.weight (n_embd, n_head * head_dim_v): input is the heads' outputs
+                     concatenated in head order;
+  ffn_gate, ffn_up   (n_ff, n_embd);  ffn_down (n_embd, n_ff);
+  output.weight      (n_vocab, n_embd), or token_embd.weight when absent (tied).
+Optional biases (F32, length = rows): attn_q.bias, attn_k.bias, attn_v.bias
+(Qwen2 has these three), attn_output.bias, ffn_gate.bias, ffn_up.bias,
+ffn_down.bias (llama.cpp's llama graph accepts all of them).
+
+The computation, per token at absolute position p (0-based)
+-------------------------------------------------------------
+  x = token_embd[t]
+  for each layer:
+    h = rms_norm(x) * attn_norm           rms_norm(v) = v / sqrt(mean(v*v) + eps)
+    q = Wq h + bq, k = Wk h + bk, v = Wv h + bv       split into heads
+    q, k = rope(q, p), rope(k, p)          per head, see below; v is not rotated
+    K/V cache[layer][p] = k, v             (written before attention, see f16 below)
+    for query head j: g = j // (n_head / n_head_kv)   (GQA: consecutive query heads share)
+      s_i = (q_j . K_g[i]) / sqrt(head_dim_k)   for cached positions i <= p (causal)
+      a = softmax(s) (max-subtracted), o_j = sum_i a_i V_g[i]
+    x = x + Wo concat(o_0..o_{n_head-1}) + bo
+    h = rms_norm(x) * ffn_norm
+    x = x + Wdown (silu(Wgate h + bg) * (Wup h + bu)) + bd      silu(z) = z / (1 + exp(-z))
+  logits = Woutput (rms_norm(x) * output_norm)
+The attention scale is 1/sqrt(head_dim_k) exactly (llama.cpp's kq_scale).
+
+RoPE
+----
+theta(p, i) = freq_scale * p * freq_base^(-2i / n_rot) / freq_factor[i] for
+i = 0 .. n_rot/2 - 1 (freq_factor from the optional `rope_freqs.weight`, Llama 3.1's
+frequency factors, else 1).  A pair (a, b) becomes
+(a cos(theta) - b sin(theta), a sin(theta) + b cos(theta)).  Which elements of a
+head form pair i depends on the ordering (llama.cpp's rope type per architecture):
+  normal ("llama"):  (2i, 2i+1)              -- adjacent elements
+  NeoX   ("qwen2"):  (i, i + n_rot/2)        -- the two halves
+Elements n_rot .. head_dim-1 (when n_rot < head_dim) are left as they are.
+The two orderings are one permutation apart: HF Llama checkpoints rotate halves
+(NeoX); convert_hf_to_gguf.py permutes the rows of each head of attn_q/attn_k
+(HF row i -> GGUF row 2i, HF row i + d/2 -> GGUF row 2i+1) so that llama.cpp
+applies normal ordering to a "llama" GGUF.  This module, like llama.cpp,
+applies the ordering of the architecture to the rows as stored and never
+un-permutes anything.  Angles are computed here in float64; llama.cpp computes
+them in float32 by repeated multiplication (theta *= base^(-2/n_rot)), which
+differs by about 1e-7 relative -- at position 1000 about 1e-4 rad.
+
+Precision
+---------
+Weights are the exact dequantized float32 values.  The arithmetic is float64 by
+default (`dtype=`), so the reference carries next to no rounding error of its
+own and a test measures the engine's.  The KV cache stores K (after RoPE) and V
+in `ReferenceKV.dtype`: float32 by default, or float16 to mirror an engine (and
+llama.cpp) that keeps an f16 cache.  That rounding (relative 2^-11 ~ 4.9e-4 per
+element) is the largest difference between an f32-accumulating GPU engine and
+an f32 cache: it moves logits by about 1e-3 relative.  It applies to the current
+batch's own K/V too, since llama.cpp writes K/V into the cache and then attends
+over the cache view.  (llama.cpp's CPU backend also rounds q and the softmax
+weights to f16 when multiplying them with an f16 cache; that is a backend
+choice, not part of the model, and not mirrored here.)  An engine test should
+build its ReferenceKV with the engine's cache type and compare logits with a
+tolerance stated relative to the logits' spread, e.g. max |diff| <= 1e-2 * std.
+
+Greedy decoding picks np.argmax, i.e. the lowest token id among equal maxima.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, quants
+
+from vramd.model.gguf_check import ModelFile, TensorInfo, validate_gguf
+
+# llama.cpp's rope type per architecture (llama_model_rope_type).
+ROPE_ORDERING = {"llama": "normal", "qwen2": "neox"}
+
+_LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_LAYER_NORMS = ("attn_norm", "ffn_norm")
+
+
+def dequantize_tensor(mf: ModelFile, info: TensorInfo) -> np.ndarray:
+    """The tensor's values as float32 in numpy order (ggml shape reversed)."""
+    block_size, block_bytes = GGML_QUANT_SIZES[info.type]
+    row_len = info.shape[0]
+    if row_len % block_size:
+        raise ValueError(f"{info.name}: row length {row_len} is not a multiple of "
+                         f"{info.type.name}'s block {block_size}")
+    n_rows = info.n_elements // row_len
+    with open(mf.path, "rb") as f:
+        f.seek(info.offset)
+        raw = f.read(info.nbytes)
+    if len(raw) != info.nbytes:
+        raise ValueError(f"{info.name}: file shorter than the tensor")
+    data = np.frombuffer(raw, dtype=np.uint8).reshape(n_rows, row_len // block_size * block_bytes)
+    values = quants.dequantize(data, info.type)
+    return np.asarray(values, dtype=np.float32).reshape(info.numpy_shape)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * weight, over the last axis."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope_angles(positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float,
+                freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """theta[n, i] for each position n and pair i < n_rot/2, in float64."""
+    i = np.arange(n_rot // 2, dtype=np.float64)
+    inv_freq = freq_base ** (-2.0 * i / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    return freq_scale * np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+
+
+def rope(x: np.ndarray, theta: np.ndarray, ordering: str) -> np.ndarray:
+    """Rotate x [n_tokens, n_heads, head_dim] by theta [n_tokens, n_rot/2] in `ordering`."""
+    n_rot = 2 * theta.shape[1]
+    out = x.copy()
+    cos = np.cos(theta)[:, None, :].astype(x.dtype)
+    sin = np.sin(theta)[:, None, :].astype(x.dtype)
+    if ordering == "normal":
+        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = a * cos - b * sin
+        out[..., 1:n_rot:2] = a * sin + b * cos
+    elif ordering == "neox":
+        half = n_rot // 2
+        a, b = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:n_rot] = a * sin + b * cos
+    else:
+        raise ValueError(f"unknown RoPE ordering {ordering!r}")
+    return out
+
+
+@dataclass
+class Layer:
+    attn_norm: np.ndarray
+    attn_q: np.ndarray
+    attn_k: np.ndarray
+    attn_v: np.ndarray
+    attn_output: np.ndarray
+    ffn_norm: np.ndarray
+    ffn_gate: np.ndarray
+    ffn_up: np.ndarray
+    ffn_down: np.ndarray
+    bias: dict[str, np.ndarray]     # matrix name (e.g. "attn_q") -> bias, only those present
+
+
+class ReferenceKV:
+    """The K/V cache of one sequence: for every layer, K (after RoPE) and V of
+    positions 0 .. n-1, each [n, n_head_kv, head_dim], stored in `dtype`."""
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int,
+                 dtype: type = np.float32):
+        self.dtype = np.dtype(dtype)
+        self.k = [np.zeros((0, n_head_kv, head_dim_k), self.dtype) for _ in range(n_layer)]
+        self.v = [np.zeros((0, n_head_kv, head_dim_v), self.dtype) for _ in range(n_layer)]
+
+    def __len__(self) -> int:
+        return self.k[0].shape[0]
+
+    def truncate(self, n: int) -> None:
+        """Forget positions n and later (a prefix reuse keeps the first n)."""
+        if not 0 <= n <= len(self):
+            raise ValueError(f"cannot truncate a cache of {len(self)} positions to {n}")
+        self.k = [k[:n] for k in self.k]
+        self.v = [v[:n] for v in self.v]
+
+    def copy(self) -> "ReferenceKV":
+        other = ReferenceKV.__new__(ReferenceKV)
+        other.dtype = self.dtype
+        other.k = [k.copy() for k in self.k]
+        other.v = [v.copy() for v in self.v]
+        return other
+
+
+class ReferenceModel:
+    """A llama-family GGUF model evaluated in numpy.
+
+    `ReferenceModel(path, dtype=np.float64)`; `.forward(tokens, kv, pos0)`;
+    `.new_kv(dtype)`; `.greedy(prompt, n)`.  Hyperparameters are attributes:
+    arch, rope_ordering, n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim_k,
+    head_dim_v, n_ff, n_rot, eps, freq_base, freq_scale, n_ctx_train, bos, eos,
+    tied_output.  `.tensors` maps every tensor name to its float32 values."""
+
+    def __init__(self, path: str | os.PathLike[str], dtype: type = np.float64):
+        self.file = validate_gguf(path)
+        self.dtype = np.dtype(dtype)
+        md = self.file.metadata
+        self.arch = self.file.architecture
+        if self.arch not in ROPE_ORDERING:
+            raise ValueError(f"{path}: architecture {self.arch!r} is not in the llama family "
+                             f"this reference knows ({', '.join(ROPE_ORDERING)})")
+        self.rope_ordering = ROPE_ORDERING[self.arch]
+        a = self.arch
+
+        def key(name: str, default=None, required: bool = False):
+            full = f"{a}.{name}"
+            if full in md:
+                return md[full]
+            if required:
+                raise ValueError(f"{path}: missing {full}")
+            return default
+
+        self.n_layer = int(key("block_count", required=True))
+        self.n_embd = int(key("embedding_length", required=True))
+        self.n_head = int(key("attention.head_count", required=True))
+        self.n_head_kv = int(key("attention.head_count_kv", self.n_head))
+        if self.n_head % self.n_head_kv:
+            raise ValueError(f"{path}: head_count {self.n_head} is not a multiple of "
+                             f"head_count_kv {self.n_head_kv}")
+        self.head_dim_k = int(key("attention.key_length", self.n_embd // self.n_head))
+        self.head_dim_v = int(key("attention.value_length", self.n_embd // self.n_head))
+        self.eps = float(key("attention.layer_norm_rms_epsilon", required=True))
+        self.n_rot = int(key("rope.dimension_count", self.head_dim_k))
+        if self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim_k:
+            raise ValueError(f"{path}: rope.dimension_count {self.n_rot} does not fit "
+                             f"head_dim {self.head_dim_k}")
+        self.freq_base = float(key("rope.freq_base", 10000.0))
+        scaling = key("rope.scaling.type", "linear")
+        factor = key("rope.scaling.factor", None)
+        if factor is None:
+            factor = key("rope.scale_linear", 0.0)
+        if scaling == "none":
+            self.freq_scale = 1.0
+        elif scaling == "linear":
+            self.freq_scale = 1.0 if float(factor) == 0.0 else 1.0 / float(factor)
+        else:
+            raise ValueError(f"{path}: RoPE scaling {scaling!r} is not implemented by the reference")
+        self.n_ctx_train = key("context_length", None)
+        self.bos = md.get("tokenizer.ggml.bos_token_id")
+        self.eos = md.get("tokenizer.ggml.eos_token_id")
+
+        self.tensors = {t.name: dequantize_tensor(self.file, t) for t in self.file.tensors}
+        self._load_weights(str(path), key("feed_forward_length", None))
+
+    def _load_weights(self, path: str, n_ff_key) -> None:
+        t = dict(self.tensors)
+        known: set[str] = set()
+
+        def take(name: str, shape: tuple[int, ...] | None, optional: bool = False):
+            if name not in t:
+                if optional:
+                    return None
+                raise ValueError(f"{path}: missing tensor {name}")
+            known.add(name)
+            value = t[name]
+            if shape is not None and value.shape != shape:
+                raise ValueError(f"{path}: {name} has shape {value.shape} (numpy order), "
+                                 f"expected {shape}")
+            return value.astype(self.dtype)
+
+        e, qd, kd, vd = (self.n_embd, self.n_head * self.head_dim_k,
+                         self.n_head_kv * self.head_dim_k, self.n_head_kv * self.head_dim_v)
+        embd = t.get("token_embd.weight")
+        if embd is None or embd.ndim != 2 or embd.shape[1] != e:
+            raise ValueError(f"{path}: token_embd.weight missing or not [n_vocab, {e}]")
+        self.n_vocab = embd.shape[0]
+        self.token_embd = take("token_embd.weight", None)
+        self.output_norm = take("output_norm.weight", (e,))
+        output = take("output.weight", (self.n_vocab, e), optional=True)
+        self.tied_output = output is None
+        self.output = self.token_embd if output is None else output
+        freqs = take("rope_freqs.weight", (self.n_rot // 2,), optional=True)
+        self.freq_factors = None if freqs is None else freqs.astype(np.float64)
+
+        gate = t.get("blk.0.ffn_gate.weight")
+        self.n_ff = gate.shape[0] if gate is not None else 0
+        if n_ff_key is not None and int(n_ff_key) != self.n_ff:
+            raise ValueError(f"{path}: feed_forward_length {n_ff_key} but ffn_gate has "
+                             f"{self.n_ff} rows")
+        shapes = {"attn_q": (qd, e), "attn_k": (kd, e), "attn_v": (vd, e),
+                  "attn_output": (e, self.n_head * self.head_dim_v),
+                  "ffn_gate": (self.n_ff, e), "ffn_up": (self.n_ff, e), "ffn_down": (e, self.n_ff)}
+        self.layers: list[Layer] = []
+        for i in range(self.n_layer):
+            p = f"blk.{i}."
+            mats = {m: take(f"{p}{m}.weight", s) for m, s in shapes.items()}
+            bias = {}
+            for m, s in shapes.items():
+                b = take(f"{p}{m}.bias", (s[0],), optional=True)
+                if b is not None:
+                    bias[m] = b
+            self.layers.append(Layer(attn_norm=take(f"{p}attn_norm.weight", (e,)),
+                                     ffn_norm=take(f"{p}ffn_norm.weight", (e,)),
+                                     bias=bias, **mats))
+        unknown = sorted(set(t) - known)
+        if unknown:
+            raise ValueError(f"{path}: tensors the reference does not implement: "
+                             f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}")
+
+    # --- evaluation -------------------------------------------------------------------
+
+    def new_kv(self, dtype: type = np.float32) -> ReferenceKV:
+        """An empty cache for this model whose K/V are stored in `dtype`."""
+        return ReferenceKV(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v, dtype)
+
+    def forward(self, tokens: Sequence[int], kv: ReferenceKV | None = None,
+                pos0: int | None = None) -> np.ndarray:
+        """Logits [len(tokens), n_vocab] (in self.dtype) of `tokens` at positions
+        pos0, pos0+1, ...; each attends to the cache's positions < pos0 and to
+        the tokens before it and itself.  `kv` is extended in place.
+        pos0 None means len(kv); pos0 < len(kv) first drops positions >= pos0
+        (prefix reuse); pos0 > len(kv) is an error.  kv None means a fresh cache
+        (so pos0 must be 0 or None)."""
+        if kv is None:
+            kv = self.new_kv()
+        if pos0 is None:
+            pos0 = len(kv)
+        if pos0 > len(kv):
+            raise ValueError(f"pos0 {pos0} beyond the {len(kv)} cached positions")
+        kv.truncate(pos0)
+        ids = np.asarray(list(tokens), dtype=np.int64)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise ValueError("forward needs a non-empty list of token ids")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise ValueError(f"token id outside 0..{self.n_vocab - 1}")
+
+        n = len(ids)
+        positions = np.arange(pos0, pos0 + n)
+        theta = rope_angles(positions, self.n_rot, self.freq_base, self.freq_scale,
+                            self.freq_factors)
+        x = self.token_embd[ids]                              # [n, n_embd]
+        for il, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, self.eps)
+            q = self._linear(layer, "attn_q", h).reshape(n, self.n_head, self.head_dim_k)
+            k = self._linear(layer, "attn_k", h).reshape(n, self.n_head_kv, self.head_dim_k)
+            v = self._linear(layer, "attn_v", h).reshape(n, self.n_head_kv, self.head_dim_v)
+            q = rope(q, theta, self.rope_ordering)
+            k = rope(k, theta, self.rope_ordering)
+            kv.k[il] = np.concatenate([kv.k[il], k.astype(kv.dtype)])
+            kv.v[il] = np.concatenate([kv.v[il], v.astype(kv.dtype)])
+            attn = self._attention(q, kv.k[il].astype(self.dtype), kv.v[il].astype(self.dtype),
+                                   positions)
+            x = x + self._linear(layer, "attn_output", attn)
+            h = rms_norm(x, layer.ffn_norm, self.eps)
+            gate = self._linear(layer, "ffn_gate", h)
+            up = self._linear(layer, "ffn_up", h)
+            x = x + self._linear(layer, "ffn_down", silu(gate) * up)
+        h = rms_norm(x, self.output_norm, self.eps)
+        return h @ self.output.T
+
+    def _linear(self, layer: Layer, name: str, x: np.ndarray) -> np.ndarray:
+        y = x @ getattr(layer, name).T
+        if name in layer.bias:
+            y = y + layer.bias[name]
+        return y
+
+    def _attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   positions: np.ndarray) -> np.ndarray:
+        """q [n, n_head, dk] at `positions`; k [m, n_head_kv, dk], v [m, n_head_kv, dv]
+        for positions 0..m-1.  Returns [n, n_head * dv]."""
+        n, m = q.shape[0], k.shape[0]
+        group = self.n_head // self.n_head_kv
+        scale = 1.0 / math.sqrt(self.head_dim_k)
+        causal = np.arange(m)[None, :] <= positions[:, None]  # [n, m]
+        out = np.empty((n, self.n_head, self.head_dim_v), dtype=self.dtype)
+        for j in range(self.n_head):
+            g = j // group
+            scores = (q[:, j, :] @ k[:, g, :].T) * scale       # [n, m]
+            scores = np.where(causal, scores, -np.inf)
+            scores = scores - scores.max(axis=1, keepdims=True)
+            weights = np.exp(scores)
+            weights = weights / weights.sum(axis=1, keepdims=True)
+            out[:, j, :] = weights @ v[:, g, :]
+        return out.reshape(n, self.n_head * self.head_dim_v)
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def greedy(self, prompt: Sequence[int], n: int, *, kv_dtype: type = np.float32,
+               stop: Sequence[int] = ()) -> list[int]:
+        """The n tokens greedy decoding appends to `prompt` (prefill, then one
+        token at a time), ending early after a token in `stop` (which is
+        included).  EOS does not stop it unless it is in `stop`."""
+        return self.greedy_logits(prompt, n, kv_dtype=kv_dtype, stop=stop)[0]
+
+    def greedy_logits(self, prompt: Sequence[int], n: int, *, kv_dtype: type = np.float32,
+                      stop: Sequence[int] = ()) -> tuple[list[int], np.ndarray]:
+        """Like greedy(), also returning the logits [len(out), n_vocab] each
+        token was chosen from (so a test can see how close the runner-up was)."""
+        kv = self.new_kv(kv_dtype)
+        logits = self.forward(prompt, kv)[-1]
+        out, rows = [], []
+        for _ in range(n):
+            token = int(np.argmax(logits))
+            out.append(token)
+            rows.append(logits)
+            if token in stop or len(out) == n:
+                break
+            logits = self.forward([token], kv)[-1]
+        return out, np.array(rows).reshape(len(rows), self.n_vocab)
+
+
+def silu(z: np.ndarray) -> np.ndarray:
+    """z * sigmoid(z) = z / (1 + exp(-z)), written with tanh so that it never overflows."""
+    return z * 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def top2_margin(logits: np.ndarray) -> np.ndarray:
+    """For each row, the highest logit minus the runner-up: how far a greedy
+    choice is from flipping."""
+    part = np.partition(logits, -2, axis=-1)
+    return part[..., -1] - part[..., -2]
