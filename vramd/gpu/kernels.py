@@ -146,3 +146,211 @@ class StateStep(Kernel):
 def glslc_command(source: os.PathLike, output: os.PathLike) -> list[str]:
     """The exact command that produced each committed .spv."""
     return ["glslc", "-O", "--target-env=vulkan1.2", "-o", str(output), str(source)]
+
+
+def grid(groups: int, limits) -> tuple[int, int]:
+    """(x, y) work-group counts covering `groups` groups with x * y >= groups,
+    within the device's grid limits (lavapipe stops each dimension at 65535).
+    Shaders flatten the index as y * num_groups_x + x and bounds-check it."""
+    groups = max(1, int(groups))
+    gx = min(groups, limits[0])
+    gy = -(-groups // gx)
+    if gy > limits[1]:
+        raise UsageError(f"{groups} work groups exceed the device's work-group grid {limits[:2]}")
+    return gx, gy
+
+
+class Batch:
+    """Many dispatches of any `Kernel`s recorded into one command buffer and
+    submitted once (a decode step must not pay a submit per op).
+
+        b = Batch(residency)
+        b.begin()
+        b.dispatch(kernel, views, push, (gx, gy, gz))   # barrier after it
+        ...
+        b.submit()          # ends recording, one vkQueueSubmit
+        residency.sync()    # before reading results on the host
+
+    A compute-to-compute memory barrier follows every dispatch unless
+    `barrier=False` (for dispatches that do not depend on each other).  The
+    recording starts with a transfer-to-compute barrier (uploads made just
+    before) and ends with a compute-to-transfer/host one (reads right after).
+
+    `begin()` again re-records (waiting first if the previous recording is
+    still on the GPU).  A recording may be submitted more than once (a
+    replayed decode graph whose varying inputs, positions and token ids, live
+    in buffers); each submit waits for the previous one.  The buffers bound
+    are captured at record time: re-record after a release/restore cycle,
+    which may move them.
+
+    Hot calls go through `vk.lib` with cffi structs built once (brief §6).
+    """
+
+    _SETS_PER_POOL = 256
+    _MAX_BINDINGS = 8
+
+    def __init__(self, residency):
+        self.residency = residency
+        dev = residency.device
+        vk, ffi = self.vk, self.ffi = dev.vk, dev.ffi
+        self.dev = dev.device
+        self.max_groups = dev.limits["maxComputeWorkGroupCount"]
+        self.cmd_pool = vk.vkCreateCommandPool(self.dev, vk.VkCommandPoolCreateInfo(
+            queueFamilyIndex=dev.compute_family), None)
+        self.cmd = vk.vkAllocateCommandBuffers(self.dev, vk.VkCommandBufferAllocateInfo(
+            commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        self._pools: list = []      # descriptor pools, reset (not freed) on begin
+        self._pool_index = 0
+        self._sets_left = 0
+        self.recording = False
+        self.recorded = False       # a finished recording exists
+        self.submitted = False      # it may still be running
+        self.dispatches = 0
+        # Structs reused by every call, kept alive here.
+        self._alloc_layout = ffi.new("VkDescriptorSetLayout[1]")
+        self._alloc_info = ffi.new("VkDescriptorSetAllocateInfo*")
+        self._alloc_info.sType = vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO
+        self._alloc_info.descriptorSetCount = 1
+        self._alloc_info.pSetLayouts = self._alloc_layout
+        self._set_out = ffi.new("VkDescriptorSet[1]")
+        self._infos = ffi.new("VkDescriptorBufferInfo[]", self._MAX_BINDINGS)
+        self._writes = ffi.new("VkWriteDescriptorSet[]", self._MAX_BINDINGS)
+        for i in range(self._MAX_BINDINGS):
+            w = self._writes[i]
+            w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+            w.dstBinding = i
+            w.descriptorCount = 1
+            w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+            w.pBufferInfo = self._infos + i
+        self._barrier = self._memory_barrier(vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                             vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+        self._head = self._memory_barrier(vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_HOST_WRITE_BIT,
+                                          vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+        self._tail = self._memory_barrier(vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                          vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT)
+        self._begin_info = ffi.new("VkCommandBufferBeginInfo*")
+        self._begin_info.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
+        self._dset = ffi.new("VkDescriptorSet[1]")
+
+    def _memory_barrier(self, src, dst):
+        b = self.ffi.new("VkMemoryBarrier*")
+        b.sType = self.vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
+        b.srcAccessMask, b.dstAccessMask = src, dst
+        return b
+
+    def _new_set(self, set_layout):
+        vk, ffi = self.vk, self.ffi
+        if self._sets_left == 0:
+            if self._pool_index == len(self._pools):
+                n = self._SETS_PER_POOL
+                sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                 descriptorCount=n * self._MAX_BINDINGS)]
+                self._pools.append(vk.vkCreateDescriptorPool(self.dev, vk.VkDescriptorPoolCreateInfo(
+                    maxSets=n, pPoolSizes=sizes), None))
+            self._alloc_info.descriptorPool = self._pools[self._pool_index]
+            self._pool_index += 1
+            self._sets_left = self._SETS_PER_POOL
+        self._alloc_layout[0] = set_layout
+        r = vk.lib.vkAllocateDescriptorSets(self.dev, self._alloc_info, self._set_out)
+        if r != vk.VK_SUCCESS:
+            raise UsageError(f"vkAllocateDescriptorSets failed ({r})")
+        self._sets_left -= 1
+        return self._set_out[0]
+
+    def wait(self) -> None:
+        """Waits until the GPU is done with the last submit of this batch."""
+        if self.submitted:
+            self.residency.sync()
+            self.submitted = False
+
+    def begin(self) -> None:
+        """Starts a new recording (discarding the previous one)."""
+        vk = self.vk
+        if self.recording:
+            raise UsageError("this batch is already recording")
+        self.wait()
+        vk.vkResetCommandPool(self.dev, self.cmd_pool, 0)
+        for p in self._pools[:self._pool_index]:
+            vk.vkResetDescriptorPool(self.dev, p, 0)
+        self._pool_index, self._sets_left = 0, 0
+        vk.lib.vkBeginCommandBuffer(self.cmd, self._begin_info)
+        self._pipeline_barrier(vk.VK_PIPELINE_STAGE_TRANSFER_BIT | vk.VK_PIPELINE_STAGE_HOST_BIT,
+                               vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, self._head)
+        self.recording, self.recorded, self.dispatches = True, False, 0
+
+    def _pipeline_barrier(self, src_stage, dst_stage, barrier):
+        self.vk.lib.vkCmdPipelineBarrier(self.cmd, src_stage, dst_stage, 0, 1, barrier, 0, self.ffi.NULL,
+                                         0, self.ffi.NULL)
+
+    def barrier(self) -> None:
+        """A compute-to-compute memory barrier (after dispatches recorded with
+        barrier=False)."""
+        s = self.vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        self._pipeline_barrier(s, s, self._barrier)
+
+    def dispatch(self, kernel: Kernel, views, push: bytes, groups, barrier: bool = True) -> None:
+        """Records `kernel` over `groups` = (x, y, z) work groups with `views`
+        ((VkBuffer, offset, range) per binding) bound and `push` constants."""
+        vk, ffi, lib = self.vk, self.ffi, self.vk.lib
+        if not self.recording:
+            raise UsageError("batch is not recording: call begin() first")
+        n = len(views)
+        if n != kernel.n_buffers or n > self._MAX_BINDINGS:
+            raise UsageError(f"kernel takes {kernel.n_buffers} buffers, got {n}")
+        if len(push) != kernel.push_bytes:
+            raise UsageError(f"kernel takes {kernel.push_bytes} bytes of push constants, got {len(push)}")
+        gx, gy, gz = groups
+        lim = self.max_groups
+        if not (0 < gx <= lim[0] and 0 < gy <= lim[1] and 0 < gz <= lim[2]):
+            raise UsageError(f"work-group grid {tuple(groups)} outside the device's limits {tuple(lim)}")
+        dset = self._new_set(kernel.set_layout)
+        for i, (b, o, r) in enumerate(views):
+            info = self._infos[i]
+            info.buffer = ffi.cast("VkBuffer", b)
+            info.offset = o
+            info.range = r
+            self._writes[i].dstSet = dset
+        lib.vkUpdateDescriptorSets(self.dev, n, self._writes, 0, ffi.NULL)
+        cmd = self.cmd
+        lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
+        self._dset[0] = dset
+        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1, self._dset,
+                                    0, ffi.NULL)
+        lib.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
+                               ffi.from_buffer(push))
+        lib.vkCmdDispatch(cmd, gx, gy, gz)
+        if barrier:
+            self.barrier()
+        self.dispatches += 1
+
+    def end(self) -> None:
+        vk = self.vk
+        if not self.recording:
+            raise UsageError("batch is not recording")
+        self._pipeline_barrier(vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                               vk.VK_PIPELINE_STAGE_TRANSFER_BIT | vk.VK_PIPELINE_STAGE_HOST_BIT, self._tail)
+        r = vk.lib.vkEndCommandBuffer(self.cmd)
+        if r != vk.VK_SUCCESS:
+            raise UsageError(f"vkEndCommandBuffer failed ({r})")
+        self.recording, self.recorded = False, True
+
+    def submit(self) -> None:
+        """Submits the recording (ending it first if needed); does not wait."""
+        if self.recording:
+            self.end()
+        if not self.recorded:
+            raise UsageError("nothing recorded to submit")
+        self.wait()  # a command buffer may not be pending twice
+        self.residency.submit_compute(self.cmd)
+        self.submitted = True
+
+    def close(self) -> None:
+        vk = self.vk
+        if self.cmd_pool is None:
+            return
+        if self.submitted or self.recording:
+            self.residency.sync()
+        for p in self._pools:
+            vk.vkDestroyDescriptorPool(self.dev, p, None)
+        vk.vkDestroyCommandPool(self.dev, self.cmd_pool, None)
+        self._pools, self.cmd_pool = [], None

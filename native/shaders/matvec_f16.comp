@@ -1,0 +1,5 @@
+// matvec with F16 weights: see matvec.glsl and dequant.glsl.
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#define TYPE_F16
+#include "matvec.glsl"

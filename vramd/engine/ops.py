@@ -1,0 +1,431 @@
+"""The compute ops of the forward pass: a small Python API over the GLSL
+kernels in native/shaders/ (matvec_<type>, get_rows_<type>, rms_norm, rope,
+kv_write, attention, silu_mul, add, scale).
+
+Owns: `Ops` (one per residency core: the pipelines, the recording batch),
+`Weight` (a weight matrix: tensor, GGML type, rows, cols) and `view` (a
+sub-range of a tensor as a bindable buffer).
+
+    ops = Ops(residency)
+    with ops.batch():                 # one command buffer, one submit at exit
+        ops.get_rows(tok_embd, ids, x, n_tokens)
+        ops.rms_norm(x, attn_norm, h, eps, n_tokens, n_embd)
+        ops.matvec(wq, h, q, n_tokens)
+        ...
+    ops.sync()                        # then read results: tensor.read(np.float32)
+
+Buffers.  Every buffer argument is a residency `Tensor` or a (VkBuffer,
+byte offset, nbytes) tuple (`view(tensor, offset, nbytes)` makes one).  The
+offset need not be storage-aligned: the view bound is aligned down and the
+remainder is passed to the shader as an element offset.  Activations are
+float32, positions and token ids int32, KV caches float16 (see `kv_write`).
+Only the bytes an op touches are bound, and they must fit one
+maxStorageBufferRange (lavapipe: 128 MiB) or a UsageError says so; weight
+matrices and embedding tables are the exception: they are bound in row
+chunks, so a tensor of any size works.
+
+Positions and token ids are read by the kernels from device buffers, not
+pushed as constants, so a recorded decode graph (`ops.graph()`) can be
+replayed for the next token by writing just those two small buffers.
+
+Ordering.  Ops recorded in one batch run in order (a compute-to-compute
+barrier after each), and the batch is ordered after every restore copy by the
+residency core.  Outside a batch each op is submitted alone (fine for tests;
+the forward pass should record).  Nothing waits for the GPU except `sync()`
+(and a batch that is re-begun while its last submit still runs).
+"""
+from __future__ import annotations
+
+import contextlib
+import struct
+
+from vramd.errors import ModelError, UsageError
+from vramd.gpu.kernels import Batch, Kernel, grid
+
+try:  # the gguf package names the types; the values are GGML's and fixed
+    from gguf import GGMLQuantizationType as _Q
+
+    F32, F16, Q4_0, Q8_0, BF16 = _Q.F32, _Q.F16, _Q.Q4_0, _Q.Q8_0, _Q.BF16
+except ImportError:  # pragma: no cover - gguf is a dependency
+    F32, F16, Q4_0, Q8_0, BF16 = 0, 1, 2, 8, 30
+
+# type -> (shader suffix, elements per block, bytes per block)
+WEIGHT_TYPES = {int(F32): ("f32", 1, 4), int(F16): ("f16", 1, 2), int(BF16): ("bf16", 1, 2),
+                int(Q8_0): ("q8_0", 32, 34), int(Q4_0): ("q4_0", 32, 18)}
+
+# kernel -> (storage buffers, push-constant bytes); the shaders' layouts
+_KERNELS = {"matvec": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 48),
+            "kv_write": (3, 32), "attention": (5, 60), "silu_mul": (3, 16), "add": (3, 20),
+            "scale": (2, 16)}
+
+_MATVEC_TOKENS = 8        # tokens per work group in matvec.glsl (TT)
+_MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
+_ELEMENTWISE_WG = 256     # local size of the element-wise shaders
+
+
+def type_name(qtype) -> str:
+    try:
+        return _Q(int(qtype)).name
+    except Exception:
+        return str(qtype)
+
+
+def row_bytes(qtype, cols: int) -> int:
+    """Bytes of one row of `cols` elements in `qtype`."""
+    name, block, size = _weight_type(qtype)
+    if cols % block:
+        raise ModelError(f"{type_name(qtype)} rows must be a multiple of {block} elements, got {cols}")
+    return cols // block * size
+
+
+def _weight_type(qtype):
+    t = WEIGHT_TYPES.get(int(qtype))
+    if t is None:
+        supported = ", ".join(type_name(k) for k in WEIGHT_TYPES)
+        raise ModelError(f"tensor type {type_name(qtype)} is not supported by the compute kernels "
+                         f"(supported: {supported})")
+    return t
+
+
+class Weight:
+    """A weight matrix (or embedding table) in ggml order: `rows` rows of
+    `cols` contiguous elements of `qtype` (a gguf.GGMLQuantizationType), in
+    `tensor` (a residency Tensor or a (buffer, offset, nbytes) view).  In GGUF
+    shape terms, cols = ne[0] and rows = ne[1]."""
+
+    def __init__(self, tensor, qtype, rows: int, cols: int):
+        self.tensor, self.qtype, self.rows, self.cols = tensor, int(qtype), int(rows), int(cols)
+        self.suffix = _weight_type(qtype)[0]
+        if self.rows <= 0 or self.cols <= 0:
+            raise ModelError(f"weight of {rows} x {cols} elements")
+        self.row_bytes = row_bytes(qtype, self.cols)
+        have = _nbytes(tensor)
+        if self.rows * self.row_bytes > have:
+            raise ModelError(f"{type_name(qtype)} weight of {rows} x {cols} needs {self.rows * self.row_bytes} "
+                             f"bytes, its tensor has {have}")
+
+    def __repr__(self):
+        return f"Weight({type_name(self.qtype)}, {self.rows} x {self.cols})"
+
+
+def _round4(n: int) -> int:
+    """A bound range rounded up to whole uint32 words: shaders read words,
+    and a word partly outside the range reads as zero (robust access).  The
+    residency core rounds blocks to allocation granules and aligns tensors to
+    256 bytes, so the up to 3 bytes past a tensor's end exist."""
+    return max(4, (n + 3) // 4 * 4)
+
+
+def _nbytes(buf) -> int:
+    return buf[2] if isinstance(buf, tuple) else buf.nbytes
+
+
+def _resolve(buf) -> tuple[int, int, int]:
+    """(VkBuffer, byte offset, nbytes) of a Tensor or a view tuple."""
+    if isinstance(buf, tuple):
+        return buf
+    b, o = buf.buffer()
+    return b, o, buf.nbytes
+
+
+def view(tensor, offset: int, nbytes: int | None = None) -> tuple[int, int, int]:
+    """Bytes offset .. offset + nbytes of `tensor` (a Tensor or a view) as a
+    (VkBuffer, offset, nbytes) view.  Resolves the buffer now: make views
+    after the tensor's region is resident (or scratch)."""
+    b, o, n = _resolve(tensor)
+    if nbytes is None:
+        nbytes = n - offset
+    if offset < 0 or nbytes < 0 or offset + nbytes > n:
+        raise UsageError(f"view {offset}+{nbytes} outside a buffer of {n} bytes")
+    return b, o + offset, nbytes
+
+
+class Ops:
+    """The kernels of one residency core and the batch they record into."""
+
+    def __init__(self, residency):
+        self.residency = residency
+        lim = residency.device.limits
+        self.max_range = int(lim["maxStorageBufferRange"])
+        self.align = max(4, int(lim["minStorageBufferOffsetAlignment"]))
+        self.max_groups = lim["maxComputeWorkGroupCount"]
+        self._kernels: dict[str, Kernel] = {}
+        self._batch: Batch | None = None      # recording now
+        self._spare: Batch | None = None      # reused by batch()
+        self._graphs: list[Batch] = []
+
+    # -- recording ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Records the ops called inside into one command buffer and submits
+        it once on exit (without waiting: `sync()` before reading)."""
+        if self._batch is not None:
+            raise UsageError("a batch is already recording")
+        b = self._spare or Batch(self.residency)
+        self._spare = None
+        b.begin()
+        self._batch = b
+        try:
+            yield b
+        except BaseException:
+            self._batch = None
+            b.end()
+            self._spare = b
+            raise
+        self._batch = None
+        try:
+            b.submit()
+        finally:
+            self._spare = b
+
+    @contextlib.contextmanager
+    def record(self, graph: Batch):
+        """Records the ops called inside into `graph` (from `graph()`),
+        replacing what it held; `graph.submit()` runs it, as often as wanted.
+        Re-record after a release/restore cycle (buffers may move)."""
+        if self._batch is not None:
+            raise UsageError("a batch is already recording")
+        graph.begin()
+        self._batch = graph
+        try:
+            yield graph
+        finally:
+            self._batch = None
+            graph.end()
+
+    def graph(self) -> Batch:
+        """A reusable recording (a `Batch`) owned by these ops."""
+        g = Batch(self.residency)
+        self._graphs.append(g)
+        return g
+
+    def barrier(self):
+        """A compute-to-compute barrier in the current batch."""
+        if self._batch is not None:
+            self._batch.barrier()
+
+    def sync(self) -> None:
+        """Waits for every submitted op."""
+        self.residency.sync()
+        for b in [self._spare, *self._graphs]:
+            if b is not None:
+                b.submitted = False
+
+    def close(self) -> None:
+        self.residency.sync()
+        for b in [self._spare, self._batch, *self._graphs]:
+            if b is not None:
+                b.close()
+        self._spare = self._batch = None
+        self._graphs = []
+        for k in self._kernels.values():
+            k.close()
+        self._kernels = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _kernel(self, name: str, family: str | None = None) -> Kernel:
+        k = self._kernels.get(name)
+        if k is None:
+            n, push = _KERNELS[family or name]
+            k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push)
+        return k
+
+    def _dispatch(self, kernel: Kernel, views, push: bytes, groups) -> None:
+        if self._batch is not None:
+            self._batch.dispatch(kernel, views, push, groups)
+            return
+        with self.batch() as b:
+            b.dispatch(kernel, views, push, groups)
+
+    # -- binding -----------------------------------------------------------
+
+    def _bind(self, buf, nbytes: int, what: str, elem: int = 4) -> tuple[tuple[int, int, int], int]:
+        """Binds the first `nbytes` of `buf`: (view, element offset of byte 0
+        within the view).  `elem` is the unit the shader indexes in."""
+        b, off, have = _resolve(buf)
+        if nbytes > have:
+            raise UsageError(f"{what}: needs {nbytes} bytes, the buffer has {have}")
+        if off % elem:
+            raise UsageError(f"{what}: byte offset {off} is not a multiple of {elem}")
+        start = off // self.align * self.align
+        rng = _round4(off - start + nbytes)
+        if rng > self.max_range:
+            raise UsageError(f"{what}: {nbytes} bytes exceed the device's maxStorageBufferRange "
+                             f"({self.max_range}); split the op")
+        return (b, start, rng), (off - start) // elem
+
+    def _row_chunks(self, w: Weight, rows_needed: int):
+        """(view, byte offset in view, first row, rows) pieces of a weight, each
+        within one storage range (tables larger than the range go in pieces)."""
+        b, off, _ = _resolve(w.tensor)
+        per = (self.max_range - self.align - 4) // w.row_bytes
+        if per < 1:
+            raise UsageError(f"one row of {w} exceeds the device's maxStorageBufferRange")
+        for r0 in range(0, rows_needed, per):
+            n = min(per, rows_needed - r0)
+            s = off + r0 * w.row_bytes
+            start = s // self.align * self.align
+            yield (b, start, _round4(s - start + n * w.row_bytes)), s - start, r0, n
+
+    @staticmethod
+    def _groups1d(n: int, limits) -> tuple[int, int, int]:
+        gx, gy = grid(-(-n // _ELEMENTWISE_WG), limits)
+        return gx, gy, 1
+
+    # -- ops ---------------------------------------------------------------
+
+    def matvec(self, w: Weight, x, y, n_tokens: int = 1, *, x_stride: int | None = None,
+               y_stride: int | None = None) -> None:
+        """Y[t, r] = sum_c W[r, c] * X[t, c] for t < n_tokens, r < w.rows.
+
+        x: f32 [n_tokens, x_stride] (x_stride defaults to w.cols), y: f32
+        [n_tokens, y_stride] (y_stride defaults to w.rows; a larger stride
+        writes into a wider row, e.g. a fused QKV buffer).  Dequantizes in
+        the kernel, accumulates in f32; y must not alias x."""
+        x_stride = w.cols if x_stride is None else int(x_stride)
+        y_stride = w.rows if y_stride is None else int(y_stride)
+        if n_tokens < 1 or x_stride < w.cols or y_stride < w.rows:
+            raise UsageError(f"matvec: bad sizes (n_tokens {n_tokens}, strides {x_stride}/{y_stride}) for {w}")
+        if -(-n_tokens // _MATVEC_TOKENS) > self.max_groups[2]:
+            raise UsageError(f"matvec: {n_tokens} tokens exceed the device's grid")
+        xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
+        yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
+        k = self._kernel("matvec_" + w.suffix, "matvec")
+        for wv, wo, r0, n in self._row_chunks(w, w.rows):
+            push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
+            gx, gy = grid(n, self.max_groups)
+            self._dispatch(k, [wv, xv, yv], push, (gx, gy, -(-n_tokens // _MATVEC_TOKENS)))
+
+    def get_rows(self, table: Weight, ids, out, n_tokens: int, *, o_stride: int | None = None) -> None:
+        """out[t, :] = table[ids[t], :] as f32 (embedding lookup).
+
+        ids: int32 [n_tokens]; out: f32 [n_tokens, o_stride] (default
+        table.cols).  An id outside 0 .. rows-1 leaves its output row alone."""
+        o_stride = table.cols if o_stride is None else int(o_stride)
+        iv, io = self._bind(ids, 4 * n_tokens, "get_rows ids")
+        ov, oo = self._bind(out, 4 * ((n_tokens - 1) * o_stride + table.cols), "get_rows out")
+        k = self._kernel("get_rows_" + table.suffix, "get_rows")
+        groups = self._groups1d(n_tokens * table.cols, self.max_groups)
+        for wv, wo, r0, n in self._row_chunks(table, table.rows):
+            push = struct.pack("<8I", table.cols, n_tokens, wo, r0, n, io, oo, o_stride)
+            self._dispatch(k, [wv, iv, ov], push, groups)
+
+    def rms_norm(self, x, w, y, eps: float, n_tokens: int, width: int, *, x_stride: int | None = None,
+                 y_stride: int | None = None) -> None:
+        """y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w per token row.
+
+        x, y: f32 [n_tokens, stride] (strides default to width; y may be x);
+        w: f32 [width] (GGUF norm weights are F32)."""
+        x_stride = width if x_stride is None else int(x_stride)
+        y_stride = width if y_stride is None else int(y_stride)
+        xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + width), "rms_norm x")
+        wv, wo = self._bind(w, 4 * width, "rms_norm weight")
+        yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + width), "rms_norm y")
+        push = struct.pack("<2If5I", width, n_tokens, eps, xo, x_stride, wo, yo, y_stride)
+        gx, gy = grid(n_tokens, self.max_groups)
+        self._dispatch(self._kernel("rms_norm"), [xv, wv, yv], push, (gx, gy, 1))
+
+    def rope(self, x, pos, n_tokens: int, n_heads: int, head_dim: int, *, n_rot: int | None = None,
+             neox: bool = False, freq_base: float = 10000.0, freq_scale: float = 1.0, freq_factors=None,
+             t_stride: int | None = None) -> None:
+        """Rotates x in place: f32 [n_tokens, n_heads, head_dim], token rows
+        t_stride floats apart (default n_heads * head_dim), by the positions
+        pos: int32 [n_tokens].  theta(p, i) = freq_scale * p *
+        freq_base^(-2i/n_rot) / freq_factors[i] (freq_factors: f32
+        [n_rot/2] or None).  neox=False rotates (x[2i], x[2i+1]) (llama);
+        neox=True rotates (x[i], x[i + n_rot/2]) (qwen2, gemma)."""
+        n_rot = head_dim if n_rot is None else int(n_rot)
+        t_stride = n_heads * head_dim if t_stride is None else int(t_stride)
+        if n_rot % 2 or not 0 < n_rot <= head_dim:
+            raise ModelError(f"rope over {n_rot} of {head_dim} dimensions: needs an even count <= head_dim")
+        xv, xo = self._bind(x, 4 * ((n_tokens - 1) * t_stride + n_heads * head_dim), "rope x")
+        pv, po = self._bind(pos, 4 * n_tokens, "rope positions")
+        if freq_factors is not None:
+            fv, fo = self._bind(freq_factors, 4 * (n_rot // 2), "rope freq_factors")
+        else:
+            fv, fo = pv, 0  # bound but never read
+        push = struct.pack("<8I2f2I", n_tokens, n_heads, head_dim, n_rot, int(bool(neox)), xo, t_stride, po,
+                           freq_base, freq_scale, int(freq_factors is not None), fo)
+        self._dispatch(self._kernel("rope"), [xv, pv, fv], push,
+                       self._groups1d(n_tokens * n_heads * (n_rot // 2), self.max_groups))
+
+    def kv_write(self, src, cache, pos, n_tokens: int, width: int, ctx: int, *,
+                 src_stride: int | None = None) -> None:
+        """cache[pos[t], :] = f16(src[t, :]) for t < n_tokens.
+
+        src: f32 [n_tokens, src_stride] (default width); cache: f16 [ctx,
+        width] (width = n_kv_heads * head_dim, even), row-major; pos: int32
+        [n_tokens].  Positions outside 0 .. ctx-1 are skipped."""
+        if width % 2:
+            raise ModelError(f"KV width {width} is odd: the f16 cache is written two halves at a time")
+        src_stride = width if src_stride is None else int(src_stride)
+        sv, so = self._bind(src, 4 * ((n_tokens - 1) * src_stride + width), "kv_write src")
+        cv, co = self._bind(cache, 2 * ctx * width, "kv_write cache")
+        pv, po = self._bind(pos, 4 * n_tokens, "kv_write positions")
+        push = struct.pack("<8I", n_tokens, width, so, src_stride, co, width // 2, po, ctx)
+        self._dispatch(self._kernel("kv_write"), [sv, cv, pv], push,
+                       self._groups1d(n_tokens * width // 2, self.max_groups))
+
+    def attention(self, q, k_cache, v_cache, pos, out, n_tokens: int, n_heads: int, n_kv_heads: int,
+                  head_dim: int, ctx: int, scale: float, *, window: int = 0, q_stride: int | None = None,
+                  o_stride: int | None = None) -> None:
+        """out[t, h*hd:(h+1)*hd] = softmax_j(scale * q[t, h] . K[j, kvh]) V[j, kvh]
+        over cache rows j <= pos[t] (and j > pos[t] - window when window > 0),
+        kvh = h // (n_heads // n_kv_heads).
+
+        q: f32 [n_tokens, n_heads, head_dim] (token rows q_stride floats
+        apart, default n_heads*head_dim); k_cache, v_cache: f16 [ctx,
+        n_kv_heads*head_dim] as written by kv_write; pos: int32 [n_tokens];
+        out: f32 [n_tokens, o_stride] (default n_heads*head_dim).  The rows
+        of the current tokens must be written (kv_write) before, in order."""
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ModelError(f"{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads")
+        if head_dim % 2 or head_dim > _MAX_HEAD_DIM:
+            raise ModelError(f"head_dim {head_dim}: the attention kernel takes even sizes up to {_MAX_HEAD_DIM}")
+        width = n_kv_heads * head_dim
+        q_stride = n_heads * head_dim if q_stride is None else int(q_stride)
+        o_stride = n_heads * head_dim if o_stride is None else int(o_stride)
+        if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
+            raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
+        qv, qo = self._bind(q, 4 * ((n_tokens - 1) * q_stride + n_heads * head_dim), "attention q")
+        kv, ko = self._bind(k_cache, 2 * ctx * width, "attention K cache")
+        vv, vo = self._bind(v_cache, 2 * ctx * width, "attention V cache")
+        pv, po = self._bind(pos, 4 * n_tokens, "attention positions")
+        ov, oo = self._bind(out, 4 * ((n_tokens - 1) * o_stride + n_heads * head_dim), "attention out")
+        push = struct.pack("<14If", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
+                           po, oo, o_stride, ctx, int(window), scale)
+        self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov], push, (n_heads, n_tokens, 1))
+
+    def silu_mul(self, gate, up, out, n: int) -> None:
+        """out[i] = silu(gate[i]) * up[i], i < n (f32; out may be gate or up)."""
+        gv, go = self._bind(gate, 4 * n, "silu_mul gate")
+        uv, uo = self._bind(up, 4 * n, "silu_mul up")
+        ov, oo = self._bind(out, 4 * n, "silu_mul out")
+        self._dispatch(self._kernel("silu_mul"), [gv, uv, ov], struct.pack("<4I", n, go, uo, oo),
+                       self._groups1d(n, self.max_groups))
+
+    def add(self, a, b, out, n: int, b_len: int | None = None) -> None:
+        """out[i] = a[i] + b[i % b_len], i < n (f32).  b_len = n (default):
+        a residual add; b_len = width: a bias broadcast over token rows.
+        out may be a or b."""
+        b_len = n if b_len is None else int(b_len)
+        if not 0 < b_len <= n:
+            raise UsageError(f"add: b_len {b_len} for n {n}")
+        av, ao = self._bind(a, 4 * n, "add a")
+        bv, bo = self._bind(b, 4 * b_len, "add b")
+        ov, oo = self._bind(out, 4 * n, "add out")
+        self._dispatch(self._kernel("add"), [av, bv, ov], struct.pack("<5I", n, ao, bo, b_len, oo),
+                       self._groups1d(n, self.max_groups))
+
+    def scale(self, a, out, n: int, s: float) -> None:
+        """out[i] = a[i] * s, i < n (f32; out may be a)."""
+        av, ao = self._bind(a, 4 * n, "scale a")
+        ov, oo = self._bind(out, 4 * n, "scale out")
+        self._dispatch(self._kernel("scale"), [av, ov], struct.pack("<3If", n, ao, oo, s),
+                       self._groups1d(n, self.max_groups))
