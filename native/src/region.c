@@ -299,11 +299,13 @@ static int take_block(alloc_job *j, uint32_t i, uint64_t *wait_ns) {
 }
 
 /* The pipeline: block i's copy runs on the copy engine while later blocks
- * are being allocated.  On the H200 one thread's vkAllocateMemory runs at
- * about 44 GB/s, slower than the 49 GB/s link, and allocation after
- * allocation would leave the engine idle half the time; allocator threads
- * side by side keep ahead of it.  Each block's copy is its own submission,
- * so the engine starts as soon as the first block exists. */
+ * are being allocated, by one allocator thread beside this (submitting)
+ * thread.  Measured on the H200 (docs/benchmarks.md): plain allocations of
+ * 16 GiB took ~330 ms, as long as the DMA, and slowed the DMA beside them;
+ * dedicated ones (context.c) take ~30 ms and the copy engine never waits.
+ * More allocator threads made the DMA slower, not faster.  Each block's
+ * copy is its own submission, so the engine starts as soon as the first
+ * (small: see the ramp in vramd_region_seal) block exists. */
 static int restore_list(vramd_ctx *ctx, vramd_region **rs, uint32_t n) {
     uint32_t total = 0;
     for (uint32_t i = 0; i < n; i++) total += rs[i]->n_blocks;
