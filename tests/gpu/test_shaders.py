@@ -24,3 +24,17 @@ def test_spv_matches_its_source(source, tmp_path):
     committed = source.with_suffix(".spv")
     assert committed.read_bytes() == out.read_bytes(), (
         f"{committed.name} is stale: run {' '.join(glslc_command(source, committed))}")
+
+
+def test_every_spv_has_its_source():
+    """No orphan binaries: each shipped .spv is checked above through its .comp."""
+    orphans = [p.name for p in SHADERS.glob("*.spv") if not p.with_suffix(".comp").is_file()]
+    assert not orphans, orphans
+
+
+def test_every_include_is_compiled():
+    """Shared GLSL (.glsl) is covered by the recompile check only through a
+    .comp that includes it, directly or through another .glsl."""
+    texts = [p.read_text() for p in [*SOURCES, *SHADERS.glob("*.glsl")]]
+    unused = [g.name for g in SHADERS.glob("*.glsl") if not any(f'#include "{g.name}"' in t for t in texts)]
+    assert not unused, unused

@@ -205,7 +205,8 @@ class Batch:
         self.recording = False
         self.recorded = False       # a finished recording exists
         self.submitted = False      # it may still be running
-        self.dispatches = 0
+        self.dispatches = 0         # in the current recording
+        self.submits = 0            # over the batch's life
         # Structs reused by every call, kept alive here.
         self._alloc_layout = ffi.new("VkDescriptorSetLayout[1]")
         self._alloc_info = ffi.new("VkDescriptorSetAllocateInfo*")
@@ -343,6 +344,7 @@ class Batch:
         self.wait()  # a command buffer may not be pending twice
         self.residency.submit_compute(self.cmd)
         self.submitted = True
+        self.submits += 1
 
     def close(self) -> None:
         vk = self.vk
