@@ -17,8 +17,8 @@ import pytest
 
 from vramd.model.gguf_check import validate_gguf
 
-from tests.engine.models import (BYTE, CONTROL, NORMAL, WEIGHT_TYPES, LlamaSpec, gpt2_byte_chars,
-                                 make_vocab, make_weights, write_llama, write_weights)
+from tests.engine.models import (BYTE, CONTROL, ENGINE_WEIGHT_TYPES, NORMAL, WEIGHT_TYPES, LlamaSpec,
+                                 gpt2_byte_chars, make_vocab, make_weights, write_llama, write_weights)
 from tests.engine.reference import ReferenceModel, rope, rope_angles, top2_margin
 
 ARCHS = ("llama", "mistral", "qwen2")
@@ -34,14 +34,20 @@ def models(tmp_path_factory):
 
 # --- the generator ------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,weight_type", list(itertools.product(ARCHS, WEIGHT_TYPES)))
+# K-quants come in blocks of 256 values: they need wider rows than the defaults.
+_SIZES = {t: (dict(n_embd=256, n_ff=512) if t.endswith("_K") else {}) for t in WEIGHT_TYPES}
+
+
+@pytest.mark.parametrize("arch,weight_type", list(itertools.product(ARCHS, ENGINE_WEIGHT_TYPES))
+                         + [("llama", t) for t in WEIGHT_TYPES if t not in ENGINE_WEIGHT_TYPES])
 def test_validate_accepts_every_generated_model(tmp_path, arch, weight_type):
     for tied, vocab in ((False, None), (True, "spm"), (True, "bpe")):
         path = write_llama(tmp_path / f"m-{tied}-{vocab}.gguf", arch=arch, weight_type=weight_type,
-                           tied_output=tied, vocab=vocab)
+                           tied_output=tied, vocab=vocab, **_SIZES[weight_type])
         mf = validate_gguf(path)
         assert mf.warnings == ()
-        spec = LlamaSpec(arch=arch, weight_type=weight_type, tied_output=tied, vocab=vocab).resolve()
+        spec = LlamaSpec(arch=arch, weight_type=weight_type, tied_output=tied, vocab=vocab,
+                         **_SIZES[weight_type]).resolve()
         assert mf.architecture == spec.gguf_arch
         names = {t.name for t in mf.tensors}
         assert ("output.weight" in names) == (not tied)
@@ -124,8 +130,8 @@ def test_dequantized_tensors_match_gguf(tmp_path):
     bytes gguf's own reader finds, and those are the generator's values as the
     type represents them."""
     for weight_type, qtype in WEIGHT_TYPES.items():
-        spec = LlamaSpec(arch="qwen2", weight_type=weight_type, n_vocab=300, n_embd=64, n_ff=96,
-                         n_layer=1)
+        sizes = _SIZES[weight_type] or dict(n_embd=64, n_ff=96)
+        spec = LlamaSpec(arch="qwen2", weight_type=weight_type, n_vocab=300, n_layer=1, **sizes)
         values = make_weights(spec)
         path = write_weights(tmp_path / f"{weight_type}.gguf", spec, values)
         ref = ReferenceModel(path)
@@ -141,13 +147,20 @@ def test_dequantized_tensors_match_gguf(tmp_path):
                 np.testing.assert_array_equal(got, values[t.name])
             elif qtype == gguf.GGMLQuantizationType.F16:
                 np.testing.assert_array_equal(got, values[t.name].astype(np.float16).astype(np.float32))
-            else:
+            elif weight_type in ("BF16", "Q8_0", "Q4_0"):
                 # BF16 keeps 8 bits of mantissa; Q8_0 and Q4_0 a 1/127 and 1/7 step of each
                 # 32-block's absolute maximum.
                 step = {"BF16": 2.0 ** -8, "Q8_0": 1 / 127, "Q4_0": 1 / 7}[weight_type]
                 blocks = values[t.name].reshape(-1, 32)
                 err = np.abs(got.reshape(-1, 32) - blocks)
                 assert (err <= step * np.abs(blocks).max(axis=1, keepdims=True) + 1e-7).all()
+            else:
+                # the other types: their usual error relative to the values' rms (4-bit
+                # types ~8 %, 5-bit ~4 %, Q6_K ~2 %); a mis-packed block would be ~100 %
+                bound = {"Q4_1": 0.1, "Q5_0": 0.06, "Q5_1": 0.06, "Q4_K": 0.1, "Q6_K": 0.03}
+                v = values[t.name]
+                rel = np.sqrt(np.mean((got - v) ** 2) / np.mean(v ** 2))
+                assert rel < bound[weight_type], (weight_type, t.name, rel)
         del reader
 
 
