@@ -109,20 +109,22 @@ class Device:
     """An open Vulkan device with a compute queue and, where one exists, a
     dedicated transfer queue.  Close it (or use it as a context manager)."""
 
-    def __init__(self, select=None, transfer_queue: bool = True):
+    def __init__(self, select=None, transfer_queue: bool = True, timeline: bool = True):
         """`transfer_queue=False` keeps copies on the compute queue even where
-        a dedicated transfer family exists (for comparison)."""
+        a dedicated transfer family exists (for comparison); `timeline=False`
+        leaves timeline semaphores off, as on a device without them (the
+        core then orders its queues with fences on the host)."""
         vk = self.vk = _vk()
         self.ffi = vk.ffi
         self.instance = _create_instance(vk)
         self.device = None
         try:
-            self._open(select, transfer_queue)
+            self._open(select, transfer_queue, timeline)
         except BaseException:
             self.close()
             raise
 
-    def _open(self, select, transfer_queue):
+    def _open(self, select, transfer_queue, timeline):
         vk = self.vk
         phys = _enumerate(vk, self.instance)
         self.index = _pick(vk, phys, select)
@@ -158,7 +160,8 @@ class Device:
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES)
         f2 = vk.VkPhysicalDeviceFeatures2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, pNext=tl)
         vk.vkGetPhysicalDeviceFeatures2(self.physical, f2)
-        self.timeline = bool(tl.timelineSemaphore) and (api_12 or "VK_KHR_timeline_semaphore" in available)
+        self.timeline = (timeline and bool(tl.timelineSemaphore)
+                         and (api_12 or "VK_KHR_timeline_semaphore" in available))
         exts = [e for e in WANTED_EXTENSIONS if e in available]
         if api_12 and "VK_KHR_timeline_semaphore" in exts:
             exts.remove("VK_KHR_timeline_semaphore")  # core: the feature bit is enough
