@@ -43,3 +43,21 @@ def test_unknown_kind_is_a_usage_error(res):
         res.release(["kv"])
     with pytest.raises(UsageError, match="unknown region kind"):
         res.region("kv", "x", {"t": 1})
+
+
+def test_thousands_of_tensors_are_a_few_allocations(res, rng):
+    import numpy as np
+
+    sizes = {f"blk.{i}": int(n) for i, n in enumerate(rng.integers(1, 2000, 3000))}
+    w = res.region("weights", "many", sizes)
+    info = w.info()
+    # 3000 tensors of < 2 KB, 256-byte aligned, in 1 MiB blocks.
+    assert info["tensors"] == 3000 and info["blocks"] <= 8
+    picks = [w.tensors[f"blk.{i}"] for i in (0, 1, 1500, 2999)]
+    data = [rng.integers(0, 256, t.nbytes, dtype=np.uint8) for t in picks]
+    for t, d in zip(picks, data):
+        t.host()[:] = d
+    res.restore(["weights"])
+    assert all(np.array_equal(t.read(), d) for t, d in zip(picks, data))
+    places = sorted((t.block, t.offset, t.offset + t.nbytes) for t in w.tensors.values())
+    assert all(a[0] != b[0] or a[2] <= b[1] for a, b in zip(places, places[1:]))  # no overlap
