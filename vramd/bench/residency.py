@@ -172,7 +172,7 @@ def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int
 @click.option("--state-gib", type=float, default=None, help="state to evict [default: min(gib, 4)]")
 @click.option("--link-gib", type=float, default=4.0, show_default=True, help="size of the raw link copy")
 @click.option("--block-mib", type=int, default=256, show_default=True, help="suballocation block target")
-@click.option("--alloc-threads", type=int, default=0, help="allocator threads [default: the core's, 4]")
+@click.option("--alloc-threads", type=int, default=0, help="allocator threads [default: the core's, 1]")
 @click.option("--queue", type=click.Choice(["transfer", "compute"]), default="transfer", show_default=True,
               help="queue for the copies (transfer: the dedicated copy engine where there is one)")
 @click.option("--serial", is_flag=True, help="diagnosis: allocate every block before the first copy")
