@@ -148,7 +148,7 @@ def ring(arena_path, allow_shared_arena, pid):
 @click.option("--all", "all_", is_flag=True, help="Ask whoever holds the token, member or not.")
 @click.option("--wait", is_flag=True, help="Return only once the holder went cold (exit 1 on timeout).")
 @click.option("--release", is_flag=True, help="A daemon also frees its device memory instead of parking it.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=30.0, show_default=True,
+@click.option("--timeout", type=click.FloatRange(min=0, max=86400), default=30.0, show_default=True,
               help="Seconds --wait waits.")
 def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
     """Ask the token holder (or member NAME, if it holds it) to go cold."""
@@ -267,7 +267,7 @@ def find_daemon(arena, name: str):
 @cli.command()
 @arena_options
 @click.argument("name")
-@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+@click.option("--timeout", type=click.FloatRange(min=0, max=86400), default=60.0, show_default=True,
               help="Seconds to wait for the GPU.")
 def wake(arena_path, allow_shared_arena, name, timeout):
     """Make daemon NAME go warm now (it rings and waits its turn)."""
@@ -285,7 +285,7 @@ def wake(arena_path, allow_shared_arena, name, timeout):
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True})
 @arena_options
 @click.option("--name", default=None, help="Member name shown by `vramd status` (default: the command).")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+@click.option("--timeout", type=click.FloatRange(min=0, max=86400), default=None,
               help="Give up (exit 1) if the GPU is not free within this many seconds.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def exec_(arena_path, allow_shared_arena, name, timeout, command):
@@ -300,22 +300,35 @@ def exec_(arena_path, allow_shared_arena, name, timeout, command):
     sys.exit(run_holding(participant, list(command), timeout))
 
 
+def in_terminal_foreground() -> bool:
+    """Is our process group the foreground group of our terminal (so it got the tty's signals)?"""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def run_holding(participant, command: list[str], timeout: float | None) -> int:
     child: list[subprocess.Popen] = []
+    # At a terminal the child shares our process group, so it keeps the
+    # terminal and gets Ctrl-C from it directly.  Otherwise it gets a group of
+    # its own, so a signal sent to our group reaches it once: through us.
+    interactive = in_terminal_foreground()
 
     def forward(signum, _frame):
-        # Only queue the signal to the child; all cleanup happens on the main path.
-        if child:
-            child[0].send_signal(signum)
-        else:
+        # Only pass the signal on; all cleanup happens on the main path.
+        if not child:
             raise SystemExit(128 + signum)
+        if signum == signal.SIGINT and interactive:
+            return  # Ctrl-C already reached the child (same process group): do not send it twice
+        child[0].send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         with participant:
             participant.ensure_warm(timeout)
             try:
-                child.append(subprocess.Popen(command))
+                child.append(subprocess.Popen(command, process_group=None if interactive else 0))
             except FileNotFoundError:
                 raise VramdCommandError(f"{command[0]}: command not found", 127) from None
             except PermissionError:

@@ -21,6 +21,13 @@ class Timeout(VramdError):
     http_status = 503
 
 
+class Interrupted(VramdError):
+    """A wait was given up because the process is shutting down."""
+
+    exit_code = 130
+    http_status = 503
+
+
 class UsageError(VramdError):
     """A bad flag, value or configuration key."""
 

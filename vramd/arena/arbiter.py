@@ -26,6 +26,7 @@ thread does every state change.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -36,7 +37,7 @@ from vramd.arena.layout import Arena
 from vramd.arena.members import Member, Registry, empty_breakdown, process_start_time
 from vramd.arena.queue import Queue
 from vramd.arena.token import Token
-from vramd.errors import Timeout
+from vramd.errors import Interrupted, Timeout
 
 log = logging.getLogger("vramd.arbiter")
 
@@ -88,6 +89,7 @@ class Participant:
         self._watcher: doorbell.Watcher | None = None
         self._warm_since_wall = 0.0
         self._foreign_at_release: set[int] = set()
+        self._publish_lock = threading.RLock()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -135,57 +137,71 @@ class Participant:
 
     # -- going warm --------------------------------------------------------
 
-    def ensure_warm(self, timeout: float | None = None) -> None:
+    def ensure_warm(self, timeout: float | None = None, cancel: Callable[[], bool] | None = None) -> None:
         """Hold the token and have our buffers restored; a no-op when warm.
 
         Raises vramd.errors.Timeout if the token could not be had in `timeout`
-        seconds; the restore's own exception if restoring failed (the token is
-        dropped again and we stay cold).
+        seconds, Interrupted if `cancel()` turned true meanwhile, and the
+        restore's own exception if restoring failed (the token is dropped
+        again and we stay cold).
         """
         if self.token.held:
             return
+        if timeout is not None and not math.isfinite(timeout):
+            timeout = None
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self._publish("warming")
         try:
             self._let_foreign_waiter_go(deadline)
-            self._queue_and_acquire(deadline, timeout)
+            self._queue_and_acquire(deadline, timeout, cancel)
         except BaseException:
+            doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
             self._publish_unheld()
             raise
+        # A yield flag left by a warden decision that raced our last go_cold
+        # belongs to the previous hold: start this one clean.
+        self._yield_wanted.clear()
         self._warm_since_wall = time.time()
         doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
         try:
             moved = self._restore() if self._restore else None
         except BaseException:
-            self.token.release()
-            self._yield_wanted.clear()
-            self._publish_unheld()
+            try:
+                self._publish_unheld()  # before the token goes: the next holder reads it
+            finally:
+                self.token.release()
+                self._yield_wanted.clear()
             raise
         self.member.switches += 1
         self.member.bytes_h2d += moved or 0
         self.member.last_switch_ms = (time.monotonic() - started) * 1000
+        self.member.last_used = time.time()
         self._publish("warm")
         if self._someone_waiting():
             self._yield_wanted.set()
             if self._on_yield_request is not None:
                 self._on_yield_request()
 
-    def _queue_and_acquire(self, deadline: float | None, timeout: float | None) -> None:
+    def _queue_and_acquire(self, deadline: float | None, timeout: float | None,
+                           cancel: Callable[[], bool] | None) -> None:
         ticket = self.queue.take(self.pid)
         try:
-            if not self.queue.wait_turn(ticket, _left(deadline)):
-                raise Timeout(f"the GPU token was not free within {timeout:g} s "
-                              f"(holder: {self._holder_text()})")
+            if not self.queue.wait_turn(ticket, _left(deadline), cancel):
+                self._raise_not_acquired(timeout, cancel)
             # First in line: ask whoever holds the token to yield.
             doorbell.ring(self.arena.doorbell_dir, self.pid)
-            if not self._acquire_ringing(deadline):
-                raise Timeout(f"the GPU token was not free within {timeout:g} s "
-                              f"(holder: {self._holder_text()})")
+            if not self._acquire_ringing(deadline, cancel):
+                self._raise_not_acquired(timeout, cancel)
         finally:
             self.queue.done(ticket)
 
-    def _acquire_ringing(self, deadline: float | None) -> bool:
+    def _raise_not_acquired(self, timeout: float | None, cancel: Callable[[], bool] | None):
+        if cancel is not None and cancel():
+            raise Interrupted("gave up waiting for the GPU token: shutting down")
+        raise Timeout(f"the GPU token was not free within {timeout:g} s (holder: {self._holder_text()})")
+
+    def _acquire_ringing(self, deadline: float | None, cancel: Callable[[], bool] | None = None) -> bool:
         """Block on the token; ring again whenever a new process takes it meanwhile.
 
         A flock-only peer (llama.cpp) drops rings heard while it was cold, so
@@ -201,13 +217,16 @@ class Participant:
             while not done.wait(RE_RING_INTERVAL):
                 taker = proclocks.flock_taker(key)
                 if taker not in (None, last, self.pid):
-                    doorbell.ring(self.arena.doorbell_dir, self.pid)
+                    try:
+                        doorbell.ring(self.arena.doorbell_dir, self.pid)
+                    except Exception as e:  # a vanished doorbell: the acquire still goes on
+                        log.warning("%s: re-ring failed: %s", self.member.name, e)
                 last = taker
 
         ringer = threading.Thread(target=re_ring, name="vramd-re-ring", daemon=True)
         ringer.start()
         try:
-            return self.token.acquire(_left(deadline))
+            return self.token.acquire(_left(deadline), cancel)
         finally:
             done.set()
             ringer.join()
@@ -298,21 +317,31 @@ class Participant:
         """Release our buffers and drop the token.  A no-op when cold."""
         if not self.token.held:
             return
-        self._publish("cooling")
+        try:
+            self._publish("cooling")
+        except Exception as e:  # a record we cannot write must not keep the GPU
+            log.error("%s: publishing our record failed while going cold: %s", self.member.name, e)
         try:
             moved = self._release() if self._release else None
             self.member.bytes_d2h += moved or 0
         finally:
-            foreign = self._foreign_waiters()
-            if reason == "yield":
-                self.member.yields += 1
-            # Publish before dropping the token: the next holder sizes its
-            # restore by what our record says we still hold on the device.
-            # Still holding device memory without the token is "parked".
-            self.member.last_used = time.time()
-            self._publish_unheld()
-            self.token.release()
-            self._yield_wanted.clear()
+            # Whatever failed above, the token is released: a process that
+            # believes it is cold must never keep the GPU from its peers.
+            try:
+                foreign = self._foreign_waiters()
+                if reason == "yield":
+                    self.member.yields += 1
+                # Publish before dropping the token: the next holder sizes its
+                # restore by what our record says we still hold on the device.
+                # Still holding device memory without the token is "parked".
+                self.member.last_used = time.time()
+                self._publish_unheld()
+            except Exception as e:
+                foreign = set()
+                log.error("%s: publishing our record failed while going cold: %s", self.member.name, e)
+            finally:
+                self.token.release()
+                self._yield_wanted.clear()
             self._foreign_at_release = foreign
             log.debug("%s: cold (%s)", self.member.name, reason)
 
@@ -379,11 +408,14 @@ class Participant:
     # -- the member record -------------------------------------------------
 
     def _publish(self, state: str) -> None:
-        m = self.member
-        m.state = state
-        m.since = time.time()
-        m.breakdown = self._breakdown() if self._breakdown else empty_breakdown()
-        self.registry.write(m)
+        # The loop, control and warden threads all publish: one at a time, so
+        # the record on disk is always one consistent snapshot.
+        with self._publish_lock:
+            m = self.member
+            m.state = state
+            m.since = time.time()
+            m.breakdown = self._breakdown() if self._breakdown else empty_breakdown()
+            self.registry.write(m)
 
     def publish(self) -> None:
         """Re-publish the record (e.g. after the breakdown changed)."""

@@ -125,8 +125,8 @@ def scan(doorbell_dir: Path, *, clean: bool = True) -> RingScan:
     out = RingScan()
     try:
         names = os.listdir(doorbell_dir)
-    except FileNotFoundError:
-        return out
+    except (FileNotFoundError, PermissionError):
+        return out  # a ring-only group member may not list it
     for name in names:
         pid = parse_pid(name)
         path = Path(doorbell_dir) / name

@@ -64,13 +64,28 @@ def default_device_key() -> str:
 
 
 def existing_arenas(base: Path | None = None) -> list[Path]:
-    """Every arena under the per-user base (one per device), sorted."""
+    """Every arena under the per-user base (one per device), sorted.
+
+    Only a base that is ours and private counts (another user could create
+    /dev/shm/vramd-<our uid> first), and only arenas in it that are ours.
+    """
     base = base or default_base()
     try:
+        st = os.lstat(base)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return []
         entries = sorted(base.iterdir())
     except (FileNotFoundError, NotADirectoryError, PermissionError):
         return []
-    return [p for p in entries if p.is_dir() and not p.is_symlink() and (p / TOKEN).exists()]
+    out = []
+    for p in entries:
+        try:
+            pst = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISDIR(pst.st_mode) and pst.st_uid == os.getuid() and (p / TOKEN).exists():
+            out.append(p)
+    return out
 
 
 def resolve_arena(path: str | os.PathLike | None) -> Path:
@@ -141,6 +156,16 @@ class Arena:
         return cls(arena, shared)
 
 
+def _check_private_base(base: Path) -> None:
+    """The per-user base must be ours and not writable by others (it may live in /dev/shm)."""
+    st = os.lstat(base)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ArenaError(f"{base}: the per-user arena base is not a directory (remove it)")
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise ArenaError(f"{base}: the per-user arena base belongs to uid {st.st_uid} or is writable by others; "
+                         "remove it, or choose an arena with --arena")
+
+
 def check_dir(path: Path, *, allow_shared: bool, what: str) -> bool:
     """Refuse a symlink, a non-directory, or a world-writable directory.
 
@@ -184,6 +209,8 @@ def _make_private_dirs(path: Path) -> None:
     """Create the arena (and a missing default base) mode 0700."""
     try:
         os.makedirs(path.parent, mode=0o700, exist_ok=True)
+        if path.parent == default_base():
+            _check_private_base(path.parent)
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass

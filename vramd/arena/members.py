@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -150,25 +151,38 @@ class Registry:
         return self.dir / f"{pid}.json"
 
     def write(self, member: Member) -> None:
-        """Publish `member` atomically (temp file + rename)."""
+        """Publish `member` atomically (a fresh temp file, then rename).
+
+        The temp name is new each time and created O_EXCL|O_NOFOLLOW|O_NONBLOCK,
+        so neither a concurrent writer nor a planted FIFO or symlink can make
+        us write into, or block on, anything but our own new file.
+        """
         data = json.dumps(member.to_json(), separators=(",", ":")).encode()
-        tmp = self.dir / f".{member.pid}.json.tmp"
+        tmp = self.dir / f".{member.pid}.{secrets.token_hex(6)}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o640)
             try:
                 os.write(fd, data)
             finally:
                 os.close(fd)
             os.rename(tmp, self.path_for(member.pid))
         except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
             raise ArenaError(f"{self.dir}: cannot write member record: {e.strerror}") from None
 
     def remove(self, pid: int) -> None:
-        for path in (self.path_for(pid), self.dir / f".{pid}.json.tmp"):
+        """Our record, and any temp file a killed writer of ours left behind."""
+        try:
+            leftovers = [n for n in os.listdir(self.dir) if n.startswith(f".{pid}.") and n.endswith(".tmp")]
+        except OSError:
+            leftovers = []
+        for path in [self.path_for(pid)] + [self.dir / n for n in leftovers]:
             try:
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
             except OSError:
                 pass
 
@@ -183,8 +197,8 @@ class Registry:
         """Live members, by pid.  Stale or malformed records are skipped (and removed if `clean`)."""
         try:
             names = os.listdir(self.dir)
-        except FileNotFoundError:
-            return []
+        except (FileNotFoundError, PermissionError):
+            return []  # no arena yet, or not in its group: no members to show
         members = []
         for name in names:
             if not name.endswith(".json") or not name[:-5].isdigit():

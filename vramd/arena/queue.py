@@ -26,11 +26,13 @@ the arbiter handles them with /proc/locks.
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from vramd.arena.layout import describe_open_error
 from vramd.arena.token import flock_wait
@@ -72,6 +74,8 @@ class Queue:
             names = os.listdir(self.dir)
         except FileNotFoundError:
             raise ArenaError(f"{self.dir}: queue directory is missing") from None
+        except PermissionError:
+            raise ArenaError(f"{self.dir}: permission denied (not in the arena's group?)") from None
         out = []
         for name in names:
             parsed = parse_ticket(name)
@@ -149,9 +153,10 @@ class Queue:
         except OSError as e:
             raise ArenaError(f"{path}: {describe_open_error(e)}") from None
 
-    def wait_turn(self, ticket: Ticket, timeout: float | None = None) -> bool:
-        """Block until `ticket` is the oldest live one; False after `timeout` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def wait_turn(self, ticket: Ticket, timeout: float | None = None,
+                  cancel: Callable[[], bool] | None = None) -> bool:
+        """Block until `ticket` is the oldest live one; False after `timeout` s or on `cancel()`."""
+        deadline = None if timeout is None or not math.isfinite(timeout) else time.monotonic() + timeout
         while True:
             ahead = [name for number, _pid, name in self._entries() if number < ticket.number]
             predecessor = None
@@ -162,13 +167,17 @@ class Queue:
             if predecessor is None:
                 return True
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            if (left is not None and left <= 0) or (cancel is not None and cancel()):
                 return False
             path = self.dir / predecessor
             try:
-                fd = flock_wait(lambda: os.open(path, _OPEN_RO), fcntl.LOCK_SH, left)
+                fd = flock_wait(lambda: os.open(path, _OPEN_RO), fcntl.LOCK_SH, left, cancel)
             except FileNotFoundError:
                 continue  # it got the token meanwhile
+            except OSError:
+                # Another uid's ticket we may not open: look again shortly.
+                time.sleep(0.05)
+                continue
             if fd is None:
                 return False
             os.close(fd)

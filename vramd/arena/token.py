@@ -17,9 +17,11 @@ frees the GPU within a millisecond.  Rules kept here:
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import threading
 import time
+from typing import Callable
 from pathlib import Path
 
 from vramd.arena import proclocks
@@ -45,14 +47,22 @@ def open_lock_file(path: Path, what: str) -> int:
     return fd
 
 
-def flock_wait(open_fd, op: int, timeout: float | None) -> int | None:
+# Poll period of a bounded or cancellable wait (the flock itself is blocking,
+# in a helper thread; this is only how often we look at the clock and `cancel`).
+_WAIT_SLICE = 0.05
+
+
+def flock_wait(open_fd, op: int, timeout: float | None, cancel: Callable[[], bool] | None = None) -> int | None:
     """Take `op` (LOCK_EX or LOCK_SH) on a freshly opened fd; wait at most `timeout` s.
 
-    Returns the locked fd, or None on timeout.  flock(2) has no timeout, so a
-    bounded wait blocks in a helper thread (flock releases the GIL); if we
-    give up first, the thread closes its fd as soon as the lock comes,
+    Returns the locked fd, or None on timeout or when `cancel()` turns true.
+    flock(2) has no timeout, so a bounded wait blocks in a helper thread
+    (flock releases the GIL); if we give up first, or anything goes wrong
+    while we wait, the thread closes its fd as soon as the lock comes,
     dropping it again.  That fd is its own, never the caller's.
     """
+    if timeout is not None and not math.isfinite(timeout):
+        timeout = None  # "forever" (inf, 1e300): Event.wait cannot take it, and need not
     fd = open_fd()
     try:
         fcntl.flock(fd, op | fcntl.LOCK_NB)
@@ -62,14 +72,14 @@ def flock_wait(open_fd, op: int, timeout: float | None) -> int | None:
     except BaseException:
         os.close(fd)
         raise
-    if timeout is None:
+    if timeout is None and cancel is None:
         try:
             fcntl.flock(fd, op)
         except BaseException:
             os.close(fd)
             raise
         return fd
-    if timeout <= 0:
+    if timeout is not None and timeout <= 0:
         os.close(fd)
         return None
 
@@ -89,16 +99,30 @@ def flock_wait(open_fd, op: int, timeout: float | None) -> int | None:
                 return
             got.set()
 
+    def give_up() -> bool:
+        """Mark the wait abandoned unless the lock came meanwhile (then keep it)."""
+        nonlocal abandoned
+        with guard:
+            if got.is_set():
+                return False
+            abandoned = True
+            return True
+
     threading.Thread(target=wait, name="vramd-flock-wait", daemon=True).start()
-    if got.wait(timeout):
-        return fd
-    with guard:
-        if got.is_set():
-            return fd
-        abandoned = True
-    if failure:
-        raise failure[0]
-    return None
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            left = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())
+            if got.wait(max(0.0, left)):
+                return fd
+            if failure:
+                raise failure[0]
+            if (cancel is not None and cancel()) or (deadline is not None and time.monotonic() >= deadline):
+                return fd if not give_up() else None
+    except BaseException:
+        if not give_up():
+            os.close(fd)  # the lock came just now: drop it, we are leaving with an error
+        raise
 
 
 class Token:
@@ -116,11 +140,11 @@ class Token:
     def _open(self) -> int:
         return open_lock_file(self.path, "token file")
 
-    def acquire(self, timeout: float | None = None) -> bool:
-        """Block until we hold the token (or `timeout` s pass: False)."""
+    def acquire(self, timeout: float | None = None, cancel: Callable[[], bool] | None = None) -> bool:
+        """Block until we hold the token (or `timeout` s pass, or `cancel()`: False)."""
         if self._fd is not None:
             return True
-        fd = flock_wait(self._open, fcntl.LOCK_EX, timeout)
+        fd = flock_wait(self._open, fcntl.LOCK_EX, timeout, cancel)
         if fd is None:
             return False
         self._adopt(fd)

@@ -26,6 +26,23 @@ from vramd.errors import PeerError, Timeout, VramdError
 log = logging.getLogger("vramd.control")
 
 MAX_REQUEST = 64 * 1024
+CLIENT_TIMEOUT = 30.0
+
+
+def _lock_name(path: Path) -> int:
+    """Hold <name>.lock (flock) for the daemon's life; refuse a name already held."""
+    import fcntl
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)
+    except OSError as e:
+        raise PeerError(f"{path}: cannot open: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise PeerError(f"{path.with_suffix('')}: another daemon with this name runs in this arena; "
+                        "choose another --name") from None
+    return fd
 _UCRED = struct.Struct("3i")
 
 
@@ -63,11 +80,20 @@ class ControlServer:
         self.path = Path(path)
         self.handle = handle
         self.arena_gid = os.stat(self.path.parent).st_gid
+        # The name is ours for as long as we live: a flock on <name>.lock, so
+        # two daemons starting with one name at once cannot both bind it.
+        self._name_lock = _lock_name(self.path.with_suffix(".lock"))
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self._remove_stale()
-        self._sock.bind(str(self.path))
-        os.chmod(self.path, 0o660)
-        self._sock.listen(16)
+        try:
+            self._remove_stale()
+            self._sock.bind(str(self.path))
+            os.chmod(self.path, 0o660)
+            self._sock.listen(16)
+            self._inode = os.lstat(self.path).st_ino
+        except BaseException:
+            self._sock.close()
+            os.close(self._name_lock)
+            raise
         self._stop = False
         self._thread = threading.Thread(target=self._serve, name="vramd-control", daemon=True)
 
@@ -104,6 +130,7 @@ class ControlServer:
             threading.Thread(target=self._one, args=(conn,), name="vramd-control-conn", daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
+        conn.settimeout(CLIENT_TIMEOUT)  # a silent client must not keep a thread for ever
         with conn:
             pid, uid, gid = peer_credentials(conn)
             if not allowed(pid, uid, gid, self.arena_gid):
@@ -113,8 +140,8 @@ class ControlServer:
                 return
             try:
                 request = _recv(conn)
-            except (ValueError, OSError) as e:
-                _send(conn, {"ok": False, "error": f"bad request: {e}", "code": 2})
+            except (ValueError, OSError, RecursionError) as e:
+                _send(conn, {"ok": False, "error": f"bad request: {type(e).__name__}: {e}"[:300], "code": 2})
                 return
             try:
                 reply = self.handle(request)
@@ -129,8 +156,13 @@ class ControlServer:
         self._stop = True
         try:
             self._sock.close()
+            try:
+                if os.lstat(self.path).st_ino == self._inode:  # only our own socket
+                    self.path.unlink()
+            except FileNotFoundError:
+                pass
         finally:
-            self.path.unlink(missing_ok=True)
+            os.close(self._name_lock)
 
 
 def _recv(conn: socket.socket) -> dict:

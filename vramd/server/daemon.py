@@ -33,7 +33,7 @@ from typing import Any, Callable
 from vramd.arena.arbiter import Participant
 from vramd.arena.layout import Arena, default_base
 from vramd.arena.members import KINDS, Registry
-from vramd.errors import OutOfDeviceMemory, PeerError, Timeout, UsageError, VramdError
+from vramd.errors import Interrupted, OutOfDeviceMemory, PeerError, Timeout, UsageError, VramdError
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
@@ -87,6 +87,9 @@ class Daemon:
         # Residency calls come from the loop thread and, for evictions asked by
         # the token holder while we are parked, from a control thread.
         self.lock = threading.RLock()
+        self._submit_lock = threading.Lock()
+        self._stop_sent = False
+        self._loop: threading.Thread | None = None
         self._release_everything = False  # set for idle sleep, shutdown, an operator's --release
 
     # -- set-up ------------------------------------------------------------
@@ -254,7 +257,15 @@ class Daemon:
         """Warden hook: a ring from a non-member while we park: release everything."""
         registry = Registry(self.arena.members_dir)
         if self._device_total() and any(registry.read(pid) is None for pid in pids):
-            threading.Thread(target=self.evict, kwargs={"everything": True}, daemon=True).start()
+            threading.Thread(target=self._evict_for_foreign_peer, daemon=True).start()
+
+    def _evict_for_foreign_peer(self) -> None:
+        if self.participant.state == "warming":
+            return  # we are about to take the token ourselves; its holder empties the GPU if needed
+        try:
+            self.evict(everything=True)
+        except VramdError as e:  # took the token meanwhile: nothing to do
+            log.info("%s: not emptied for a flock-only peer: %s", self.name, e)
 
     def evict(self, nbytes: int = 0, everything: bool = False) -> int:
         """Release parked buffers for the token holder: scratch, then state, then weights,
@@ -290,9 +301,12 @@ class Daemon:
         self.jobs.put(Job("poke"))
 
     def submit(self, job: Job) -> Any:
-        if self.stopping:
-            raise PeerError(f"{self.name} is shutting down")
-        self.jobs.put(job)
+        # Under the lock that request_stop also takes: a job is either queued
+        # before the stop job (and failed or run by the loop) or refused here.
+        with self._submit_lock:
+            if self.stopping:
+                raise PeerError(f"{self.name} is shutting down")
+            self.jobs.put(job)
         return job.wait()
 
     def loop(self) -> None:
@@ -307,18 +321,19 @@ class Daemon:
             if wd is not None and time.monotonic() - last_ping >= wd:
                 systemd.watchdog()  # from the loop itself: a stuck GPU call stops the pings
                 last_ping = time.monotonic()
-            if job is None or job.kind == "poke":
-                self._idle_point()
-                continue
-            if job.kind == "stop":
+            if job is not None and job.kind == "stop":
                 self._fail_pending("shutting down")
                 job.finish()
                 return
-            self._run(job)
-            if self.jobs.empty():
-                self._idle_point()
-            else:
-                self.participant.checkpoint()
+            if job is not None and job.kind != "poke":
+                self._run(job)
+            try:
+                if job is None or self.jobs.empty():
+                    self._idle_point()
+                else:
+                    self.participant.checkpoint()
+            except Exception as e:  # the loop must outlive one failed yield (the token is released by then)
+                log.error("%s: going cold failed: %s", self.name, e)
 
     def _next_wakeup(self, watchdog_period: float | None) -> float:
         t = watchdog_period or 1.0
@@ -349,12 +364,12 @@ class Daemon:
             job.finish(error=e)
         self.last_activity = time.monotonic()
 
-    def _ensure_warm(self, timeout: float | None) -> None:
+    def _ensure_warm(self, timeout: float | None, cancel=None) -> None:
         if self.participant.holds_token:
             return
         self.participant.member.wants_bytes = self._needed_bytes()
         h2d_before = self.participant.member.bytes_h2d
-        self.participant.ensure_warm(timeout)
+        self.participant.ensure_warm(timeout, cancel)
         m = self.participant.member
         self.metrics.observe_switch((m.last_switch_ms or 0.0) / 1000, m.bytes_h2d - h2d_before)
 
@@ -371,8 +386,8 @@ class Daemon:
     def handle_control(self, request: dict) -> dict:
         cmd = request["cmd"]
         timeout = request.get("timeout", DEFAULT_WAKE_TIMEOUT)
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
-            raise UsageError("timeout must be a non-negative number")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout <= 86400:
+            raise UsageError("timeout must be a number of seconds between 0 and 86400")
         if cmd == "status":
             return {"ok": True, **self.status()}
         if cmd == "wake":
@@ -458,13 +473,19 @@ class Daemon:
     # -- life and death -------------------------------------------------------------
 
     def request_stop(self) -> None:
-        if self.stopping:
-            return
-        self.stopping = True
-        systemd.stopping()
-        job = Job("stop")
-        self.jobs.put(job)
-        job.done.wait()
+        """Ask the loop to stop (queued work fails cleanly) and wait for it."""
+        with self._submit_lock:
+            first = not self.stopping
+            self.stopping = True
+            job = None
+            if not self._stop_sent:
+                self._stop_sent = True
+                job = Job("stop")
+                self.jobs.put(job)
+        if first:
+            systemd.stopping()
+        if job is not None and self._loop is not None and self._loop.is_alive():
+            job.done.wait(60)
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT or a `shutdown` request; returns the exit code."""
@@ -477,37 +498,41 @@ class Daemon:
 
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, on_signal)
-        loop = threading.Thread(target=self.loop, name="vramd-loop")
+        # A daemon thread: a loop stuck in a driver call must not keep a
+        # stopping process alive (systemd would only SIGKILL it later).
+        self._loop = threading.Thread(target=self.loop, name="vramd-loop", daemon=True)
         self.participant.start()
         try:
             # Acquire before the first upload, then upload: the seeds' rule.
-            self._ensure_warm(None)
+            # A signal while we wait for the token gives up the wait.
+            self._ensure_warm(None, cancel=lambda: bool(pending))
             self.loaded = True
             self.last_activity = time.monotonic()
-            loop.start()
+            self._loop.start()
             self.control.start()
             self.http.start()
             self.participant.publish()
             log.info("%s: serving %s on %s (arena %s)", self.name, self.cfg.model, self.http.url, self.arena.path)
             systemd.ready(f"warm: {self.name} loaded, serving on {self.http.url}")
-            while not self.stopping:
+            while not self.stopping and not pending:
                 select.select([wake_r], [], [], 1.0)
-                if pending:
-                    log.info("%s: signal %d, shutting down", self.name, pending[-1])
-                    break
-            self.request_stop()
+            if pending:
+                log.info("%s: signal %d, shutting down", self.name, pending[-1])
+        except Interrupted:
+            log.info("%s: signal %d while waiting for the GPU, shutting down", self.name, pending[-1])
         finally:
-            self.shutdown(loop)
+            self.shutdown()
             os.close(wake_r)
             os.close(wake_w)
         return 0
 
-    def shutdown(self, loop: threading.Thread | None = None) -> None:
-        """Release the token, remove the member record and control socket; idempotent."""
-        self.stopping = True
-        if loop is not None and loop.is_alive():
-            self.request_stop()
-            loop.join(30)
+    def shutdown(self) -> None:
+        """Stop the loop, release the token, remove the member record and control socket; idempotent."""
+        self.request_stop()
+        loop_alive = self._loop is not None and self._loop.is_alive()
+        if loop_alive:
+            self._loop.join(60)
+            loop_alive = self._loop.is_alive()
         for closer in (self.control, self.http):
             if closer is not None:
                 try:
@@ -516,6 +541,9 @@ class Daemon:
                     pass
         if self.participant is not None:
             self.participant.close()
+        if loop_alive:
+            log.error("%s: the loop is stuck in a device call; leaving the device to the process's exit", self.name)
+            return
         if self.residency is not None:
             self.residency.close()
         if self.device is not None:
