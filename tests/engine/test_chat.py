@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vramd.engine.chat import (CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatTemplate, default_template,
-                               render_chat, text_content)
+                               encode_prompt, render_chat, text_content)
 from vramd.engine.tokenizer import Tokenizer
 from vramd.errors import ModelError, UsageError
 from vramd.model.gguf_check import validate_gguf
@@ -53,14 +53,22 @@ def test_gemma_prompt_from_the_real_model(gemma_metadata, gemma):
                       "<start_of_turn>model\nHello!<end_of_turn>\n"
                       "<start_of_turn>user\nWho are you?<end_of_turn>\n"
                       "<start_of_turn>model\n")
-    # The server tokenizes it with parse_special and without adding a second BOS.
-    ids = gemma.encode(prompt, add_special=False, parse_special=True)
+    # The prompt is tokenized with special tokens parsed and one BOS only.
+    ids = encode_prompt(gemma, prompt)
+    assert ids == gemma.encode(prompt, add_special=False, parse_special=True)
     sot, eot = gemma.token_id("<start_of_turn>"), gemma.token_id("<end_of_turn>")
     assert ids[0] == gemma.bos_id and ids.count(gemma.bos_id) == 1
     assert ids.count(sot) == 4 and ids.count(eot) == 3
     assert ids[-3:] == [sot, gemma.token_id("model"), gemma.token_id("\n")]
     assert gemma.decode(ids, special=True) == prompt
     assert not template.render(CONVERSATION, add_generation_prompt=False).endswith("model\n")
+
+
+def test_encode_prompt_adds_a_missing_bos(gemma):
+    # A template that does not write the BOS still gets one from the vocabulary.
+    ids = encode_prompt(gemma, "<start_of_turn>user\nHi<end_of_turn>\n")
+    assert ids[:2] == [gemma.bos_id, gemma.token_id("<start_of_turn>")]
+    assert ids.count(gemma.bos_id) == 1
 
 
 def test_gemma_template_content_parts_and_alternation(gemma_metadata, gemma):

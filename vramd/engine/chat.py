@@ -7,10 +7,9 @@ variables Hugging Face's `apply_chat_template` provides (`messages`,
 `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception`,
 `strftime_now`, a `tojson` that keeps non-ASCII text).
 
-Does not own: tokenizing the prompt (vramd.engine.tokenizer; the rendered text
-holds special tokens literally, so the caller encodes it with
-`parse_special=True` and, when the template already wrote the BOS token,
-`add_special=False`), HTTP (vramd.server).
+Does not own: tokenizing (vramd.engine.tokenizer; `encode_prompt` here is the
+one rule for a rendered prompt: special tokens parsed, one BOS), HTTP
+(vramd.server).
 
 Templates come from untrusted files, so they run in Jinja2's
 ImmutableSandboxedEnvironment (no attribute access to internals, no mutation of
@@ -223,6 +222,17 @@ class ChatTemplate:
                 ZeroDivisionError, OverflowError, RecursionError) as exc:
             raise UsageError(f"chat template ({self.name}): {_one_line(exc)}") from None
         return "".join(parts)
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of a rendered chat prompt, with exactly one BOS where the
+    vocabulary wants one.  Templates write the BOS token as text; as llama.cpp
+    does, a leading BOS text is dropped and the tokenizer adds the token, and
+    the rest is tokenized with special tokens parsed."""
+    bos = tokenizer.tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else None
+    if bos and tokenizer.add_bos and prompt.startswith(bos):
+        prompt = prompt[len(bos):]
+    return tokenizer.encode(prompt, add_special=True, parse_special=True)
 
 
 def render_chat(source: str, messages: Sequence[Mapping[str, Any]], *,
