@@ -2,15 +2,20 @@
 // dequant.glsl); included by matvec_<type>.comp.
 //
 // One work group of WG threads per weight row; the threads stride over the
-// row's columns (quantized: its 32-element blocks) and a shared-memory tree
-// sums their partial dot products.  Up to TT tokens share one read of the
-// row (work-group z is the tile of tokens), which is the prefill form;
-// decode is the same kernel with one token.  Rows run over a 2-D grid
+// row's columns (quantized: its 32-element blocks, four bytes at a time) and
+// a shared-memory tree sums their partial dot products.  TT tokens share one
+// read of the row (work-group z is the tile of tokens): matvec_<type>.comp
+// has TT = 1 (decode), matmul_<type>.comp TT = 8 (prefill).  Loops over the
+// tile have constant bounds and no branches (a last partial tile recomputes
+// its last token) so they unroll and the accumulators stay in registers.  Rows run over a 2-D grid
 // (x + y * width) because a grid dimension may stop at 65535 and a vocabulary
 // is larger.
+#extension GL_EXT_control_flow_attributes : enable
 layout(local_size_x = 128) in;
 #define WG 128u
-#define TT 8u
+#ifndef TT
+#define TT 1u
+#endif
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Input { float x[]; };
@@ -39,44 +44,57 @@ void main() {
     uint lid = gl_LocalInvocationID.x;
     uint t0 = gl_WorkGroupID.z * TT;
     uint nt = min(TT, p.n_tokens - t0);
+    uint xrow[TT];
     float acc[TT];
-    for (uint k = 0u; k < TT; k++) {
+    [[unroll]] for (uint k = 0u; k < TT; k++) {
         acc[k] = 0.0;
+        xrow[k] = p.x_off + (t0 + min(k, nt - 1u)) * p.x_stride;
     }
     uint rowb = p.w_off + row * ROW_BYTES(p.cols);
 #ifdef QUANT
     uint nb = p.cols >> 5;
     for (uint blk = lid; blk < nb; blk += WG) {
-        float v[32];
-        dequant_block(rowb + blk * BLOCK_BYTES, v);
-        for (uint k = 0u; k < TT; k++) {
-            if (k < nt) {
-                uint xb = p.x_off + (t0 + k) * p.x_stride + (blk << 5);
-                float s = 0.0;
-                for (uint j = 0u; j < 32u; j++) {
-                    s += v[j] * x[xb + j];
-                }
-                acc[k] += s;
+        uint b = rowb + blk * BLOCK_BYTES;
+        float d = w_f16(b);
+        uint c0 = blk << 5;
+#if defined(TYPE_Q8_0)
+        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+            int u = int(w_u32a2(b + 2u + 4u * i));
+            vec4 q = vec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8),
+                          bitfieldExtract(u, 24, 8));
+            [[unroll]] for (uint k = 0u; k < TT; k++) {
+                uint xb = xrow[k] + c0 + 4u * i;
+                acc[k] += d * dot(q, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]));
             }
         }
+#else  // Q4_0
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            uint u = w_u32a2(b + 2u + 4u * i);
+            vec4 lo = vec4(u & 15u, (u >> 8) & 15u, (u >> 16) & 15u, (u >> 24) & 15u) - 8.0;
+            vec4 hi = vec4((u >> 4) & 15u, (u >> 12) & 15u, (u >> 20) & 15u, (u >> 28) & 15u) - 8.0;
+            [[unroll]] for (uint k = 0u; k < TT; k++) {
+                uint xb = xrow[k] + c0 + 4u * i;
+                acc[k] += d * (dot(lo, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]))
+                               + dot(hi, vec4(x[xb + 16u], x[xb + 17u], x[xb + 18u], x[xb + 19u])));
+            }
+        }
+#endif
     }
 #else
     for (uint c = lid; c < p.cols; c += WG) {
         float v = elem(rowb, c);
-        for (uint k = 0u; k < TT; k++) {
-            if (k < nt) {
-                acc[k] += v * x[p.x_off + (t0 + k) * p.x_stride + c];
-            }
+        [[unroll]] for (uint k = 0u; k < TT; k++) {
+            acc[k] += v * x[xrow[k] + c];
         }
     }
 #endif
-    for (uint k = 0u; k < TT; k++) {
+    [[unroll]] for (uint k = 0u; k < TT; k++) {
         red[k * WG + lid] = acc[k];
     }
     barrier();
     for (uint s = WG / 2u; s > 0u; s >>= 1) {
         if (lid < s) {
-            for (uint k = 0u; k < TT; k++) {
+            [[unroll]] for (uint k = 0u; k < TT; k++) {
                 red[k * WG + lid] += red[k * WG + lid + s];
             }
         }

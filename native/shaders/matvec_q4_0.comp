@@ -1,4 +1,4 @@
-// matvec with Q4_0 weights: see matvec.glsl and dequant.glsl.
+// matvec with Q4_0 weights, one token per work group (decode): see matvec.glsl.
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #define TYPE_Q4_0

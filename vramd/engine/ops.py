@@ -54,11 +54,12 @@ WEIGHT_TYPES = {int(F32): ("f32", 1, 4), int(F16): ("f16", 1, 2), int(BF16): ("b
                 int(Q8_0): ("q8_0", 32, 34), int(Q4_0): ("q4_0", 32, 18)}
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
-_KERNELS = {"matvec": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 48),
+_KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 48),
             "kv_write": (3, 32), "attention": (5, 60), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16)}
 
-_MATVEC_TOKENS = 8        # tokens per work group in matvec.glsl (TT)
+_MATMUL_TOKENS = 8        # tokens per work group of matmul_<type> (TT in matvec.glsl; matvec_<type>: 1)
+_MATMUL_FROM = 4          # n_tokens from which the tiled form is used
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
 
@@ -292,15 +293,17 @@ class Ops:
         y_stride = w.rows if y_stride is None else int(y_stride)
         if n_tokens < 1 or x_stride < w.cols or y_stride < w.rows:
             raise UsageError(f"matvec: bad sizes (n_tokens {n_tokens}, strides {x_stride}/{y_stride}) for {w}")
-        if -(-n_tokens // _MATVEC_TOKENS) > self.max_groups[2]:
+        tiled = n_tokens >= _MATMUL_FROM
+        gz = -(-n_tokens // _MATMUL_TOKENS) if tiled else n_tokens
+        if gz > self.max_groups[2]:
             raise UsageError(f"matvec: {n_tokens} tokens exceed the device's grid")
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
-        k = self._kernel("matvec_" + w.suffix, "matvec")
+        k = self._kernel(("matmul_" if tiled else "matvec_") + w.suffix, "matvec")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(n, self.max_groups)
-            self._dispatch(k, [wv, xv, yv], push, (gx, gy, -(-n_tokens // _MATVEC_TOKENS)))
+            self._dispatch(k, [wv, xv, yv], push, (gx, gy, gz))
 
     def get_rows(self, table: Weight, ids, out, n_tokens: int, *, o_stride: int | None = None) -> None:
         """out[t, :] = table[ids[t], :] as f32 (embedding lookup).
