@@ -157,8 +157,10 @@ class Tokenizer:
         specials = [i for i, t in enumerate(self.types)
                     if t in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)]
         specials.sort(key=lambda i: (-len(self.tokens[i].encode("utf-8", "surrogatepass")), i))
-        self._specials = [(self.tokens[i], i, self.types[i] == TokenType.USER_DEFINED)
-                          for i in specials]
+        # The first 4 characters of each: one substring test per distinct
+        # prefix rules out whole families (Gemma's 6,000 "<unused...>").
+        self._specials = [(self.tokens[i], i, self.types[i] == TokenType.USER_DEFINED,
+                           self.tokens[i][:4]) for i in specials]
 
         for what, tid in (("BOS", self.bos_id), ("EOS", self.eos_id)):
             wanted = self.add_bos if what == "BOS" else self.add_eos
@@ -292,8 +294,14 @@ class Tokenizer:
         each special token in turn, longest first, at every occurrence in the
         fragments of text that are left."""
         fragments: list[str | int] = [text]
-        for piece, tid, user_defined in self._specials:
-            if not (parse_special or user_defined) or piece not in text:
+        seen: dict[str, bool] = {}
+        for piece, tid, user_defined, prefix in self._specials:
+            if not (parse_special or user_defined):
+                continue
+            present = seen.get(prefix)
+            if present is None:
+                present = seen[prefix] = prefix in text
+            if not present or piece not in text:
                 continue
             split: list[str | int] = []
             for fragment in fragments:
