@@ -473,7 +473,8 @@ class StreamDecoder:
     became complete: a multi-byte character split over several tokens (byte
     fallback pieces, BPE byte pieces) comes out whole once its last byte is
     in; a byte sequence that can never be valid UTF-8 comes out as U+FFFD.
-    `flush()` ends the stream (an unfinished character becomes U+FFFD)."""
+    `flush()` ends the stream (an unfinished character becomes U+FFFD).
+    No space prefix is stripped: generated text continues the prompt."""
 
     def __init__(self, tokenizer: Tokenizer, special: bool = False):
         self._tokenizer = tokenizer
