@@ -26,42 +26,14 @@ import time
 from pathlib import Path
 
 import click
-import numpy as np
 
 from vramd.bench.handover import percentile
 from vramd.errors import VramdError
 
-TENSOR_BYTES = 256 << 20   # one F16 tensor of 8192 x 16384
-EMBD = 8192
-
-
 def write_sparse_model(path: Path, nbytes: int, seed: int) -> Path:
-    """A llama-shaped GGUF of about `nbytes` of F16 weights whose data is a hole."""
-    import gguf
-    n = max(1, round(nbytes / TENSOR_BYTES))
-    cols = TENSOR_BYTES // 2 // EMBD if nbytes >= TENSOR_BYTES else max(32, nbytes // 2 // EMBD // 32 * 32)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"bench-{seed}")
-    w.add_context_length(4096)
-    w.add_embedding_length(EMBD)
-    w.add_feed_forward_length(4 * EMBD)
-    w.add_block_count(max(1, n // 4))
-    w.add_head_count(64)
-    w.add_head_count_kv(8)
-    w.add_layer_norm_rms_eps(1e-5)
-    for i in range(n):
-        w.add_tensor_info(f"blk.{i // 4}.w{i % 4}.weight", (cols, EMBD), np.dtype(np.float16),
-                          cols * EMBD * 2, raw_dtype=gguf.GGMLQuantizationType.F16)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    align = 32
-    header = os.path.getsize(path)
-    data = -(-header // align) * align
-    per = -(-(cols * EMBD * 2) // align) * align
-    os.truncate(path, data + per * (n - 1) + cols * EMBD * 2)
-    return path
+    """A llama GGUF of about `nbytes` of F16 weights whose data is a hole (zeros)."""
+    from vramd.bench.models import LlamaShape, write_model
+    return write_model(path, LlamaShape.for_bytes(nbytes), wtype="F16", fill="zeros", name=f"bench-{seed}")
 
 
 def link_rate(nbytes: int) -> dict:

@@ -78,10 +78,14 @@ def scratch_bytes(mf: ModelFile) -> int:
 
 
 def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
-         progress: bool | None = None) -> LoadedModel:
-    """Validate `path`, lay out its regions, read its tensors into the host shadows."""
+         progress: bool | None = None, scratch=None, mf: ModelFile | None = None) -> LoadedModel:
+    """Validate `path`, lay out its regions, read its tensors into the host shadows.
+
+    `scratch`: the compute buffers as [(name, nbytes)] (the engine knows
+    them); without it one buffer of an estimated size stands in.
+    """
     t0 = time.monotonic()
-    mf = validate_gguf(path)
+    mf = mf or validate_gguf(path)
     weights = residency.region("weights", f"{name}/weights", [(t.name, t.nbytes) for t in mf.tensors])
     regions = [weights]
     try:
@@ -94,7 +98,7 @@ def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
                 tensors += [(f"cache_k_l{layer}", k_bytes), (f"cache_v_l{layer}", v_bytes)]
             kv = residency.region("state", f"{name}/kv", tensors)
             regions.append(kv)
-        scratch = residency.region("scratch", f"{name}/scratch", [("compute", scratch_bytes(mf))])
+        scratch = residency.region("scratch", f"{name}/scratch", scratch or [("compute", scratch_bytes(mf))])
         regions.append(scratch)
         read_tensors(mf, weights, progress=sys.stderr.isatty() if progress is None else progress)
     except BaseException:

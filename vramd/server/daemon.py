@@ -82,7 +82,7 @@ class Daemon:
         self.loaded = False
         self.stopping = False
         self.last_activity = time.monotonic()
-        self.device = self.residency = self.model = self.participant = None
+        self.device = self.residency = self.model = self.participant = self.engine = None
         self.control = self.http = None
         # Residency calls come from the loop thread and, for evictions asked by
         # the token holder while we are parked, from a control thread.
@@ -90,11 +90,14 @@ class Daemon:
         self._submit_lock = threading.Lock()
         self._stop_sent = False
         self._loop: threading.Thread | None = None
+        self.started = time.time()
         self._release_everything = False  # set for idle sleep, shutdown, an operator's --release
 
     # -- set-up ------------------------------------------------------------
 
     def setup(self) -> None:
+        from vramd.engine.llama import scratch_layout
+        from vramd.engine.runner import Engine
         from vramd.gpu.device import Device
         from vramd.gpu.residency import Residency
         from vramd.model import loader
@@ -103,12 +106,14 @@ class Daemon:
         self.name = cfg.name or os.path.splitext(os.path.basename(cfg.model))[0]
         # Validate the model before anything else: a bad file costs nothing.
         from vramd.model.gguf_check import validate_gguf
-        validate_gguf(cfg.model)
+        mf = validate_gguf(cfg.model)
+        engine_cfg = Engine.check(mf)  # an unsupported model is a one-line error now, not at run time
         self.device = Device(cfg.device)
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
         self.residency = Residency(self.device)
-        self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name)
+        self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf,
+                                 scratch=scratch_layout(engine_cfg))
         for w in self.model.file.warnings:
             log.warning("%s: %s", cfg.model, w)
         if cfg.evict_state == "never" and self.model.kv is not None:
@@ -146,8 +151,12 @@ class Daemon:
 
     def _needed_bytes(self) -> int:
         """Device bytes going warm will add (scratch included: it comes with the first compute)."""
-        b = self.residency.breakdown()
-        return sum(b[k]["host"] - b[k]["device"] for k in ("weights", "state", "scratch") if b[k]["host"] > b[k]["device"])
+        need = 0
+        for region in self.model.regions:
+            info = region.info()
+            if info["kind"] in ("weights", "state", "scratch") and not info["resident"]:
+                need += info["bytes"]
+        return need
 
     def _restore(self) -> int:
         with self.lock:
@@ -300,6 +309,13 @@ class Daemon:
         """Wake the loop (from the warden): a yield may be due."""
         self.jobs.put(Job("poke"))
 
+    def submit_nowait(self, job: Job) -> Job:
+        with self._submit_lock:
+            if self.stopping:
+                raise PeerError(f"{self.name} is shutting down")
+            self.jobs.put(job)
+        return job
+
     def submit(self, job: Job) -> Any:
         # Under the lock that request_stop also takes: a job is either queued
         # before the stop job (and failed or run by the loop) or refused here.
@@ -448,7 +464,84 @@ class Daemon:
             ("GET", "/vramd/status"): json_route(lambda: (200, self.status())),
             ("GET", "/metrics"): lambda ex: ex.reply(200, self.render_metrics().encode(),
                                                      "text/plain; version=0.0.4; charset=utf-8"),
+            ("GET", "/v1/models"): json_route(lambda: (200, openai_api.models_list(self.model_names(),
+                                                                                  int(self.started)))),
+            ("POST", "/v1/completions"): lambda ex: self.handle_generation("completion", ex),
+            ("POST", "/v1/chat/completions"): lambda ex: self.handle_generation("chat", ex),
         }
+
+    def model_names(self) -> list[str]:
+        """What a request's "model" may say: the daemon's name or the model file's name."""
+        return sorted({self.name, os.path.basename(self.cfg.model)})
+
+    def handle_generation(self, kind: str, ex: Exchange) -> None:
+        """One OpenAI request: a generation job on the loop thread, streamed or not."""
+        req = openai_api.parse_request(kind, ex.body(), set(self.model_names()))
+        if self.engine is None:
+            raise PeerError(f"{self.name} is still loading")
+        builder = openai_api.ResponseBuilder(req, self.name)
+        events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
+        cancelled = threading.Event()
+
+        def work():
+            ids = self.engine.prompt_ids(req)
+            builder.prompt_tokens = len(ids)
+            if req.echo:
+                builder.echo_text = req.prompt if isinstance(req.prompt, str) else self.engine.detokenize(ids)
+            events.put(("start", None))
+
+            def emit(piece):
+                events.put(("piece", piece))
+                return not cancelled.is_set()
+            return self.engine.generate(ids, req, emit)
+
+        job = Job("generate", fn=work, needs_gpu=True, timeout=DEFAULT_WAKE_TIMEOUT)
+        self.submit_nowait(job)
+        if not req.stream:
+            finish = job.wait()
+            while not events.empty():
+                kind_, piece = events.get()
+                if kind_ == "piece":
+                    builder.add(piece)
+            ex.reply(200, builder.final(finish))
+            return
+        # Streamed: the status line waits for the first sign of life, so that
+        # a refusal (400, 503) is still an HTTP error, not a broken stream.
+        while True:
+            try:
+                kind_, piece = events.get(timeout=0.05)
+                break
+            except queue.Empty:
+                if job.done.is_set():
+                    job.wait()  # raises the job's error
+                    return
+        try:
+            ex.start_stream()
+            first = True
+            while True:
+                try:
+                    kind_, piece = events.get(timeout=0.05)
+                except queue.Empty:
+                    if job.done.is_set() and events.empty():
+                        break
+                    continue
+                if kind_ != "piece":
+                    continue
+                builder.add(piece)
+                ex.send(openai_api.sse(builder.chunk([piece], first=first)))
+                first = False
+        except Exception:
+            cancelled.set()  # the client went away: the loop stops generating at the next token
+            raise
+        try:
+            finish = job.wait()
+        except VramdError as e:
+            ex.send(openai_api.sse(openai_api.error_body(e)[1]))
+            return
+        ex.send(openai_api.sse(builder.chunk([], finish_reason=finish, first=first)))
+        if req.include_usage:
+            ex.send(openai_api.sse(builder.usage_chunk()))
+        ex.send(openai_api.sse(b"[DONE]"))
 
     def health(self) -> tuple[int, dict]:
         if not self.loaded:
@@ -506,6 +599,8 @@ class Daemon:
             # Acquire before the first upload, then upload: the seeds' rule.
             # A signal while we wait for the token gives up the wait.
             self._ensure_warm(None, cancel=lambda: bool(pending))
+            from vramd.engine.runner import Engine
+            self.engine = Engine(self.model, self.residency, self.cfg.ctx)
             self.loaded = True
             self.last_activity = time.monotonic()
             self._loop.start()
@@ -544,6 +639,8 @@ class Daemon:
         if loop_alive:
             log.error("%s: the loop is stuck in a device call; leaving the device to the process's exit", self.name)
             return
+        if self.engine is not None:
+            self.engine.close()
         if self.residency is not None:
             self.residency.close()
         if self.device is not None:

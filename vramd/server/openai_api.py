@@ -177,7 +177,7 @@ class ResponseBuilder:
         self.role_sent = False
 
     def usage(self) -> dict:
-        n = len(self.pieces)
+        n = sum(1 for p in self.pieces if p.token >= 0)  # a text-only tail piece is no token
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
 
     def add(self, piece: Piece) -> None:
@@ -187,6 +187,7 @@ class ResponseBuilder:
     def _completion_logprobs(self, pieces: list[Piece]) -> dict | None:
         if self.req.logprobs is None:
             return None
+        pieces = [p for p in pieces if p.token >= 0]
         offsets, pos = [], len(self.echo_text)
         for p in pieces:
             offsets.append(pos)
@@ -197,6 +198,7 @@ class ResponseBuilder:
     def _chat_logprobs(self, pieces: list[Piece]) -> dict | None:
         if self.req.logprobs is None:
             return None
+        pieces = [p for p in pieces if p.token >= 0]
         return {"content": [{"token": p.text, "logprob": p.logprob, "bytes": list(p.text.encode()),
                              "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())}
                                               for t, lp in (p.top or [])]} for p in pieces]}

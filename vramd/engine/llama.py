@@ -1,0 +1,245 @@
+"""The llama-family forward pass on the GPU (llama 2/3, Mistral, Qwen2), driven by GGUF metadata.
+
+Owns: `LlamaConfig` (hyper-parameters read from the metadata, with the
+checks that make an unsupported model a one-line ModelError at load),
+`scratch_layout` (the activation buffers, sized for --ctx and a prefill
+batch, placed in a residency `scratch` region) and `LlamaModel.forward`
+(tokens at positions p0.. -> logits, writing their K/V into the KV cache, a
+residency `state` region).
+
+What it computes is tests/engine/reference.py's specification, op for op
+(vramd/engine/ops.py's kernels); every op of a forward chunk is recorded
+into one command buffer and submitted once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from vramd.engine.ops import Ops, Weight, view
+from vramd.errors import ModelError
+
+ARCHITECTURES = {"llama": False, "qwen2": True}   # architecture -> NeoX RoPE ordering
+MAX_BATCH = 256                                   # tokens per prefill chunk
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    eps: float
+    n_rot: int
+    rope_base: float
+    rope_scale: float
+    neox: bool
+    tied_output: bool
+
+    @classmethod
+    def from_model(cls, mf) -> "LlamaConfig":
+        arch = mf.architecture
+        if arch not in ARCHITECTURES:
+            raise ModelError(f"{mf.path}: architecture {arch!r} is not supported "
+                             f"(supported: {', '.join(ARCHITECTURES)})")
+        md = mf.metadata
+
+        def get(key, default=None, kind=int):
+            v = md.get(f"{arch}.{key}", default)
+            if v is None:
+                raise ModelError(f"{mf.path}: missing {arch}.{key}")
+            if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a positive integer")
+            if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a number")
+            return v
+
+        n_embd, n_head = get("embedding_length"), get("attention.head_count")
+        n_head_kv = get("attention.head_count_kv", n_head)
+        head_k = get("attention.key_length", n_embd // n_head)
+        head_v = get("attention.value_length", n_embd // n_head)
+        if head_k != head_v:
+            raise ModelError(f"{mf.path}: key length {head_k} != value length {head_v} is not supported")
+        if n_head % n_head_kv:
+            raise ModelError(f"{mf.path}: {n_head} heads are not a multiple of {n_head_kv} KV heads")
+        scaling = md.get(f"{arch}.rope.scaling.type", "linear")
+        if scaling not in ("none", "linear"):
+            raise ModelError(f"{mf.path}: RoPE scaling {scaling!r} is not supported (none, linear)")
+        factor = md.get(f"{arch}.rope.scaling.factor", md.get(f"{arch}.rope.scale_linear", 0.0)) or 0.0
+        names = {t.name for t in mf.tensors}
+        emb = mf.tensor("token_embd.weight") if "token_embd.weight" in names else None
+        if emb is None:
+            raise ModelError(f"{mf.path}: no token_embd.weight")
+        return cls(arch=arch, n_layer=get("block_count"), n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                   head_dim=head_k, n_ff=get("feed_forward_length"), n_vocab=emb.shape[1],
+                   eps=float(get("attention.layer_norm_rms_epsilon", kind=float)),
+                   n_rot=get("rope.dimension_count", head_k),
+                   rope_base=float(md.get(f"{arch}.rope.freq_base", 10000.0)),
+                   rope_scale=1.0 / factor if factor else 1.0, neox=ARCHITECTURES[arch],
+                   tied_output="output.weight" not in names)
+
+    @property
+    def q_width(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+
+def scratch_layout(cfg: LlamaConfig, batch: int = MAX_BATCH) -> list[tuple[str, int]]:
+    """Activation buffers (f32 unless said) for a chunk of `batch` tokens."""
+    b = batch
+    return [("x", 4 * b * cfg.n_embd), ("h", 4 * b * cfg.n_embd), ("q", 4 * b * cfg.q_width),
+            ("k", 4 * b * cfg.kv_width), ("v", 4 * b * cfg.kv_width), ("att", 4 * b * cfg.q_width),
+            ("gate", 4 * b * cfg.n_ff), ("up", 4 * b * cfg.n_ff), ("logits", 4 * b * cfg.n_vocab),
+            ("ids", 4 * b), ("pos", 4 * b)]
+
+
+class LlamaModel:
+    """Forward passes of one loaded model (weights region, KV `state` region, scratch region)."""
+
+    def __init__(self, loaded, residency, ctx: int, scratch_region, batch: int = MAX_BATCH):
+        self.file = mf = loaded.file
+        self.cfg = cfg = LlamaConfig.from_model(mf)
+        self.ctx, self.batch = ctx, batch
+        self.ops = Ops(residency)
+        self.residency = residency
+        self.weights = loaded.weights.tensors
+        self.kv = loaded.kv.tensors
+        self.act = scratch_region.tensors
+        self._types = {t.name: t for t in mf.tensors}
+        self._check_shapes()
+
+    # -- weights -----------------------------------------------------------
+
+    def _has(self, name: str) -> bool:
+        return name in self._types
+
+    def _weight(self, name: str) -> Weight:
+        if not self._has(name):
+            raise ModelError(f"{self.file.path}: missing tensor {name!r}")
+        t = self._types[name]
+        cols = t.shape[0]
+        rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
+        return Weight(self.weights[name], t.type, rows, cols)
+
+    def _vector(self, name: str, n: int):
+        t = self._types.get(name)
+        if t is None:
+            return None
+        if int(t.type) != 0 or t.n_elements != n:
+            raise ModelError(f"{self.file.path}: {name} must be F32 of {n} elements")
+        return self.weights[name]
+
+    def _check_shapes(self) -> None:
+        """Every tensor the forward pass reads exists with the shape the metadata implies."""
+        cfg = self.cfg
+        want = {"token_embd.weight": (cfg.n_embd, cfg.n_vocab), "output_norm.weight": (cfg.n_embd,)}
+        if not cfg.tied_output:
+            want["output.weight"] = (cfg.n_embd, cfg.n_vocab)
+        for i in range(cfg.n_layer):
+            p = f"blk.{i}."
+            want.update({p + "attn_norm.weight": (cfg.n_embd,), p + "ffn_norm.weight": (cfg.n_embd,),
+                         p + "attn_q.weight": (cfg.n_embd, cfg.q_width), p + "attn_k.weight": (cfg.n_embd, cfg.kv_width),
+                         p + "attn_v.weight": (cfg.n_embd, cfg.kv_width), p + "attn_output.weight": (cfg.q_width, cfg.n_embd),
+                         p + "ffn_gate.weight": (cfg.n_embd, cfg.n_ff), p + "ffn_up.weight": (cfg.n_embd, cfg.n_ff),
+                         p + "ffn_down.weight": (cfg.n_ff, cfg.n_embd)})
+        for name, shape in want.items():
+            t = self._types.get(name)
+            if t is None:
+                raise ModelError(f"{self.file.path}: missing tensor {name!r} for architecture {cfg.arch}")
+            if tuple(t.shape) != shape:
+                raise ModelError(f"{self.file.path}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
+        for name in want:
+            if len(want[name]) == 2:
+                self._weight(name)  # raises for a tensor type the kernels do not support
+
+    # -- forward -------------------------------------------------------------
+
+    def forward(self, tokens: list[int], pos0: int, all_logits: bool = False) -> np.ndarray:
+        """Run `tokens` at positions pos0.. through the model; their K/V enter the cache.
+
+        Returns the logits of the last token ([n_vocab]), or of every token
+        ([n_tokens, n_vocab]) with all_logits.
+        """
+        if not tokens:
+            raise ValueError("no tokens")
+        if pos0 < 0 or pos0 + len(tokens) > self.ctx:
+            raise ModelError(f"positions {pos0}..{pos0 + len(tokens) - 1} outside the context of {self.ctx}")
+        out = []
+        for start in range(0, len(tokens), self.batch):
+            chunk = tokens[start:start + self.batch]
+            last = start + len(chunk) == len(tokens)
+            want = all_logits or last
+            logits = self._chunk(chunk, pos0 + start, want_all=all_logits, want_last=last and not all_logits)
+            if want:
+                out.append(logits)
+        if all_logits:
+            return np.concatenate(out, axis=0)
+        return out[-1]
+
+    def _chunk(self, tokens: list[int], pos0: int, want_all: bool, want_last: bool) -> np.ndarray | None:
+        cfg, ops, a = self.cfg, self.ops, self.act
+        n = len(tokens)
+        ops.sync()  # the previous chunk is done with ids/pos
+        a["ids"].write(np.asarray(tokens, dtype=np.int32))
+        a["pos"].write(np.arange(pos0, pos0 + n, dtype=np.int32))
+        E, Q, KV, F = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.n_ff
+        with ops.batch():
+            ops.get_rows(self._weight("token_embd.weight"), a["ids"], a["x"], n)
+            for i in range(cfg.n_layer):
+                self._layer(i, n)
+            ops.rms_norm(a["x"], self.weights["output_norm.weight"], a["h"], cfg.eps, n, E)
+            out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
+            if want_all:
+                ops.matvec(out_w, a["h"], a["logits"], n)
+            else:
+                ops.matvec(out_w, view(a["h"], 4 * (n - 1) * E, 4 * E), a["logits"], 1)
+        ops.sync()
+        if want_all:
+            return a["logits"].read(np.float32, 0, 4 * n * cfg.n_vocab).reshape(n, cfg.n_vocab).copy()
+        if want_last:
+            return a["logits"].read(np.float32, 0, 4 * cfg.n_vocab).copy()
+        return None
+
+    def _linear(self, name: str, x, y, n: int, width: int) -> None:
+        self.ops.matvec(self._weight(name + ".weight"), x, y, n)
+        bias = self._vector(name + ".bias", width)
+        if bias is not None:
+            self.ops.add(y, bias, y, n * width, width)
+
+    def _layer(self, i: int, n: int) -> None:
+        cfg, ops, a = self.cfg, self.ops, self.act
+        p = f"blk.{i}."
+        E, Q, KV, F, hd = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.n_ff, cfg.head_dim
+        ops.rms_norm(a["x"], self.weights[p + "attn_norm.weight"], a["h"], cfg.eps, n, E)
+        self._linear(p + "attn_q", a["h"], a["q"], n, Q)
+        self._linear(p + "attn_k", a["h"], a["k"], n, KV)
+        self._linear(p + "attn_v", a["h"], a["v"], n, KV)
+        rope = dict(n_rot=cfg.n_rot, neox=cfg.neox, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale,
+                    freq_factors=self.weights.get("rope_freqs.weight"))
+        ops.rope(a["q"], a["pos"], n, cfg.n_head, hd, **rope)
+        ops.rope(a["k"], a["pos"], n, cfg.n_head_kv, hd, **rope)
+        ops.kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, KV, self.ctx)
+        ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, KV, self.ctx)
+        ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
+                      cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd))
+        self._linear(p + "attn_output", a["att"], a["h"], n, E)
+        ops.add(a["x"], a["h"], a["x"], n * E)
+        ops.rms_norm(a["x"], self.weights[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
+        self._linear(p + "ffn_gate", a["h"], a["gate"], n, F)
+        self._linear(p + "ffn_up", a["h"], a["up"], n, F)
+        ops.silu_mul(a["gate"], a["up"], a["gate"], n * F)
+        self._linear(p + "ffn_down", a["gate"], a["h"], n, E)
+        ops.add(a["x"], a["h"], a["x"], n * E)
+
+    def close(self) -> None:
+        self.ops.close()

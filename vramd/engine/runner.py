@@ -1,0 +1,137 @@
+"""Generation: prompt -> tokens -> forward passes -> sampled, streamed pieces.
+
+Owns: `Engine` (one model: tokenizer, chat template, forward pass, the one
+slot whose tokens' K/V sit in the cache) and its `generate` loop.  The KV
+cache lives in a residency `state` region, so it survives cold/warm
+cycles; a request whose prompt shares a prefix with the tokens already in
+the cache does not recompute that prefix (prefix reuse), across switches
+too.  Runs on the daemon's loop thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from vramd.engine.chat import ChatTemplate, encode_prompt
+from vramd.engine.llama import LlamaConfig, LlamaModel
+from vramd.engine.sampler import Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
+from vramd.engine.tokenizer import Tokenizer
+from vramd.errors import UsageError
+from vramd.server.openai_api import GenerationRequest, Piece
+
+
+class Engine:
+    def __init__(self, loaded, residency, ctx: int):
+        mf = loaded.file
+        self.ctx = ctx
+        self.model = LlamaModel(loaded, residency, ctx, loaded.scratch)
+        md = mf.metadata
+        self.tokenizer = Tokenizer.from_metadata(md) if "tokenizer.ggml.model" in md else None
+        self.template = ChatTemplate.from_metadata(md, self.tokenizer) if self.tokenizer else None
+        self.cached: list[int] = []       # tokens whose K/V are in the cache, positions 0..
+        self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
+
+    @staticmethod
+    def check(mf) -> LlamaConfig:
+        """Raise ModelError now (at load) if the model cannot be run."""
+        return LlamaConfig.from_model(mf)
+
+    # -- prompts -------------------------------------------------------------
+
+    def _need_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise UsageError("this model has no tokenizer in its file: send the prompt as token ids")
+        return self.tokenizer
+
+    def prompt_ids(self, req: GenerationRequest) -> list[int]:
+        if req.kind == "chat":
+            text = self.template.render(req.messages, add_generation_prompt=True) if self.template else None
+            if text is None:
+                self._need_tokenizer()
+            ids = encode_prompt(self.tokenizer, text)
+        elif isinstance(req.prompt, str):
+            ids = self._need_tokenizer().encode(req.prompt, add_special=True, parse_special=False)
+        else:
+            ids = list(req.prompt)
+            n_vocab = self.model.cfg.n_vocab
+            bad = [t for t in ids if not 0 <= t < n_vocab]
+            if bad:
+                raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+        if not ids:
+            raise UsageError("the prompt is empty")
+        if len(ids) >= self.ctx:
+            raise UsageError(f"the prompt has {len(ids)} tokens; the context holds {self.ctx} (--ctx)")
+        return ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer else ""
+
+    def piece_text(self, token: int) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.token_to_piece(token).decode("utf-8", errors="replace")
+
+    # -- the loop --------------------------------------------------------------
+
+    def _prefill(self, ids: list[int]):
+        """Run what the cache does not already hold; return the last token's logits."""
+        keep = 0
+        limit = min(len(self.cached), len(ids) - 1)  # recompute at least one token for its logits
+        while keep < limit and self.cached[keep] == ids[keep]:
+            keep += 1
+        self.cached = self.cached[:keep]
+        logits = self.model.forward(ids[keep:], keep)
+        self.cached = list(ids)
+        self.stats["prompt_tokens"] += len(ids)
+        self.stats["reused_tokens"] += keep
+        return logits, keep
+
+    def generate(self, ids: list[int], req: GenerationRequest, emit: Callable[[Piece], bool]) -> str:
+        """Generate after `ids`; `emit` gets each piece and returns False to cancel.
+
+        Returns the finish reason: "stop" (end of generation or a stop
+        string), "length" (max_tokens or the context is full), or
+        "cancelled" (the client went away).
+        """
+        params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
+                                seed=req.seed, max_tokens=req.max_tokens, stop=tuple(req.stop),
+                                logprobs=req.logprobs)
+        sampler = Sampler(params)
+        stops = StopMatcher(params.stop)
+        decoder = self.tokenizer.stream_decoder() if self.tokenizer else None
+        logits, _ = self._prefill(ids)
+        budget = min(params.max_tokens or self.ctx, self.ctx - len(self.cached))
+        finish = "length"
+        for _ in range(max(budget, 0)):
+            token = sampler.sample(logits)
+            if self.tokenizer is not None and self.tokenizer.is_eog(token):
+                finish = "stop"
+                break
+            text = decoder.feed(token) if decoder else ""
+            safe = stops.feed(text) if params.stop else text
+            piece = Piece(token=token, text=safe)
+            if params.logprobs is not None:
+                lp = log_softmax(logits)
+                piece.logprob = float(lp[token])
+                piece.top = [(self.piece_text(t), v) for t, v in top_logprobs(logits, params.logprobs)]
+            self.stats["generated_tokens"] += 1
+            if not emit(piece):
+                return "cancelled"
+            if params.stop and stops.stopped:
+                finish = "stop"
+                break
+            if len(self.cached) >= self.ctx:
+                break
+            logits = self.model.forward([token], len(self.cached))
+            self.cached.append(token)
+        else:
+            finish = "length"
+        tail = decoder.flush() if decoder else ""
+        if params.stop and not stops.stopped:
+            tail = stops.feed(tail) + stops.flush()
+        if tail:
+            emit(Piece(token=-1, text=tail))
+        return finish
+
+    def close(self) -> None:
+        self.model.close()
