@@ -1,0 +1,113 @@
+"""`vramd bench decode`: batch-1 decode and prefill speed, next to the memory-bandwidth roofline.
+
+The model is a GGUF file (`--model`) or a synthetic llama of a named shape
+(`--shape 8b`, weights zero in a sparse file: the speed of a matrix-vector
+product does not depend on the values).  In one process: load, restore,
+prefill `--prompt` tokens (timed), then decode `--tokens` tokens one at a
+time, greedy (each timed).  The roofline of one decode step is the bytes it
+must read — every weight once, plus the K and V rows attended to — divided
+by the device's memory bandwidth (`--bandwidth`, GB/s; the H200's 4800 by
+default), and the report gives the measured rate as a fraction of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+
+def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx: int, bandwidth: float) -> dict:
+    from vramd.bench.models import LlamaShape, write_model
+    from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
+    from vramd.gpu.device import Device
+    from vramd.gpu.residency import Residency
+    from vramd.model import loader
+    from vramd.model.gguf_check import validate_gguf
+
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(prefix="vramd-decode-", dir=base) as tmp:
+        path = model or str(write_model(Path(tmp) / "model.gguf", LlamaShape.preset(shape) if shape != "small"
+                                        else LlamaShape.for_bytes(64 << 20), wtype=wtype, fill="zeros"))
+        mf = validate_gguf(path)
+        cfg = LlamaConfig.from_model(mf)
+        with Device() as dev, Residency(dev) as res:
+            t0 = time.monotonic()
+            lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(cfg))
+            load_s = time.monotonic() - t0
+            t0 = time.monotonic()
+            res.restore(["weights", "state"])
+            restore_s = time.monotonic() - t0
+            m = LlamaModel(lm, res, ctx, lm.scratch)
+            try:
+                rng = np.random.default_rng(0)
+                ids = [int(x) for x in rng.integers(3, cfg.n_vocab, prompt)]
+                m.forward(ids[:8], 0)                     # warm-up: pipelines compiled, scratch allocated
+                t0 = time.monotonic()
+                logits = m.forward(ids, 0)
+                prefill_s = time.monotonic() - t0
+                steps = []
+                pos = len(ids)
+                for _ in range(tokens):
+                    tok = int(np.argmax(logits))
+                    t0 = time.monotonic()
+                    logits = m.forward([tok], pos)
+                    steps.append(time.monotonic() - t0)
+                    pos += 1
+            finally:
+                m.close()
+            device = dev.name
+    weight_bytes = sum(t.nbytes for t in mf.tensors)
+    kv_row = 2 * cfg.kv_width * 2 * cfg.n_layer          # K and V, f16, every layer
+    mid_pos = prompt + tokens / 2
+    bytes_per_token = weight_bytes + kv_row * mid_pos
+    step = statistics.median(steps)
+    decode_tps = 1.0 / step
+    roofline_tps = bandwidth * 1e9 / bytes_per_token
+    types = sorted({t.type.name for t in mf.tensors})
+    return {
+        "device": device, "model": os.path.basename(path) if model else f"synthetic {shape} {wtype}",
+        "types": types, "weight_bytes": weight_bytes, "n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
+        "prompt_tokens": prompt, "decode_tokens": tokens, "ctx": ctx,
+        "load_s": load_s, "restore_s": restore_s,
+        "prefill_tps": prompt / prefill_s, "decode_tps": decode_tps, "decode_ms_p50": step * 1000,
+        "decode_ms_p99": sorted(steps)[min(len(steps) - 1, int(0.99 * len(steps)))] * 1000,
+        "bytes_per_token": bytes_per_token, "bandwidth_gbps": bandwidth,
+        "roofline_tps": roofline_tps, "roofline_ratio": decode_tps / roofline_tps,
+    }
+
+
+@click.command(name="decode")
+@click.option("--model", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A GGUF model; default: a synthetic llama of --shape.")
+@click.option("--shape", type=click.Choice(["8b", "7b", "small"]), default="8b", show_default=True)
+@click.option("--type", "wtype", type=click.Choice(["F16", "Q8_0", "Q4_0", "F32"]), default="F16", show_default=True,
+              help="Weight type of the synthetic model.")
+@click.option("--prompt", type=click.IntRange(min=8), default=512, show_default=True, help="Prefill tokens.")
+@click.option("--tokens", type=click.IntRange(min=1), default=32, show_default=True, help="Decoded tokens.")
+@click.option("--ctx", type=click.IntRange(min=16), default=1024, show_default=True)
+@click.option("--bandwidth", type=float, default=4800.0, show_default=True,
+              help="Device memory bandwidth in GB/s for the roofline (H200: 4800).")
+@click.option("--json", "as_json", is_flag=True)
+def command(model, shape, wtype, prompt, tokens, ctx, bandwidth, as_json):
+    """Batch-1 decode and prefill tokens/s, and the fraction of the bandwidth roofline."""
+    if prompt + tokens > ctx:
+        raise click.UsageError("--prompt + --tokens must fit in --ctx")
+    r = run(model, shape, wtype, prompt, tokens, ctx, bandwidth)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    click.echo(f"{r['model']} ({', '.join(r['types'])}, {r['weight_bytes'] / 2**30:.2f} GiB) on {r['device']}")
+    click.echo(f"  prefill {r['prompt_tokens']} tokens: {r['prefill_tps']:.0f} tok/s")
+    click.echo(f"  decode: {r['decode_tps']:.1f} tok/s ({r['decode_ms_p50']:.2f} ms/token); roofline "
+               f"{r['roofline_tps']:.0f} tok/s at {bandwidth:.0f} GB/s -> {100 * r['roofline_ratio']:.1f} %")
+
+
+if __name__ == "__main__":
+    command()
