@@ -241,6 +241,8 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
               help="cache: stay on the device after yielding while there is room, evicted only for a peer's "
                    "need; exclusive: on the device only while holding the token, as llama.cpp's arbiter [cache].")
 @click.option("--pin", is_flag=True, default=None, help="Never evicted by vramd peers while parked.")
+@click.option("--wake-timeout", type=float, default=None,
+              help="Seconds a request waits for the GPU before it fails with 503 [60].")
 @click.option("--priority", type=int, default=None,
               help="Eviction priority; each point counts as 60 s of recency (ages like it) [0].")
 def serve(model, config_file, **flags):

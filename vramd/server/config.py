@@ -38,6 +38,7 @@ class ServeConfig:
     quantum: float = 0.25
     max_hold: float = 5.0
     residency: str = "cache"
+    wake_timeout: float = 60.0
     pin: bool = False
     priority: int = 0
 
@@ -50,6 +51,8 @@ class ServeConfig:
             raise UsageError(f"{where}: ctx {self.ctx}: must be between 1 and {1 << 20}")
         if self.evict_state not in EVICT_STATE:
             raise UsageError(f"{where}: evict_state {self.evict_state!r}: one of {', '.join(EVICT_STATE)}")
+        if not 0 < self.wake_timeout <= 86400:
+            raise UsageError(f"{where}: wake_timeout {self.wake_timeout}: seconds, more than 0, at most 86400")
         if self.residency not in RESIDENCY:
             raise UsageError(f"{where}: residency {self.residency!r}: one of {', '.join(RESIDENCY)}")
         if not -1000 <= self.priority <= 1000:

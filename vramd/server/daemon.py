@@ -495,7 +495,7 @@ class Daemon:
                 return not cancelled.is_set()
             return self.engine.generate(ids, req, emit)
 
-        job = Job("generate", fn=work, needs_gpu=True, timeout=DEFAULT_WAKE_TIMEOUT)
+        job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout)
         self.submit_nowait(job)
         if not req.stream:
             finish = job.wait()
