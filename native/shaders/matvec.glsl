@@ -2,14 +2,15 @@
 // dequant.glsl); included by matvec_<type>.comp.
 //
 // One work group of WG threads per weight row; the threads stride over the
-// row's columns (quantized: its 32-element blocks, four bytes at a time) and
-// a shared-memory tree sums their partial dot products.  TT tokens share one
-// read of the row (work-group z is the tile of tokens): matvec_<type>.comp
-// has TT = 1 (decode), matmul_<type>.comp TT = 8 (prefill).  Loops over the
-// tile have constant bounds and no branches (a last partial tile recomputes
-// its last token) so they unroll and the accumulators stay in registers.  Rows run over a 2-D grid
-// (x + y * width) because a grid dimension may stop at 65535 and a vocabulary
-// is larger.
+// row's columns (quantized: one word of a block's quants per thread at a
+// time) and a shared-memory tree sums their partial dot products.  TT tokens
+// share one read of the row (work-group z is the tile of tokens);
+// matvec_<type>.comp uses TT = 1 (decode: several tokens run as several z
+// groups); prefill uses matmul.glsl.  Loops over the tile have constant
+// bounds and no branches (a partial tile recomputes its last token), so they
+// unroll and the accumulators stay in registers.  Rows run over a 2-D grid
+// (x + y * width) because a grid dimension may stop at 65535 and a
+// vocabulary is larger.
 #extension GL_EXT_control_flow_attributes : enable
 layout(local_size_x = 128) in;
 #define WG 128u
@@ -52,33 +53,59 @@ void main() {
     }
     uint rowb = p.w_off + row * ROW_BYTES(p.cols);
 #ifdef QUANT
-    uint nb = p.cols >> 5;
-    for (uint blk = lid; blk < nb; blk += WG) {
+    // Each thread takes one word of a block's quants at a time (Q8_0: 8 per
+    // block, Q4_0: 4), so neighbouring threads read neighbouring weight words
+    // and neighbouring x values (coalesced); the scale is a shared read.
+#if defined(TYPE_Q8_0)
+    const uint WPB = 8u;
+#else
+    const uint WPB = 4u;
+#endif
+    uint units = (p.cols >> 5) * WPB;
+    for (uint u = lid; u < units; u += WG) {
+        uint blk = u / WPB, i = u % WPB;
         uint b = rowb + blk * BLOCK_BYTES;
         float d = w_f16(b);
-        uint c0 = blk << 5;
+        uint c = (blk << 5) + 4u * i;
 #if defined(TYPE_Q8_0)
-        [[unroll]] for (uint i = 0u; i < 8u; i++) {
-            int u = int(w_u32a2(b + 2u + 4u * i));
-            vec4 q = vec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8),
-                          bitfieldExtract(u, 24, 8));
-            [[unroll]] for (uint k = 0u; k < TT; k++) {
-                uint xb = xrow[k] + c0 + 4u * i;
-                acc[k] += d * dot(q, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]));
-            }
+        int q = int(w_u32a2(b + 2u + 4u * i));
+        vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
+                      bitfieldExtract(q, 24, 8));
+        [[unroll]] for (uint k = 0u; k < TT; k++) {
+            uint xb = xrow[k] + c;
+            acc[k] += d * dot(v, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]));
         }
-#else  // Q4_0
-        [[unroll]] for (uint i = 0u; i < 4u; i++) {
-            uint u = w_u32a2(b + 2u + 4u * i);
-            vec4 lo = vec4(u & 15u, (u >> 8) & 15u, (u >> 16) & 15u, (u >> 24) & 15u) - 8.0;
-            vec4 hi = vec4((u >> 4) & 15u, (u >> 12) & 15u, (u >> 20) & 15u, (u >> 28) & 15u) - 8.0;
-            [[unroll]] for (uint k = 0u; k < TT; k++) {
-                uint xb = xrow[k] + c0 + 4u * i;
-                acc[k] += d * (dot(lo, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]))
-                               + dot(hi, vec4(x[xb + 16u], x[xb + 17u], x[xb + 18u], x[xb + 19u])));
-            }
+#else  // Q4_0: word i holds elements 4i..4i+3 (low nibbles) and 16+4i.. (high)
+        uint q = w_u32a2(b + 2u + 4u * i);
+        vec4 lo = vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u) - 8.0;
+        vec4 hi = vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, (q >> 28) & 15u) - 8.0;
+        [[unroll]] for (uint k = 0u; k < TT; k++) {
+            uint xb = xrow[k] + c;
+            acc[k] += d * (dot(lo, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]))
+                           + dot(hi, vec4(x[xb + 16u], x[xb + 17u], x[xb + 18u], x[xb + 19u])));
         }
 #endif
+    }
+#elif defined(TYPE_F16) || defined(TYPE_BF16)
+    // Two halves (one word, at an even byte offset) per thread at a time, so
+    // a subgroup's loads are contiguous; an odd last column goes to thread 0.
+    for (uint j = lid; j < (p.cols >> 1); j += WG) {
+        uint q = w_u32a2(rowb + 4u * j);
+#if defined(TYPE_F16)
+        vec2 v = unpackHalf2x16(q);
+#else
+        vec2 v = vec2(uintBitsToFloat(q << 16), uintBitsToFloat(q & 0xFFFF0000u));
+#endif
+        [[unroll]] for (uint k = 0u; k < TT; k++) {
+            uint xb = xrow[k] + 2u * j;
+            acc[k] += dot(v, vec2(x[xb], x[xb + 1u]));
+        }
+    }
+    if ((p.cols & 1u) != 0u && lid == 0u) {
+        float v = elem(rowb, p.cols - 1u);
+        [[unroll]] for (uint k = 0u; k < TT; k++) {
+            acc[k] += v * x[xrow[k] + p.cols - 1u];
+        }
     }
 #else
     for (uint c = lid; c < p.cols; c += WG) {

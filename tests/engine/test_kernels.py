@@ -95,10 +95,12 @@ TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows,cols,n_tokens", [(37, 416, 1), (37, 416, 11), (5, 32 * 150, 3), (3, 64, 8)])
+@pytest.mark.parametrize("rows,cols,n_tokens", [(37, 416, 1), (37, 416, 11), (5, 32 * 150, 3), (3, 64, 8),
+                                                    (130, 96, 70)])
 def test_matvec(ops, bufs, rng, qtype, rows, cols, n_tokens):
-    """n_tokens 1 and 3: one token per work group (decode form); 8 and 11:
-    tiles of 8 tokens, 11 with a partial last tile (prefill form)."""
+    """n_tokens 1 and 3: one token per work group (decode form); 8, 11 and
+    70: tiles of 64 rows x 32 tokens (prefill form), partial in both, and 130
+    rows x 70 tokens spanning several tiles each way."""
     if qtype in (Q.F32, Q.F16, Q.BF16):
         cols += 1  # odd, not a multiple of the work group (float types have no blocks)
     raw, w = weights(rng, qtype, rows, cols)

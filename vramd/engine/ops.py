@@ -58,8 +58,8 @@ _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm
             "kv_write": (3, 32), "attention": (5, 60), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16)}
 
-_MATMUL_TOKENS = 8        # tokens per work group of matmul_<type> (TT in matvec.glsl; matvec_<type>: 1)
-_MATMUL_FROM = 4          # n_tokens from which the tiled form is used
+_MATMUL_ROWS, _MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
+_MATMUL_FROM = 4          # n_tokens from which the tiled form is used (matvec_<type> below)
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
 
@@ -302,7 +302,7 @@ class Ops:
         k = self._kernel(("matmul_" if tiled else "matvec_") + w.suffix, "matvec")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
-            gx, gy = grid(n, self.max_groups)
+            gx, gy = grid(-(-n // _MATMUL_ROWS) if tiled else n, self.max_groups)
             self._dispatch(k, [wv, xv, yv], push, (gx, gy, gz))
 
     def get_rows(self, table: Weight, ids, out, n_tokens: int, *, o_stride: int | None = None) -> None:
