@@ -557,6 +557,7 @@ class Daemon:
                 "evict_state": self.cfg.evict_state, "idle_sleep": self.cfg.idle_sleep,
                 "residency": self.cfg.residency, "pinned": self.cfg.pin, "priority": self.cfg.priority,
                 "evictions": self.metrics.evictions, "evicted_bytes": self.metrics.evicted_bytes,
+                "engine": dict(self.engine.stats) if self.engine else None,
                 "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url}
 
     def render_metrics(self) -> str:

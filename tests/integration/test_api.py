@@ -1,0 +1,145 @@
+"""The OpenAI-compatible API of real daemons, driven by the official `openai` client."""
+
+import json
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from tests.engine.models import write_llama
+from vramd.arena.token import Token
+
+from .conftest import DaemonProc
+
+
+@pytest.fixture
+def llamas(tmp_path):
+    a = write_llama(tmp_path / "a.gguf", seed=21, n_vocab=384, vocab="spm")
+    b = write_llama(tmp_path / "b.gguf", seed=22, n_vocab=384, vocab="spm")
+    return a, b
+
+
+def client(d: DaemonProc) -> openai.OpenAI:
+    return openai.OpenAI(base_url=d.member().endpoint + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def greedy(c, prompt, n=16, **kw):
+    r = c.completions.create(model=kw.pop("model", "a"), prompt=prompt, max_tokens=n, temperature=0, **kw)
+    return r.choices[0].text, r
+
+
+def test_models_completions_chat_stream_logprobs_echo(arena, llamas, daemons):
+    d = daemons(arena, llamas[0], "a", "--ctx", "256")
+    c = client(d)
+    assert {m.id for m in c.models.list().data} == {"a", "a.gguf"}
+    text, r = greedy(c, "hello there", n=8, logprobs=3)
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens > 0
+    assert r.choices[0].finish_reason == "length"
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 8 and all(1 <= len(t) <= 3 for t in lp.top_logprobs)  # a dict: equal texts merge
+    assert all(v <= 0 for v in lp.token_logprobs)
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model="a", prompt="hello there", max_tokens=8, temperature=0, stream=True) if ch.choices)
+    assert streamed == text
+    echo, _ = greedy(c, "hello there", n=4, echo=True)
+    assert echo.startswith("hello there")
+    ids_prompt, _ = greedy(c, [1, 40, 41, 42], n=6)
+    assert isinstance(ids_prompt, str)
+    chat = c.chat.completions.create(model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                     temperature=0, logprobs=True, top_logprobs=2)
+    assert chat.choices[0].message.role == "assistant"
+    assert len(chat.choices[0].logprobs.content) == chat.usage.completion_tokens
+    chunks = list(c.chat.completions.create(model="a", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=6, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == chat.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
+
+
+def test_errors_have_openai_shape_and_status(arena, llamas, daemons, tmp_path):
+    d = daemons(arena, llamas[0], "a", "--ctx", "64", "--wake-timeout", "1")
+    c = client(d)
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="no-such-model", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        c.completions.create(model="a", prompt="x", temperature=7)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        c.completions.create(model="a", prompt=[5] * 100)
+    with pytest.raises(openai.BadRequestError, match="vocabulary"):
+        c.completions.create(model="a", prompt=[10**6])
+    # A holder that never yields: the request gets 503 after --wake-timeout.
+    d.ask("yield")
+    import subprocess, sys, os
+    from .conftest import ROOT, daemon_env
+    blocker = subprocess.Popen([sys.executable, "-m", "vramd.cli", "exec", "--", "sleep", "30"],
+                               env=daemon_env(VRAMD_ARENA=str(arena)), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 10
+        while Token(arena / "token.lock").holders() != [blocker.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(openai.InternalServerError) as e:
+            c.completions.create(model="a", prompt="x", max_tokens=2)
+        assert e.value.status_code == 503
+    finally:
+        blocker.terminate()
+        blocker.wait()
+    assert greedy(c, "x", n=2)[1].usage.completion_tokens == 2   # fine again once the GPU is free
+
+
+def test_concurrent_requests_queue_and_none_is_lost(arena, llamas, daemons):
+    d = daemons(arena, llamas[0], "a", "--ctx", "128")
+    c = client(d)
+    want, _ = greedy(c, "the same prompt", n=6)
+    results, errors = [], []
+
+    def one():
+        try:
+            results.append(greedy(c, "the same prompt", n=6)[0])
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert errors == [] and results == [want] * 6
+
+
+def test_a_client_that_disconnects_mid_stream_frees_the_slot(arena, llamas, daemons):
+    d = daemons(arena, llamas[0], "a", "--ctx", "512")
+    url = d.member().endpoint + "/v1/completions"
+    body = json.dumps({"model": "a", "prompt": "go", "max_tokens": 400, "temperature": 0, "stream": True}).encode()
+    resp = urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}), timeout=60)
+    assert resp.readline().startswith(b"data: ")
+    resp.close()   # hang up after the first token
+    t0 = time.monotonic()
+    text, _ = greedy(client(d), "next", n=2)   # served as soon as the abandoned generation stops
+    assert time.monotonic() - t0 < 60
+    assert d.ask("status")["state"] == "warm"
+
+
+def test_outputs_unchanged_by_50_switches_and_prefix_reuse(arena, llamas, daemons):
+    a = daemons(arena, llamas[0], "a", "--ctx", "256", "--residency", "exclusive", "--evict-state", "always")
+    b = daemons(arena, llamas[1], "b", "--ctx", "256", "--residency", "exclusive", "--evict-state", "always")
+    ca, cb = client(a), client(b)
+    prompt = "one two three four"
+    want_a, _ = greedy(ca, prompt, n=12, model="a")
+    want_b, _ = greedy(cb, prompt, n=12, model="b")
+    assert want_a != want_b   # two different models
+    for _ in range(25):   # 50 switches, each evicting the KV cache to the host and back
+        assert greedy(cb, prompt, n=12, model="b")[0] == want_b
+        assert greedy(ca, prompt, n=12, model="a")[0] == want_a
+    assert a.member().switches >= 25 and b.member().switches >= 25
+    # Prefix reuse: a follow-up that extends the cached prompt computes only the new part,
+    # and gives what a fresh daemon computes from scratch.
+    follow = prompt + want_a + " and more"
+    reused_before = a.ask("status")["engine"]["reused_tokens"]
+    got, _ = greedy(ca, follow, n=8, model="a")
+    assert a.ask("status")["engine"]["reused_tokens"] > reused_before
+    a.stop()
+    fresh = daemons(arena, llamas[0], "a2", "--ctx", "256")
+    assert greedy(client(fresh), follow, n=8, model="a2")[0] == got
