@@ -1,15 +1,17 @@
-"""`make demo`: two model daemons share one GPU, switching on demand, with `vramd status`.
+"""`make demo`: two model daemons share one GPU and generate text in turn, with `vramd status`.
 
-Two `vramd serve` daemons on synthetic GGUF models (llama-shaped, zero
-weights) join a fresh arena.  The demo wakes one, then the other, a few
-times — each wake rings the doorbell, the holder releases its weights at its
-next idle point (keeping its KV cache), and the waker uploads its own — and
-shows `vramd status` and the daemons' metrics along the way.  On a machine
+Two `vramd serve` daemons on synthetic llama GGUF models (random weights)
+join a fresh arena.  The demo sends OpenAI completion requests to one, then
+the other, then the first again: each request makes its daemon ring the
+doorbell and take the GPU token; the other yields at its next idle point
+and parks its buffers (or releases them when the GPU is too small for
+both).  `vramd status` and the daemons' metrics are shown along the way.  On a machine
 without a GPU it runs on Mesa's lavapipe (a CPU Vulkan device).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -57,28 +59,42 @@ def wait_serving(log: Path, proc: subprocess.Popen, timeout: float = 120) -> str
     raise SystemExit("vramd demo: a daemon did not start in time")
 
 
+def complete(name: str, base: str, prompt: str) -> None:
+    """One OpenAI completion request; the daemon goes warm for it (a switch when the other holds the GPU)."""
+    body = json.dumps({"model": name, "prompt": prompt, "max_tokens": 12, "temperature": 0}).encode()
+    req = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    reply = json.loads(urllib.request.urlopen(req, timeout=300).read())
+    text = reply["choices"][0]["text"]
+    print(f"\n$ curl {base}/v1/completions -d '{{\"prompt\": \"{prompt}\", \"max_tokens\": 12}}'")
+    print(f"{name}: {prompt!r} -> {text!r}   ({(time.monotonic() - t0) * 1000:.0f} ms, "
+          f"{reply['usage']['completion_tokens']} tokens)")
+
+
 def main() -> None:
-    from vramd.bench.switch import write_sparse_model
+    from vramd.bench.models import LlamaShape, write_model
 
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     with tempfile.TemporaryDirectory(prefix="vramd-demo-", dir=base) as tmp:
         tmp = Path(tmp)
         arena = tmp / "arena"
         print(f"vramd demo: two model daemons share one GPU through the arena {arena}")
-        chat = write_sparse_model(tmp / "chat.gguf", MODEL_MIB << 20, 1)
-        task = write_sparse_model(tmp / "task.gguf", MODEL_MIB << 20, 2)
-        print(f"synthetic models: {chat.name} and {task.name}, {MODEL_MIB} MiB of weights each")
+        shape = LlamaShape.for_bytes(MODEL_MIB << 20)
+        chat = write_model(tmp / "chat.gguf", shape, fill="random", seed=1, name="chat")
+        task = write_model(tmp / "task.gguf", shape, fill="random", seed=2, name="task")
+        print(f"synthetic llama models (random weights, so they babble): {chat.name} and {task.name}, "
+              f"{MODEL_MIB} MiB each, {shape.n_layer} layers")
         procs = []
         try:
             procs.append(start_daemon(arena, chat, "chat", tmp / "chat.log"))
             url = wait_serving(tmp / "chat.log", procs[-1])
             show("status", "--arena", str(arena))
             procs.append(start_daemon(arena, task, "task", tmp / "task.log"))
-            wait_serving(tmp / "task.log", procs[-1])
+            task_url = wait_serving(tmp / "task.log", procs[-1])
             print("\n(task took the GPU to load; chat released its weights and kept its KV cache)")
             show("status", "--arena", str(arena))
-            for name in ("chat", "task", "chat"):
-                show("wake", name, "--arena", str(arena))
+            for name, base in (("chat", url), ("task", task_url), ("chat", url)):
+                complete(name, base, "the model")
             show("status", "--arena", str(arena))
             metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
             print(f"\n$ curl {url}/metrics   (chat's, excerpt)")
