@@ -4,7 +4,7 @@ Owns: `write_llama` (and the pieces it is made of: `LlamaSpec`, `make_weights`,
 `write_weights`, `make_vocab`), which writes small, deterministic llama /
 mistral-style / qwen2 models with complete tokenizer metadata, in F32, F16,
 BF16, Q8_0 or Q4_0 (the engine's types), or Q4_1, Q5_0, Q5_1, Q4_K, Q6_K.  Nothing is committed as a binary: tests write the files
-they need (a default model is ~0.3 MB in F16 and takes well under a second).
+they need (a default model is ~0.9 MB in F16, ~0.25 MB in Q4_0, and takes ~0.1 s).
 
 Architectures ("arch" here is a style; general.architecture is what is written)
     llama    general.architecture "llama", n_head_kv = n_head, rope base 1e4,
@@ -19,7 +19,7 @@ Architectures ("arch" here is a style; general.architecture is what is written)
 
 Weights (all from numpy's default_rng, one stream per tensor seeded by
 (seed, crc32(name)), so changing one option leaves every other tensor as it was):
-    token_embd       N(0, 1)                 the residual stream starts at rms ~1
+    token_embd       N(0, 1); tied: N(0, (0.25/sqrt(n_embd))^2), see below
     attn_q, attn_k   N(0, (1.5/sqrt(n_embd))^2)  q.k/sqrt(d) has std ~1.5^2: attention
                                               is selective without being one-hot
     attn_v           N(0, 1/n_embd)
@@ -27,9 +27,16 @@ Weights (all from numpy's default_rng, one stream per tensor seeded by
     ffn_gate, ffn_up N(0, 1/n_embd);  ffn_down N(0, 1/n_ff)
     q/k/v biases     N(0, 0.5^2), N(0, 0.5^2), N(0, 0.1^2)
     attn_norm, ffn_norm   1 + N(0, 0.1^2)
-    output           N(0, (LOGIT_STD/sqrt(n_embd))^2), output_norm 1 + N(0, 0.1^2);
-      tied: output_norm (LOGIT_STD/sqrt(n_embd)) * (1 + N(0, 0.1^2)) instead,
-      so that logits have a standard deviation of about LOGIT_STD = 4 either way.
+    output           N(0, (LOGIT_STD/sqrt(n_embd))^2), output_norm 1 + N(0, 0.1^2):
+                     logits have a standard deviation of about LOGIT_STD = 4.
+    tied output      no output.weight; token_embd N(0, (TIED_EMBD/sqrt(n_embd))^2) and
+                     output_norm (LOGIT_STD/TIED_EMBD) * (1 + N(0, 0.1^2)), TIED_EMBD = 0.25.
+      Why the small tied embedding: the final hidden state contains the current
+      token's own embedding e_t, and e_t.e_t ~ |e|^2 dwarfs e_t.e_v ~ |e|^2/sqrt(n_embd),
+      so with N(0, 1) embeddings a tied model predicts its last token forever
+      (llama.cpp does exactly that on such a file).  At 0.25/sqrt(n_embd) the
+      embedding is a small part of the residual stream (the first attn_norm
+      rescales it for layer 0), and the logits keep a std of ~LOGIT_STD.
   With logits that spread, the gap between the best and the second-best token
   is typically ~1, so small numeric differences rarely flip a greedy choice, and
   each layer's attention and FFN add about as much to the residual stream as
@@ -69,6 +76,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 LOGIT_STD = 4.0
+TIED_EMBD = 0.25
 
 # The types issue 5's engine runs, then more for the next issue's work: Q4_1, Q5_0
 # and Q5_1 quantized by gguf.quants, Q4_K and Q6_K by quantize_k() below (gguf
@@ -217,7 +225,9 @@ def make_weights(spec: LlamaSpec) -> dict[str, np.ndarray]:
     spec = spec.resolve()
     e, hd, f = spec.n_embd, spec.head_dim, spec.n_ff
     qk_std = 1.5 / np.sqrt(e)
-    w: dict[str, np.ndarray] = {"token_embd.weight": _normal(spec, "token_embd.weight", (spec.n_vocab, e), 1.0)}
+    embd_std = TIED_EMBD / np.sqrt(e) if spec.tied_output else 1.0
+    w: dict[str, np.ndarray] = {"token_embd.weight": _normal(spec, "token_embd.weight", (spec.n_vocab, e),
+                                                             embd_std)}
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = _gain(spec, p + "attn_norm.weight", e)
@@ -235,7 +245,7 @@ def make_weights(spec: LlamaSpec) -> dict[str, np.ndarray]:
         w[p + "ffn_up.weight"] = _normal(spec, p + "ffn_up.weight", (f, e), 1 / np.sqrt(e))
         w[p + "ffn_down.weight"] = _normal(spec, p + "ffn_down.weight", (e, f), 1 / np.sqrt(f))
     if spec.tied_output:
-        w["output_norm.weight"] = _gain(spec, "output_norm.weight", e, LOGIT_STD / np.sqrt(e))
+        w["output_norm.weight"] = _gain(spec, "output_norm.weight", e, LOGIT_STD / TIED_EMBD)
     else:
         w["output_norm.weight"] = _gain(spec, "output_norm.weight", e)
         w["output.weight"] = _normal(spec, "output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))

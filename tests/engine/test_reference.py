@@ -29,7 +29,10 @@ PROMPT = [17, 4, 300, 88, 123, 9, 250, 61, 402, 77, 5, 199]
 def models(tmp_path_factory):
     """One default model per style (F16), written once for the tests that only read."""
     d = tmp_path_factory.mktemp("models")
-    return {a: ReferenceModel(write_llama(d / f"{a}.gguf", arch=a)) for a in ARCHS}
+    out = {a: ReferenceModel(write_llama(d / f"{a}.gguf", arch=a)) for a in ARCHS}
+    out.update({f"{a}-tied": ReferenceModel(write_llama(d / f"{a}-tied.gguf", arch=a, tied_output=True))
+                for a in ARCHS})
+    return out
 
 
 # --- the generator ------------------------------------------------------------------
@@ -331,7 +334,7 @@ def test_refuses_what_it_does_not_implement(tmp_path):
 
 # --- the models are usable for greedy comparisons --------------------------------------
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + tuple(f"{a}-tied" for a in ARCHS))
 def test_greedy_generations_are_not_degenerate(models, arch):
     m = models[arch]
     rng = np.random.default_rng(1)
@@ -340,6 +343,8 @@ def test_greedy_generations_are_not_degenerate(models, arch):
     assert len({tuple(o) for o in outs}) == len(outs)          # different prompts, different text
     for o in outs:
         assert len(o) == 16 and len(set(o)) >= 6                 # not one token over and over
+        repeats = sum(a == b for a, b in zip(o, o[1:]))
+        assert repeats <= 4, o                                   # nor mostly its own last token
     # the whole prompt matters, not only its last token
     tail = prompts[0][-1]
     assert m.greedy([3, 4, 5, tail], 8) != m.greedy([200, 201, 202, tail], 8)
