@@ -3,7 +3,9 @@
 //
 // One work group of WG threads per weight row; the threads stride over the
 // row's columns (quantized: one word of a block's quants per thread at a
-// time) and a shared-memory tree sums their partial dot products.  TT tokens
+// time, UNROLL of them per loop trip so their loads overlap) and subgroup
+// adds plus one shared-memory step sum their partial dot products (subgroup
+// arithmetic: lavapipe and NVIDIA both have it, Ops checks).  TT tokens
 // share one read of the row (work-group z is the tile of tokens);
 // matvec_<type>.comp uses TT = 1 (decode: several tokens run as several z
 // groups); prefill uses matmul.glsl.  Loops over the tile have constant
@@ -12,8 +14,11 @@
 // (x + y * width) because a grid dimension may stop at 65535 and a
 // vocabulary is larger.
 #extension GL_EXT_control_flow_attributes : enable
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_arithmetic : enable
 layout(local_size_x = 128) in;
 #define WG 128u
+#define UNROLL 4u  // independent loads in flight per thread (memory latency)
 #ifndef TT
 #define TT 1u
 #endif
@@ -62,7 +67,12 @@ void main() {
     const uint WPB = 4u;
 #endif
     uint units = (p.cols >> 5) * WPB;
-    for (uint u = lid; u < units; u += WG) {
+    for (uint u0 = lid; u0 < units; u0 += UNROLL * WG) {
+      [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+        uint u = u0 + un * WG;
+        if (u >= units) {
+            break;
+        }
         uint blk = u / WPB, i = u % WPB;
         uint b = rowb + blk * BLOCK_BYTES;
         float d = w_f16(b);
@@ -85,11 +95,18 @@ void main() {
                            + dot(hi, vec4(x[xb + 16u], x[xb + 17u], x[xb + 18u], x[xb + 19u])));
         }
 #endif
+      }
     }
 #elif defined(TYPE_F16) || defined(TYPE_BF16)
     // Two halves (one word, at an even byte offset) per thread at a time, so
     // a subgroup's loads are contiguous; an odd last column goes to thread 0.
-    for (uint j = lid; j < (p.cols >> 1); j += WG) {
+    uint pairs = p.cols >> 1;
+    for (uint j0 = lid; j0 < pairs; j0 += UNROLL * WG) {
+      [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+        uint j = j0 + un * WG;
+        if (j >= pairs) {
+            break;
+        }
         uint q = w_u32a2(rowb + 4u * j);
 #if defined(TYPE_F16)
         vec2 v = unpackHalf2x16(q);
@@ -100,6 +117,7 @@ void main() {
             uint xb = xrow[k] + 2u * j;
             acc[k] += dot(v, vec2(x[xb], x[xb + 1u]));
         }
+      }
     }
     if ((p.cols & 1u) != 0u && lid == 0u) {
         float v = elem(rowb, p.cols - 1u);
@@ -108,26 +126,33 @@ void main() {
         }
     }
 #else
-    for (uint c = lid; c < p.cols; c += WG) {
+    for (uint c0 = lid; c0 < p.cols; c0 += UNROLL * WG) {
+      [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+        uint c = c0 + un * WG;
+        if (c >= p.cols) {
+            break;
+        }
         float v = elem(rowb, c);
         [[unroll]] for (uint k = 0u; k < TT; k++) {
             acc[k] += v * x[xrow[k] + c];
         }
+      }
     }
 #endif
+    // Sum within each subgroup, then the subgroups' partials through shared
+    // memory: one barrier per row.
     [[unroll]] for (uint k = 0u; k < TT; k++) {
-        red[k * WG + lid] = acc[k];
+        float sum = subgroupAdd(acc[k]);
+        if (subgroupElect()) {
+            red[k * WG + gl_SubgroupID] = sum;
+        }
     }
     barrier();
-    for (uint s = WG / 2u; s > 0u; s >>= 1) {
-        if (lid < s) {
-            [[unroll]] for (uint k = 0u; k < TT; k++) {
-                red[k * WG + lid] += red[k * WG + lid + s];
-            }
-        }
-        barrier();
-    }
     if (lid < nt) {
-        y[p.y_off + (t0 + lid) * p.y_stride + row] = red[lid * WG];
+        float sum = 0.0;
+        for (uint i = 0u; i < gl_NumSubgroups; i++) {
+            sum += red[lid * WG + i];
+        }
+        y[p.y_off + (t0 + lid) * p.y_stride + row] = sum;
     }
 }

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import struct
 
-from vramd.errors import ModelError, UsageError
+from vramd.errors import DeviceError, ModelError, UsageError
 from vramd.gpu.kernels import Batch, Kernel, grid
 
 try:  # the gguf package names the types; the values are GGML's and fixed
@@ -141,6 +141,20 @@ def view(tensor, offset: int, nbytes: int | None = None) -> tuple[int, int, int]
     return b, o + offset, nbytes
 
 
+def _check_subgroups(device) -> int:
+    """matvec reduces with subgroup arithmetic (lavapipe and NVIDIA have it
+    in compute shaders); a device without it is refused up front."""
+    vk = device.vk
+    sp = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
+    p2 = vk.VkPhysicalDeviceProperties2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=sp)
+    vk.vkGetPhysicalDeviceProperties2(device.physical, p2)
+    need = vk.VK_SUBGROUP_FEATURE_BASIC_BIT | vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT
+    if not sp.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT or (sp.supportedOperations & need) != need:
+        raise DeviceError(f"Vulkan device {device.name} lacks subgroup arithmetic in compute shaders, "
+                          "which the compute kernels need")
+    return int(sp.subgroupSize)
+
+
 class Ops:
     """The kernels of one residency core and the batch they record into."""
 
@@ -150,6 +164,7 @@ class Ops:
         self.max_range = int(lim["maxStorageBufferRange"])
         self.align = max(4, int(lim["minStorageBufferOffsetAlignment"]))
         self.max_groups = lim["maxComputeWorkGroupCount"]
+        self.subgroup_size = _check_subgroups(residency.device)
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._spare: Batch | None = None      # reused by batch()
