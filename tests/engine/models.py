@@ -503,6 +503,36 @@ def _bpe_vocab(n_vocab: int) -> Vocab:
                  eos=ids["<|im_end|>"], unk=None, special=ids)
 
 
+# What llama.cpp's tokenizer makes of a few texts with these vocabularies: goldens
+# for the engine's tokenizer.  Recorded with llama-cpp-python 0.3.36 as
+# Llama(model_path, vocab_only=True).tokenize(text.encode(), add_bos=False, special=S)
+# on write_llama(arch="llama") ("spm") and write_llama(arch="qwen2") ("bpe"),
+# default n_vocab 512.  Entries: (text, S, ids).  SentencePiece adds a leading
+# space ("\u2581") to the text first; characters outside CORPUS's alphabet become
+# <0xXX> byte tokens; with S (parse special tokens) "<|im_start|>" is one token in
+# the BPE vocabulary.  test_reference checks that the ids still spell the texts.
+LLAMA_CPP_TOKENIZATIONS: dict[str, list[tuple[str, bool, list[int]]]] = {
+    "spm": [
+        ('The river ran past the old mill.', False, [307, 356, 282, 300, 437, 261, 271, 342, 331, 468]),
+        (' Hello world', False, [511, 350, 491, 272, 500, 264, 283, 342]),
+        ('café 日本 🙂', False, [299, 492, 510, 511, 233, 154, 168, 233, 159, 175, 511, 243, 162, 156, 133]),
+        ('12 sacks\n\n  and 300 more', False, [511, 450, 439, 13, 13, 511, 275, 511, 451, 469, 274, 500, 278]),
+        ("the miller's daughter", False, [261, 435, 42, 504, 426]),
+        ('<|im_start|>user\nhi<|im_end|>', False, [511, 63, 127, 495, 498, 98, 504, 505, 289, 505, 127, 65, 506, 504, 262, 13, 494, 495, 63, 127, 495, 498, 98, 491, 268, 127, 65]),
+        ('<|im_start|>user\nhi<|im_end|>', True, [511, 63, 127, 495, 498, 98, 504, 505, 289, 505, 127, 65, 506, 504, 262, 13, 494, 495, 63, 127, 495, 498, 98, 491, 268, 127, 65]),
+    ],
+    "bpe": [
+        ('The river ran past the old mill.', False, [296, 352, 278, 297, 427, 258, 268, 340, 328, 46]),
+        (' Hello world', False, [32, 443, 267, 111, 262, 280, 340]),
+        ('café 日本 🙂', False, [99, 97, 506, 169, 32, 230, 151, 165, 230, 156, 172, 32, 240, 159, 153, 130]),
+        ('12 sacks\n\n  and 300 more', False, [440, 429, 10, 10, 32, 279, 32, 441, 48, 271, 111, 274]),
+        ("the miller's daughter", False, [116, 256, 424, 39, 115, 416]),
+        ('<|im_start|>user\nhi<|im_end|>', False, [60, 124, 105, 109, 95, 115, 116, 475, 124, 62, 117, 115, 259, 10, 104, 105, 60, 124, 105, 109, 95, 101, 265, 124, 62]),
+        ('<|im_start|>user\nhi<|im_end|>', True, [510, 117, 115, 259, 10, 104, 105, 511]),
+    ],
+}
+
+
 def _write_vocab(writer: gguf.GGUFWriter, spec: LlamaSpec) -> None:
     v = make_vocab(spec.vocab, spec.n_vocab)
     writer.add_tokenizer_model(v.model)

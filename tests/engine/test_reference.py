@@ -17,8 +17,9 @@ import pytest
 
 from vramd.model.gguf_check import validate_gguf
 
-from tests.engine.models import (BYTE, CONTROL, ENGINE_WEIGHT_TYPES, NORMAL, WEIGHT_TYPES, LlamaSpec,
-                                 gpt2_byte_chars, make_vocab, make_weights, write_llama, write_weights)
+from tests.engine.models import (BYTE, CONTROL, ENGINE_WEIGHT_TYPES, LLAMA_CPP_TOKENIZATIONS, NORMAL,
+                                 WEIGHT_TYPES, LlamaSpec, gpt2_byte_chars, make_vocab, make_weights,
+                                 write_llama, write_weights)
 from tests.engine.reference import ReferenceModel, rope, rope_angles, top2_margin
 
 ARCHS = ("llama", "mistral", "qwen2")
@@ -118,6 +119,27 @@ def test_bpe_vocabulary(tmp_path):
         made.add(a + b)
     assert made == set(tokens[256:-3])       # every learned token comes from a merge
     assert "\u0120the" in vocab              # "Ġthe": GPT-2's space-prefixed word
+
+
+def test_llama_cpp_goldens_spell_their_texts():
+    """The recorded llama.cpp tokenizations still fit the vocabularies the generator
+    makes (a change to CORPUS or to the trainer would break them here first)."""
+    spm = make_vocab("spm", 512)
+    for text, _, ids in LLAMA_CPP_TOKENIZATIONS["spm"]:
+        out = b""
+        for i in ids:
+            piece = spm.tokens[i]
+            out += bytes([int(piece[3:5], 16)]) if spm.types[i] == BYTE else piece.replace("\u2581", " ").encode()
+        assert out == (" " + text).encode()        # the space prefix SentencePiece adds
+    bpe = make_vocab("bpe", 512)
+    byte_of = {c: b for b, c in enumerate(gpt2_byte_chars())}
+    for text, special, ids in LLAMA_CPP_TOKENIZATIONS["bpe"]:
+        out = b""
+        for i in ids:
+            piece = bpe.tokens[i]
+            out += piece.encode() if bpe.types[i] == CONTROL else bytes(byte_of[c] for c in piece)
+        assert out == text.encode()
+        assert any(bpe.types[i] == CONTROL for i in ids) == special
 
 
 def test_vocab_sizes_are_exact_and_bounded():
