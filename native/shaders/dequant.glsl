@@ -37,16 +37,6 @@ float elem(uint rowb, uint c) {
     int q = int(w_u8(b + 2u + (c & 31u)) << 24) >> 24;
     return w_f16(b) * float(q);
 }
-void dequant_block(uint b, out float v[32]) {
-    float d = w_f16(b);
-    for (uint i = 0u; i < 8u; i++) {
-        int u = int(w_u32a2(b + 2u + 4u * i));
-        v[4u * i + 0u] = d * float(bitfieldExtract(u, 0, 8));
-        v[4u * i + 1u] = d * float(bitfieldExtract(u, 8, 8));
-        v[4u * i + 2u] = d * float(bitfieldExtract(u, 16, 8));
-        v[4u * i + 3u] = d * float(bitfieldExtract(u, 24, 8));
-    }
-}
 #elif defined(TYPE_Q4_0)
 #define QUANT 1
 #define BLOCK_BYTES 18u
@@ -57,17 +47,6 @@ float elem(uint rowb, uint c) {
     uint q = w_u8(b + 2u + (j & 15u));
     q = j < 16u ? (q & 15u) : (q >> 4);
     return w_f16(b) * (float(q) - 8.0);
-}
-void dequant_block(uint b, out float v[32]) {
-    float d = w_f16(b);
-    for (uint i = 0u; i < 4u; i++) {
-        uint u = w_u32a2(b + 2u + 4u * i);
-        for (uint k = 0u; k < 4u; k++) {
-            uint q = (u >> (8u * k)) & 0xFFu;
-            v[4u * i + k] = d * (float(q & 15u) - 8.0);
-            v[16u + 4u * i + k] = d * (float(q >> 4) - 8.0);
-        }
-    }
 }
 #else
 #error "define one TYPE_<name>"
