@@ -95,13 +95,21 @@ own and a test measures the engine's.  The KV cache stores K (after RoPE) and V
 in `ReferenceKV.dtype`: float32 by default, or float16 to mirror an engine (and
 llama.cpp) that keeps an f16 cache.  That rounding (relative 2^-11 ~ 4.9e-4 per
 element) is the largest difference between an f32-accumulating GPU engine and
-an f32 cache: it moves logits by about 1e-3 relative.  It applies to the current
+an f32 cache: on the synthetic models it moves the logits by up to ~2e-3 of
+their standard deviation (7e-3 to 8e-3 absolute).  It applies to the current
 batch's own K/V too, since llama.cpp writes K/V into the cache and then attends
 over the cache view.  (llama.cpp's CPU backend also rounds q and the softmax
 weights to f16 when multiplying them with an f16 cache; that is a backend
-choice, not part of the model, and not mirrored here.)  An engine test should
-build its ReferenceKV with the engine's cache type and compare logits with a
-tolerance stated relative to the logits' spread, e.g. max |diff| <= 1e-2 * std.
+choice, not part of the model, and not mirrored here; measured, llama.cpp with
+an f16 cache and F32 weights stays within 1.5e-3 of the std of the f16-cache
+reference.)
+
+An engine test should build its ReferenceKV with the engine's cache type and
+compare logits with a tolerance stated relative to the logits' spread, e.g.
+max |diff| <= 1e-2 * std.  For greedy token-for-token comparisons,
+greedy_logits() also returns the logits each token was chosen from:
+top2_margin() of those says how close the runner-up was, and a choice whose
+margin is below the logit tolerance can legitimately go either way.
 
 Greedy decoding picks np.argmax, i.e. the lowest token id among equal maxima.
 
