@@ -1,10 +1,12 @@
 """Synthetic llama-family GGUF models for the engine's tests.
 
 Owns: `write_llama` (and the pieces it is made of: `LlamaSpec`, `make_weights`,
-`write_weights`, `make_vocab`), which writes small, deterministic llama /
-mistral-style / qwen2 models with complete tokenizer metadata, in F32, F16,
-BF16, Q8_0 or Q4_0 (the engine's types), or Q4_1, Q5_0, Q5_1, Q4_K, Q6_K.  Nothing is committed as a binary: tests write the files
-they need (a default model is ~0.9 MB in F16, ~0.25 MB in Q4_0, and takes ~0.1 s).
+`write_weights`, `make_vocab`, `quantize_k`), which writes small, deterministic
+llama / mistral-style / qwen2 models with complete tokenizer metadata, in F32,
+F16, BF16, Q8_0 or Q4_0 (the engine's types), or Q4_1, Q5_0, Q5_1, Q4_K, Q6_K;
+and `LLAMA_CPP_TOKENIZATIONS`, llama.cpp's tokenizations of a few texts with
+these vocabularies.  Nothing is committed as a binary: tests write the files
+they need (a default model is ~0.9 MB in F16, ~0.25 MB in Q4_0, ~0.1 s to write).
 
 Architectures ("arch" here is a style; general.architecture is what is written)
     llama    general.architecture "llama", n_head_kv = n_head, rope base 1e4,
@@ -38,11 +40,12 @@ Weights (all from numpy's default_rng, one stream per tensor seeded by
       embedding is a small part of the residual stream (the first attn_norm
       rescales it for layer 0), and the logits keep a std of ~LOGIT_STD.
   With logits that spread, the gap between the best and the second-best token
-  is typically ~1, so small numeric differences rarely flip a greedy choice, and
-  each layer's attention and FFN add about as much to the residual stream as
-  the embedding: continuations depend on the whole prompt, not only on its last
-  token (test_reference checks both).  Quantized types quantize these values
-  with gguf.quants.quantize (what a test compares against is always the
+  is typically ~1 (median 0.6 to 1.3), so small numeric differences rarely flip
+  a greedy choice, and each layer's attention and FFN add at least as much to
+  the residual stream as the embedding: continuations depend on the whole
+  prompt, not only on its last token (test_reference checks both, tied models
+  included).  Quantized types quantize these values with gguf.quants.quantize,
+  Q4_K and Q6_K with quantize_k (what a test compares against is always the
   dequantized file, never the float values).  Norm weights and biases are F32,
   as in llama.cpp conversions; every matrix, token_embd and output included,
   takes `weight_type`.
@@ -52,15 +55,18 @@ small deterministic BPE trainer):
     spm   tokenizer.ggml.model "llama": <unk>=0 (UNKNOWN), <s>=1 and </s>=2
           (CONTROL), <0x00>..<0xFF> = 3..258 (BYTE), then the learned pieces
           (NORMAL, "▁" for a space) by descending score (score = -rank), then the
-          corpus's single characters (lowest scores).  Every learned piece
-          is the concatenation of two pieces that rank before it (or of single
-          characters), so SentencePiece's score-driven merging reaches it; characters outside the
-          corpus go through byte fallback.  add_bos_token true, add_space_prefix true.
+          corpus's single characters (lowest scores).  Every learned piece is
+          the concatenation of two pieces that rank before it (or of single
+          characters), so SentencePiece's score-driven merging reaches it;
+          characters outside the corpus go through byte fallback.
+          add_bos_token true, add_space_prefix true.
     bpe   tokenizer.ggml.model "gpt2", pre "gpt-2" (override with bpe_pre=): the
           256 byte tokens in GPT-2's byte-to-unicode alphabet, id = byte value,
           then one token per learned merge (tokenizer.ggml.merges "a b"), then
           <|endoftext|> (BOS), <|im_start|>, <|im_end|> (EOS) as CONTROL tokens.
           add_bos_token false.
+  llama.cpp loads and tokenizes both (see LLAMA_CPP_TOKENIZATIONS), and the three
+  chat templates render with jinja2 (checked by hand; jinja2 is not a dependency).
 """
 
 from __future__ import annotations
@@ -513,21 +519,33 @@ def _bpe_vocab(n_vocab: int) -> Vocab:
 # the BPE vocabulary.  test_reference checks that the ids still spell the texts.
 LLAMA_CPP_TOKENIZATIONS: dict[str, list[tuple[str, bool, list[int]]]] = {
     "spm": [
-        ('The river ran past the old mill.', False, [307, 356, 282, 300, 437, 261, 271, 342, 331, 468]),
+        ('The river ran past the old mill.', False,
+         [307, 356, 282, 300, 437, 261, 271, 342, 331, 468]),
         (' Hello world', False, [511, 350, 491, 272, 500, 264, 283, 342]),
-        ('café 日本 🙂', False, [299, 492, 510, 511, 233, 154, 168, 233, 159, 175, 511, 243, 162, 156, 133]),
-        ('12 sacks\n\n  and 300 more', False, [511, 450, 439, 13, 13, 511, 275, 511, 451, 469, 274, 500, 278]),
+        ('café 日本 🙂', False,
+         [299, 492, 510, 511, 233, 154, 168, 233, 159, 175, 511, 243, 162, 156, 133]),
+        ('12 sacks\n\n  and 300 more', False,
+         [511, 450, 439, 13, 13, 511, 275, 511, 451, 469, 274, 500, 278]),
         ("the miller's daughter", False, [261, 435, 42, 504, 426]),
-        ('<|im_start|>user\nhi<|im_end|>', False, [511, 63, 127, 495, 498, 98, 504, 505, 289, 505, 127, 65, 506, 504, 262, 13, 494, 495, 63, 127, 495, 498, 98, 491, 268, 127, 65]),
-        ('<|im_start|>user\nhi<|im_end|>', True, [511, 63, 127, 495, 498, 98, 504, 505, 289, 505, 127, 65, 506, 504, 262, 13, 494, 495, 63, 127, 495, 498, 98, 491, 268, 127, 65]),
+        ('<|im_start|>user\nhi<|im_end|>', False,
+         [511, 63, 127, 495, 498, 98, 504, 505, 289, 505, 127, 65, 506, 504, 262, 13, 494, 495, 63,
+          127, 495, 498, 98, 491, 268, 127, 65]),
+        ('<|im_start|>user\nhi<|im_end|>', True,
+         [511, 63, 127, 495, 498, 98, 504, 505, 289, 505, 127, 65, 506, 504, 262, 13, 494, 495, 63,
+          127, 495, 498, 98, 491, 268, 127, 65]),
     ],
     "bpe": [
-        ('The river ran past the old mill.', False, [296, 352, 278, 297, 427, 258, 268, 340, 328, 46]),
+        ('The river ran past the old mill.', False,
+         [296, 352, 278, 297, 427, 258, 268, 340, 328, 46]),
         (' Hello world', False, [32, 443, 267, 111, 262, 280, 340]),
-        ('café 日本 🙂', False, [99, 97, 506, 169, 32, 230, 151, 165, 230, 156, 172, 32, 240, 159, 153, 130]),
-        ('12 sacks\n\n  and 300 more', False, [440, 429, 10, 10, 32, 279, 32, 441, 48, 271, 111, 274]),
+        ('café 日本 🙂', False,
+         [99, 97, 506, 169, 32, 230, 151, 165, 230, 156, 172, 32, 240, 159, 153, 130]),
+        ('12 sacks\n\n  and 300 more', False,
+         [440, 429, 10, 10, 32, 279, 32, 441, 48, 271, 111, 274]),
         ("the miller's daughter", False, [116, 256, 424, 39, 115, 416]),
-        ('<|im_start|>user\nhi<|im_end|>', False, [60, 124, 105, 109, 95, 115, 116, 475, 124, 62, 117, 115, 259, 10, 104, 105, 60, 124, 105, 109, 95, 101, 265, 124, 62]),
+        ('<|im_start|>user\nhi<|im_end|>', False,
+         [60, 124, 105, 109, 95, 115, 116, 475, 124, 62, 117, 115, 259, 10, 104, 105, 60, 124, 105,
+          109, 95, 101, 265, 124, 62]),
         ('<|im_start|>user\nhi<|im_end|>', True, [510, 117, 115, 259, 10, 104, 105, 511]),
     ],
 }

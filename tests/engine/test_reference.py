@@ -129,7 +129,10 @@ def test_llama_cpp_goldens_spell_their_texts():
         out = b""
         for i in ids:
             piece = spm.tokens[i]
-            out += bytes([int(piece[3:5], 16)]) if spm.types[i] == BYTE else piece.replace("\u2581", " ").encode()
+            if spm.types[i] == BYTE:
+                out += bytes([int(piece[3:5], 16)])      # <0xXX>
+            else:
+                out += piece.replace("\u2581", " ").encode()
         assert out == (" " + text).encode()        # the space prefix SentencePiece adds
     bpe = make_vocab("bpe", 512)
     byte_of = {c: b for b, c in enumerate(gpt2_byte_chars())}
