@@ -3,7 +3,8 @@
 //
 // One work group of WG threads per weight row; the threads stride over the
 // row's columns (quantized: one word of a block's quants per thread at a
-// time, UNROLL of them per loop trip so their loads overlap) and subgroup
+// time, UNROLL of them per loop trip, loaded before any is used so the
+// loads overlap) and subgroup
 // adds plus one shared-memory step sum their partial dot products (subgroup
 // arithmetic: lavapipe and NVIDIA both have it, Ops checks).  TT tokens
 // share one read of the row (work-group z is the tile of tokens);
@@ -18,7 +19,7 @@
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 layout(local_size_x = 128) in;
 #define WG 128u
-#define UNROLL 4u  // independent loads in flight per thread (memory latency)
+#define UNROLL 8u  // independent weight loads in flight per thread (memory latency)
 #ifndef TT
 #define TT 1u
 #endif
@@ -68,56 +69,66 @@ void main() {
 #endif
     uint units = (p.cols >> 5) * WPB;
     for (uint u0 = lid; u0 < units; u0 += UNROLL * WG) {
-      [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
-        uint u = u0 + un * WG;
-        if (u >= units) {
-            break;
+        // All loads of the trip first (indices clamped, so unconditional and
+        // independent), then the arithmetic: UNROLL loads in flight.
+        uint qw[UNROLL];
+        float dd[UNROLL];
+        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+            uint u = min(u0 + un * WG, units - 1u);
+            uint b = rowb + (u / WPB) * BLOCK_BYTES;
+            dd[un] = w_f16(b);
+            qw[un] = w_u32a2(b + 2u + 4u * (u % WPB));
         }
-        uint blk = u / WPB, i = u % WPB;
-        uint b = rowb + blk * BLOCK_BYTES;
-        float d = w_f16(b);
-        uint c = (blk << 5) + 4u * i;
+        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+            uint u = u0 + un * WG;
+            if (u < units) {
+                uint c = ((u / WPB) << 5) + 4u * (u % WPB);
+                float d = dd[un];
 #if defined(TYPE_Q8_0)
-        int q = int(w_u32a2(b + 2u + 4u * i));
-        vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
-                      bitfieldExtract(q, 24, 8));
-        [[unroll]] for (uint k = 0u; k < TT; k++) {
-            uint xb = xrow[k] + c;
-            acc[k] += d * dot(v, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]));
-        }
+                int q = int(qw[un]);
+                vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
+                              bitfieldExtract(q, 24, 8));
+                [[unroll]] for (uint k = 0u; k < TT; k++) {
+                    uint xb = xrow[k] + c;
+                    acc[k] += d * dot(v, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]));
+                }
 #else  // Q4_0: word i holds elements 4i..4i+3 (low nibbles) and 16+4i.. (high)
-        uint q = w_u32a2(b + 2u + 4u * i);
-        vec4 lo = vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u) - 8.0;
-        vec4 hi = vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, (q >> 28) & 15u) - 8.0;
-        [[unroll]] for (uint k = 0u; k < TT; k++) {
-            uint xb = xrow[k] + c;
-            acc[k] += d * (dot(lo, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]))
-                           + dot(hi, vec4(x[xb + 16u], x[xb + 17u], x[xb + 18u], x[xb + 19u])));
-        }
+                uint q = qw[un];
+                vec4 lo = vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u) - 8.0;
+                vec4 hi = vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, (q >> 28) & 15u) - 8.0;
+                [[unroll]] for (uint k = 0u; k < TT; k++) {
+                    uint xb = xrow[k] + c;
+                    acc[k] += d * (dot(lo, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]))
+                                   + dot(hi, vec4(x[xb + 16u], x[xb + 17u], x[xb + 18u], x[xb + 19u])));
+                }
 #endif
-      }
+            }
+        }
     }
 #elif defined(TYPE_F16) || defined(TYPE_BF16)
     // Two halves (one word, at an even byte offset) per thread at a time, so
     // a subgroup's loads are contiguous; an odd last column goes to thread 0.
     uint pairs = p.cols >> 1;
     for (uint j0 = lid; j0 < pairs; j0 += UNROLL * WG) {
-      [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
-        uint j = j0 + un * WG;
-        if (j >= pairs) {
-            break;
+        uint qw[UNROLL];  // loads first, as above
+        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+            qw[un] = w_u32a2(rowb + 4u * min(j0 + un * WG, pairs - 1u));
         }
-        uint q = w_u32a2(rowb + 4u * j);
+        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+            uint j = j0 + un * WG;
+            if (j < pairs) {
+                uint q = qw[un];
 #if defined(TYPE_F16)
-        vec2 v = unpackHalf2x16(q);
+                vec2 v = unpackHalf2x16(q);
 #else
-        vec2 v = vec2(uintBitsToFloat(q << 16), uintBitsToFloat(q & 0xFFFF0000u));
+                vec2 v = vec2(uintBitsToFloat(q << 16), uintBitsToFloat(q & 0xFFFF0000u));
 #endif
-        [[unroll]] for (uint k = 0u; k < TT; k++) {
-            uint xb = xrow[k] + 2u * j;
-            acc[k] += dot(v, vec2(x[xb], x[xb + 1u]));
+                [[unroll]] for (uint k = 0u; k < TT; k++) {
+                    uint xb = xrow[k] + 2u * j;
+                    acc[k] += dot(v, vec2(x[xb], x[xb + 1u]));
+                }
+            }
         }
-      }
     }
     if ((p.cols & 1u) != 0u && lid == 0u) {
         float v = elem(rowb, p.cols - 1u);
@@ -127,16 +138,18 @@ void main() {
     }
 #else
     for (uint c0 = lid; c0 < p.cols; c0 += UNROLL * WG) {
-      [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
-        uint c = c0 + un * WG;
-        if (c >= p.cols) {
-            break;
+        float wv[UNROLL];  // loads first, as above
+        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+            wv[un] = elem(rowb, min(c0 + un * WG, p.cols - 1u));
         }
-        float v = elem(rowb, c);
-        [[unroll]] for (uint k = 0u; k < TT; k++) {
-            acc[k] += v * x[xrow[k] + c];
+        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+            uint c = c0 + un * WG;
+            if (c < p.cols) {
+                [[unroll]] for (uint k = 0u; k < TT; k++) {
+                    acc[k] += wv[un] * x[xrow[k] + c];
+                }
+            }
         }
-      }
     }
 #endif
     // Sum within each subgroup, then the subgroups' partials through shared
