@@ -143,3 +143,16 @@ def test_outputs_unchanged_by_50_switches_and_prefix_reuse(arena, llamas, daemon
     a.stop()
     fresh = daemons(arena, llamas[0], "a2", "--ctx", "256")
     assert greedy(client(fresh), follow, n=8, model="a2")[0] == got
+
+
+def test_a_qwen2_model_with_a_bpe_vocabulary_chats(arena, tmp_path, daemons):
+    path = write_llama(tmp_path / "q.gguf", arch="qwen2", vocab="bpe", seed=5, n_vocab=384)
+    d = daemons(arena, path, "q", "--ctx", "256")
+    c = client(d)
+    r = c.chat.completions.create(model="q", messages=[{"role": "system", "content": "be brief"},
+                                                       {"role": "user", "content": "hello, world"}],
+                                  max_tokens=6, temperature=0)
+    assert r.usage.prompt_tokens > 4 and r.usage.completion_tokens >= 1
+    again = c.chat.completions.create(model="q", messages=[{"role": "user", "content": "hello, world"}],
+                                      max_tokens=6, temperature=0, seed=3)
+    assert isinstance(again.choices[0].message.content, str)

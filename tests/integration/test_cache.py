@@ -23,6 +23,19 @@ def total(d) -> int:
     return d.member().host_bytes()
 
 
+def compute(d) -> None:
+    """One real request, so the daemon's compute scratch is on the device too."""
+    import openai
+    c = openai.OpenAI(base_url=d.member().endpoint + "/v1", api_key="unused", max_retries=0, timeout=120)
+    c.completions.create(model=d.name, prompt=[1, 2, 3], max_tokens=1, temperature=0)
+
+
+def footprint(d) -> int:
+    """What a model needs on the device to run: weights, KV cache and compute scratch
+    (the bytes it asked for when it first went warm)."""
+    return d.member().wants_bytes
+
+
 @pytest.fixture
 def three(tmp_path):
     return [write_model(tmp_path / f"m{i}.gguf", seed=10 + i, shape=SHAPE) for i in range(3)]
@@ -43,46 +56,54 @@ def test_models_that_fit_together_switch_back_with_no_upload(arena, models, daem
 
 def test_three_models_any_two_fit_evicts_exactly_the_lru(arena, three, daemons):
     probe = daemons(arena, three[0], "probe")
-    one = total(probe)
+    one = footprint(probe)
     assert probe.stop() == 0
     budget = str(2 * one + one // 2)
-    a, b = (daemons(arena, three[i], n, "--vram-budget", budget) for i, n in ((0, "a"), (1, "b")))
+    a = daemons(arena, three[0], "a", "--vram-budget", budget)
+    compute(a)
+    b = daemons(arena, three[1], "b", "--vram-budget", budget)
+    compute(b)
     c = daemons(arena, three[2], "c", "--vram-budget", budget)   # needs room: a is the LRU
-    assert device(a) == 0 and device(b) == total(b) and device(c) == total(c)
+    # Only a gave anything up, and only what c needed (scratch first, then state, then weights).
+    assert device(a) < one and device(b) == one and device(c) == total(c)
     assert a.ask("status")["evictions"] == 1 and b.ask("status")["evictions"] == 0
-    r = a.ask("wake")                                           # now b is the LRU
-    assert r["moved_bytes"] == total(a)
-    assert device(b) == 0 and device(c) == total(c)
-    assert c.ask("wake")["moved_bytes"] == 0                    # c stayed parked
+    compute(b)                                                  # b was parked: nothing to upload
+    assert device(b) == one and b.ask("status")["evictions"] == 0
     for d in (a, b, c):
         assert d.ask("verify")["weights_ok"]
 
 
 def test_a_pinned_model_is_never_evicted(arena, three, daemons):
     probe = daemons(arena, three[0], "probe")
-    one = total(probe)
+    one = footprint(probe)
     assert probe.stop() == 0
     budget = str(2 * one + one // 2)
     a = daemons(arena, three[0], "a", "--vram-budget", budget, "--pin")
+    compute(a)
     b = daemons(arena, three[1], "b", "--vram-budget", budget)
+    compute(b)
     for _ in range(3):
         c = daemons(arena, three[2], "c", "--vram-budget", budget)   # a is the LRU but pinned
-        assert device(a) == total(a) and device(b) == 0
-        b.ask("wake")                                                # now c must go, not a
-        assert device(a) == total(a) and device(c) == 0
+        compute(c)
+        assert device(a) == one and device(b) < one
+        compute(b)                                                   # now c must give, not a
+        assert device(a) == one and device(c) < one
         assert c.stop() == 0
     assert a.ask("status")["evictions"] == 0
 
 
 def test_priority_keeps_a_model_resident_over_a_more_recent_one(arena, three, daemons):
     probe = daemons(arena, three[0], "probe")
-    one = total(probe)
+    one = footprint(probe)
     assert probe.stop() == 0
     budget = str(2 * one + one // 2)
     a = daemons(arena, three[0], "a", "--vram-budget", budget, "--priority", "5")
+    compute(a)
     b = daemons(arena, three[1], "b", "--vram-budget", budget)
+    compute(b)
     c = daemons(arena, three[2], "c", "--vram-budget", budget)
-    assert device(a) == total(a) and device(b) == 0   # a is older but worth 5 minutes more
+    assert device(a) == one and device(b) < one   # a is older but worth 5 minutes more
+    assert a.ask("status")["evictions"] == 0 and b.ask("status")["evictions"] == 1
 
 
 def test_priority_ages():

@@ -375,6 +375,8 @@ class Daemon:
                 self._ensure_warm(job.timeout)
             result = job.fn() if job.fn else None
             self.metrics.count("requests")
+            if job.needs_gpu:
+                self.participant.publish()  # compute may have brought scratch in: peers size by our record
             job.finish(result)
         except BaseException as e:  # the job's requester gets it; the loop goes on
             job.finish(error=e)
