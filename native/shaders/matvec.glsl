@@ -1,36 +1,53 @@
 // Y[t, r] = sum_c W[r, c] * X[t, c] in f32, W dequantized on the fly (see
-// dequant.glsl); included by matvec_<type>.comp.
+// dequant.glsl); included by matvec_<type>.comp (decode: a few tokens, one
+// per work-group z; prefill uses matmul.glsl).
 //
-// One work group of WG threads per weight row; the threads stride over the
-// row's columns (quantized: one word of a block's quants per thread at a
-// time, UNROLL of them per loop trip, loaded before any is used so the
-// loads overlap) and subgroup
-// adds plus one shared-memory step sum their partial dot products (subgroup
-// arithmetic: lavapipe and NVIDIA both have it, Ops checks).  TT tokens
-// share one read of the row (work-group z is the tile of tokens);
-// matvec_<type>.comp uses TT = 1 (decode: several tokens run as several z
-// groups); prefill uses matmul.glsl.  Loops over the tile have constant
-// bounds and no branches (a partial tile recomputes its last token), so they
-// unroll and the accumulators stay in registers.  Rows run over a 2-D grid
+// Layout.  A work group of WG threads computes RPW consecutive rows.  Each
+// subgroup takes NR of them at a time and computes them jointly (one read of
+// a piece of x serves NR rows); a row's partial sums are added with one
+// subgroupAdd.  No shared memory, no barrier: the subgroups are independent,
+// and a work group has enough rows that its fixed cost is spread (a row per
+// 128-thread work group, the previous form, cost ~212 us for 14336 x 4096
+// F16 on the H200 whatever the type).  Ops dispatches ceil(rows / RPW)
+// groups (_MATVEC_ROWS in vramd/engine/ops.py).  Rows run over a 2-D grid
 // (x + y * width) because a grid dimension may stop at 65535 and a
-// vocabulary is larger.
+// vocabulary is larger.  A subgroup's lanes stride over the columns, so
+// neighbouring lanes read neighbouring memory.
+//
+// Loads.  F16/BF16/F32 rows are read 16 bytes (a uvec4) per lane and x 16
+// bytes per vec4 when the dispatch allows it (rows and x 16-byte aligned,
+// decided once per dispatch, so the branch is uniform); otherwise one
+// 4-byte word at a time.  Q8_0 (34-byte blocks) and Q4_0 (18) are read a
+// whole block per lane, as the aligned words that cover it (blocks sit at
+// 2 mod 4 every other one; the quant words are reassembled with shifts).
+// All loads of a loop trip are issued before any is used (memory latency).
+//
+// Other types (the interface a type in dequant*.glsl uses): a type defines
+// ROW_BYTES(cols) and `float elem(uint rowb, uint c)` (one element); that
+// alone works (the generic path below, one element per lane at a time).  A
+// faster form: also define MV_UNIT (elements per unit, e.g. a block or a
+// part of one; cols is a multiple of it) and
+//     float mv_unit(uint rowb, uint u, uint xb)
+// returning sum_e W[row, u * MV_UNIT + e] * x[xb + u * MV_UNIT + e]; lanes
+// stride over the units of a row.  mv_unit reads x through x[] or xvec4().
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 layout(local_size_x = 128) in;
 #define WG 128u
-#define UNROLL 8u  // independent weight loads in flight per thread (memory latency)
-#ifndef TT
-#define TT 1u
-#endif
+#define NR 2u     // rows a subgroup computes together (they share x loads)
+#define RPW 8u    // rows per work group (Ops: _MATVEC_ROWS)
+#define UNROLL 4u // vector loads in flight per row per lane (float types)
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
+layout(std430, set = 0, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Input { float x[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Input4 { vec4 x4[]; };
 layout(std430, set = 0, binding = 2) buffer Output { float y[]; };
 
 layout(push_constant) uniform Params {
     uint rows;      // weight rows in this dispatch
-    uint cols;      // elements per row (quantized: a multiple of 32)
+    uint cols;      // elements per row (quantized: a multiple of the block)
     uint n_tokens;
     uint w_off;     // byte offset of this dispatch's row 0 in binding 0
     uint x_off;     // float offset of X[0, 0] in binding 1
@@ -41,131 +58,184 @@ layout(push_constant) uniform Params {
 
 #include "dequant.glsl"
 
-shared float red[TT * WG];
+bool x_aligned;  // this token's x row starts at a multiple of 4 floats (16 bytes; Ops aligns bindings to 16)
 
-void main() {
-    uint row = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    if (row >= p.rows) {
-        return;  // the whole work group: no barrier is left waiting
+// x[i .. i+3]; i is a multiple of 4.
+vec4 xvec4(uint i) {
+    if (x_aligned) {
+        return x4[i >> 2];
     }
-    uint lid = gl_LocalInvocationID.x;
-    uint t0 = gl_WorkGroupID.z * TT;
-    uint nt = min(TT, p.n_tokens - t0);
-    uint xrow[TT];
-    float acc[TT];
-    [[unroll]] for (uint k = 0u; k < TT; k++) {
-        acc[k] = 0.0;
-        xrow[k] = p.x_off + (t0 + min(k, nt - 1u)) * p.x_stride;
-    }
-    uint rowb = p.w_off + row * ROW_BYTES(p.cols);
-#ifdef QUANT
-    // Each thread takes one word of a block's quants at a time (Q8_0: 8 per
-    // block, Q4_0: 4), so neighbouring threads read neighbouring weight words
-    // and neighbouring x values (coalesced); the scale is a shared read.
-#if defined(TYPE_Q8_0)
-    const uint WPB = 8u;
+    return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+}
+
+// Adds the dot products of rows rowb[k] (byte offsets) with the x row at
+// float offset xb into acc[k]; lane `lane` of `sg` lanes.
+void dot_rows(uint rowb[NR], uint xb, uint lane, uint sg, inout float acc[NR]) {
+#if defined(TYPE_F16) || defined(TYPE_BF16) || defined(TYPE_F32)
+#if defined(TYPE_F32)
+    const uint EPV = 4u;  // elements per uvec4
 #else
-    const uint WPB = 4u;
+    const uint EPV = 8u;
 #endif
-    uint units = (p.cols >> 5) * WPB;
-    for (uint u0 = lid; u0 < units; u0 += UNROLL * WG) {
-        // All loads of the trip first (indices clamped, so unconditional and
-        // independent), then the arithmetic: UNROLL loads in flight.
-        uint qw[UNROLL];
-        float dd[UNROLL];
-        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
-            uint u = min(u0 + un * WG, units - 1u);
-            uint b = rowb + (u / WPB) * BLOCK_BYTES;
-            dd[un] = w_f16(b);
-            qw[un] = w_u32a2(b + 2u + 4u * (u % WPB));
+    bool vec_ok = x_aligned && (p.cols % EPV) == 0u && (rowb[0] & 15u) == 0u && (ROW_BYTES(p.cols) & 15u) == 0u;
+    if (vec_ok) {
+        uint nv = p.cols / EPV;
+        for (uint j0 = lane; j0 < nv; j0 += UNROLL * sg) {
+            uvec4 q[UNROLL][NR];
+            [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+                uint j = min(j0 + un * sg, nv - 1u);  // clamped: unconditional, independent loads
+                [[unroll]] for (uint k = 0u; k < NR; k++) {
+                    q[un][k] = w4[(rowb[k] >> 4) + j];
+                }
+            }
+            [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
+                uint j = j0 + un * sg;
+                if (j < nv) {
+                    uint c = xb + j * EPV;
+#if defined(TYPE_F32)
+                    vec4 xa = x4[c >> 2];
+                    [[unroll]] for (uint k = 0u; k < NR; k++) {
+                        acc[k] += dot(uintBitsToFloat(q[un][k]), xa);
+                    }
+#else
+                    vec4 xa = x4[c >> 2], xc = x4[(c >> 2) + 1u];
+                    [[unroll]] for (uint k = 0u; k < NR; k++) {
+                        uvec4 v = q[un][k];
+#if defined(TYPE_F16)
+                        vec4 a = vec4(unpackHalf2x16(v.x), unpackHalf2x16(v.y));
+                        vec4 b = vec4(unpackHalf2x16(v.z), unpackHalf2x16(v.w));
+#else
+                        vec4 a = uintBitsToFloat(uvec4(v.x << 16, v.x & 0xFFFF0000u, v.y << 16, v.y & 0xFFFF0000u));
+                        vec4 b = uintBitsToFloat(uvec4(v.z << 16, v.z & 0xFFFF0000u, v.w << 16, v.w & 0xFFFF0000u));
+#endif
+                        acc[k] += dot(a, xa) + dot(b, xc);
+                    }
+#endif
+                }
+            }
         }
-        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
-            uint u = u0 + un * WG;
-            if (u < units) {
-                uint c = ((u / WPB) << 5) + 4u * (u % WPB);
-                float d = dd[un];
+        return;
+    }
+#endif
+#if defined(TYPE_F16) || defined(TYPE_BF16)
+    // Unaligned: two halves (one word at an even byte offset) per lane at a
+    // time; an odd last column goes to lane 0.
+    uint pairs = p.cols >> 1;
+    for (uint j = lane; j < pairs; j += sg) {
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            uint q = w_u32a2(rowb[k] + 4u * j);
+#if defined(TYPE_F16)
+            vec2 v = unpackHalf2x16(q);
+#else
+            vec2 v = vec2(uintBitsToFloat(q << 16), uintBitsToFloat(q & 0xFFFF0000u));
+#endif
+            acc[k] += dot(v, vec2(x[xb + 2u * j], x[xb + 2u * j + 1u]));
+        }
+    }
+    if ((p.cols & 1u) != 0u && lane == 0u) {
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            acc[k] += elem(rowb[k], p.cols - 1u) * x[xb + p.cols - 1u];
+        }
+    }
+#elif defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
+    // One block per lane: the words covering it.  A block at byte b: if b is
+    // a multiple of 4, word 0 holds the scale then two quant bytes, and quant
+    // word i (quants 4i..4i+3) is (wd[i] >> 16) | (wd[i+1] << 16); if b is 2
+    // mod 4, the scale is wd[0]'s high half and quant word i is wd[i+1].
 #if defined(TYPE_Q8_0)
-                int q = int(qw[un]);
+    const uint NW = 9u;   // words covering 34 bytes at an even offset
+#else
+    const uint NW = 5u;   // 18 bytes
+#endif
+    uint nb = p.cols >> 5;
+    for (uint blk = lane; blk < nb; blk += sg) {
+        uint wd[NR][NW];
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            uint wi = (rowb[k] + blk * BLOCK_BYTES) >> 2;
+            [[unroll]] for (uint i = 0u; i < NW; i++) {
+                wd[k][i] = w[wi + i];
+            }
+        }
+        uint c = xb + (blk << 5);
+#if defined(TYPE_Q8_0)
+        vec4 xs[8];
+        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+            xs[i] = xvec4(c + 4u * i);
+        }
+#else
+        vec4 xs[8];  // 0..3: elements 0..15 (low nibbles), 4..7: 16..31 (high)
+        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+            xs[i] = xvec4(c + 4u * i);
+        }
+#endif
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            bool odd = ((rowb[k] + blk * BLOCK_BYTES) & 2u) != 0u;
+            float d = unpackHalf2x16(odd ? (wd[k][0] >> 16) : wd[k][0]).x;
+            float s = 0.0;
+#if defined(TYPE_Q8_0)
+            [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                int q = int(odd ? wd[k][i + 1u] : ((wd[k][i] >> 16) | (wd[k][i + 1u] << 16)));
                 vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
                               bitfieldExtract(q, 24, 8));
-                [[unroll]] for (uint k = 0u; k < TT; k++) {
-                    uint xb = xrow[k] + c;
-                    acc[k] += d * dot(v, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]));
-                }
-#else  // Q4_0: word i holds elements 4i..4i+3 (low nibbles) and 16+4i.. (high)
-                uint q = qw[un];
+                s += dot(v, xs[i]);
+            }
+#else  // Q4_0: quant word i holds elements 4i..4i+3 (low nibbles) and 16+4i.. (high)
+            [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                uint q = odd ? wd[k][i + 1u] : ((wd[k][i] >> 16) | (wd[k][i + 1u] << 16));
                 vec4 lo = vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u) - 8.0;
                 vec4 hi = vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, (q >> 28) & 15u) - 8.0;
-                [[unroll]] for (uint k = 0u; k < TT; k++) {
-                    uint xb = xrow[k] + c;
-                    acc[k] += d * (dot(lo, vec4(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u]))
-                                   + dot(hi, vec4(x[xb + 16u], x[xb + 17u], x[xb + 18u], x[xb + 19u])));
-                }
-#endif
+                s += dot(lo, xs[i]) + dot(hi, xs[i + 4u]);
             }
+#endif
+            acc[k] += d * s;
         }
     }
-#elif defined(TYPE_F16) || defined(TYPE_BF16)
-    // Two halves (one word, at an even byte offset) per thread at a time, so
-    // a subgroup's loads are contiguous; an odd last column goes to thread 0.
-    uint pairs = p.cols >> 1;
-    for (uint j0 = lid; j0 < pairs; j0 += UNROLL * WG) {
-        uint qw[UNROLL];  // loads first, as above
-        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
-            qw[un] = w_u32a2(rowb + 4u * min(j0 + un * WG, pairs - 1u));
-        }
-        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
-            uint j = j0 + un * WG;
-            if (j < pairs) {
-                uint q = qw[un];
-#if defined(TYPE_F16)
-                vec2 v = unpackHalf2x16(q);
-#else
-                vec2 v = vec2(uintBitsToFloat(q << 16), uintBitsToFloat(q & 0xFFFF0000u));
-#endif
-                [[unroll]] for (uint k = 0u; k < TT; k++) {
-                    uint xb = xrow[k] + 2u * j;
-                    acc[k] += dot(v, vec2(x[xb], x[xb + 1u]));
-                }
-            }
-        }
-    }
-    if ((p.cols & 1u) != 0u && lid == 0u) {
-        float v = elem(rowb, p.cols - 1u);
-        [[unroll]] for (uint k = 0u; k < TT; k++) {
-            acc[k] += v * x[xrow[k] + p.cols - 1u];
+#elif defined(MV_UNIT)
+    uint nu = p.cols / MV_UNIT;
+    for (uint u = lane; u < nu; u += sg) {
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            acc[k] += mv_unit(rowb[k], u, xb);
         }
     }
 #else
-    for (uint c0 = lid; c0 < p.cols; c0 += UNROLL * WG) {
-        float wv[UNROLL];  // loads first, as above
-        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
-            wv[un] = elem(rowb, min(c0 + un * WG, p.cols - 1u));
-        }
-        [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
-            uint c = c0 + un * WG;
-            if (c < p.cols) {
-                [[unroll]] for (uint k = 0u; k < TT; k++) {
-                    acc[k] += wv[un] * x[xrow[k] + c];
-                }
-            }
+    // Generic: one element per lane at a time (F32 unaligned, and any type
+    // that defines only elem()).
+    for (uint c = lane; c < p.cols; c += sg) {
+        float xv = x[xb + c];
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            acc[k] += elem(rowb[k], c) * xv;
         }
     }
 #endif
-    // Sum within each subgroup, then the subgroups' partials through shared
-    // memory: one barrier per row.
-    [[unroll]] for (uint k = 0u; k < TT; k++) {
-        float sum = subgroupAdd(acc[k]);
-        if (subgroupElect()) {
-            red[k * WG + gl_SubgroupID] = sum;
+}
+
+void main() {
+    uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint t = gl_WorkGroupID.z;
+    uint xb = p.x_off + t * p.x_stride;
+    x_aligned = (xb & 3u) == 0u;
+    uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupSize;
+    uint rb = ROW_BYTES(p.cols);
+    // Subgroup g takes rows r0 .. r0 + NR - 1 of the group's RPW, then the
+    // next NR if the work group has fewer than RPW / NR subgroups (lavapipe:
+    // 16 of 8 lanes, NVIDIA: 4 of 32).  Everything here is subgroup-uniform.
+    for (uint g = gl_SubgroupID; g < RPW / NR; g += gl_NumSubgroups) {
+        uint r0 = wg * RPW + g * NR;
+        if (r0 >= p.rows) {
+            break;
         }
-    }
-    barrier();
-    if (lid < nt) {
-        float sum = 0.0;
-        for (uint i = 0u; i < gl_NumSubgroups; i++) {
-            sum += red[lid * WG + i];
+        uint rowb[NR];
+        float acc[NR];
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            rowb[k] = p.w_off + min(r0 + k, p.rows - 1u) * rb;  // past the end: recompute the last row
+            acc[k] = 0.0;
         }
-        y[p.y_off + (t0 + lid) * p.y_stride + row] = sum;
+        dot_rows(rowb, xb, lane, sg, acc);
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            float s = subgroupAdd(acc[k]);
+            if (lane == 0u && r0 + k < p.rows) {
+                y[p.y_off + t * p.y_stride + r0 + k] = s;
+            }
+        }
     }
 }

@@ -59,6 +59,7 @@ _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm
             "scale": (2, 16)}
 
 _MATMUL_ROWS, _MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
+_MATVEC_ROWS = 8          # rows per matvec_<type> work group (RPW in matvec.glsl)
 _MATMUL_FROM = 4          # n_tokens from which the tiled form is used (matvec_<type> below)
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
@@ -162,7 +163,9 @@ class Ops:
         self.residency = residency
         lim = residency.device.limits
         self.max_range = int(lim["maxStorageBufferRange"])
-        self.align = max(4, int(lim["minStorageBufferOffsetAlignment"]))
+        # At least 16: matvec reads weights and x as 16-byte vectors when the
+        # bound offsets allow (alignments are powers of two, so max is a multiple).
+        self.align = max(16, int(lim["minStorageBufferOffsetAlignment"]))
         self.max_groups = lim["maxComputeWorkGroupCount"]
         self.subgroup_size = _check_subgroups(residency.device)
         self._kernels: dict[str, Kernel] = {}
@@ -317,7 +320,7 @@ class Ops:
         k = self._kernel(("matmul_" if tiled else "matvec_") + w.suffix, "matvec")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
-            gx, gy = grid(-(-n // _MATMUL_ROWS) if tiled else n, self.max_groups)
+            gx, gy = grid(-(-n // (_MATMUL_ROWS if tiled else _MATVEC_ROWS)), self.max_groups)
             self._dispatch(k, [wv, xv, yv], push, (gx, gy, gz))
 
     def get_rows(self, table: Weight, ids, out, n_tokens: int, *, o_stride: int | None = None) -> None:
