@@ -48,6 +48,9 @@ float elem(uint rowb, uint c) {
     q = j < 16u ? (q & 15u) : (q >> 4);
     return w_f16(b) * (float(q) - 8.0);
 }
+#elif defined(TYPE_Q4_1) || defined(TYPE_Q5_0) || defined(TYPE_Q5_1) || defined(TYPE_Q4_K) || defined(TYPE_Q5_K) \
+    || defined(TYPE_Q6_K)
+#include "dequant_k.glsl"  // the same interface (ROW_BYTES, elem) for these types
 #else
 #error "define one TYPE_<name>"
 #endif

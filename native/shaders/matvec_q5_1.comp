@@ -1,0 +1,6 @@
+// matvec with Q5_1 weights, one token per work group (decode): see matvec.glsl
+// and dequant_k.glsl.
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#define TYPE_Q5_1
+#include "matvec.glsl"
