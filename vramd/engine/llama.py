@@ -10,6 +10,15 @@ residency `state` region).
 What it computes is tests/engine/reference.py's specification, op for op
 (vramd/engine/ops.py's kernels); every op of a forward chunk is recorded
 into one command buffer and submitted once.
+
+Decode (one token, last logits) does not record at all: the one-token step
+is recorded once into an `ops.graph()` and replayed for every token, with
+only the token id and position written to their scratch buffers (every
+kernel reads them from there) and the logits read back — no Python work per
+layer per token.  The recording binds device buffers as they are; a release
+or restore of any region may move them, so the graph is re-recorded when
+the residency core's `generation` has changed since (the scratch region is
+re-created lazily on its next use after a release, by that recording).
 """
 
 from __future__ import annotations
@@ -117,6 +126,10 @@ class LlamaModel:
         self.act = scratch_region.tensors
         self._types = {t.name: t for t in mf.tensors}
         self._check_shapes()
+        self._step = None          # the recorded one-token decode step (a Batch), replayed per token
+        self._step_gen = None      # residency.generation it was recorded at; None: record again
+        self.timer = None          # a vramd.gpu.timing.Timestamps: time each dispatch of the step
+        self.step_records = 0      # times the step was recorded (tests: replay, re-record after a move)
 
     # -- weights -----------------------------------------------------------
 
@@ -174,6 +187,8 @@ class LlamaModel:
             raise ValueError("no tokens")
         if pos0 < 0 or pos0 + len(tokens) > self.ctx:
             raise ModelError(f"positions {pos0}..{pos0 + len(tokens) - 1} outside the context of {self.ctx}")
+        if len(tokens) == 1 and not all_logits:
+            return self._decode(int(tokens[0]), pos0)
         out = []
         for start in range(0, len(tokens), self.batch):
             chunk = tokens[start:start + self.batch]
@@ -186,23 +201,58 @@ class LlamaModel:
             return np.concatenate(out, axis=0)
         return out[-1]
 
+    def _decode(self, token: int, pos: int) -> np.ndarray:
+        """One token at `pos` through the recorded step: the logits ([n_vocab])."""
+        ops, a = self.ops, self.act
+        gen = self.residency.generation
+        if self._step is None:
+            self._step = ops.graph()
+        if self._step_gen != gen:
+            ops.sync()
+            self._step_gen = None      # a recording that fails half-way is never replayed
+            self._step.timer = self.timer
+            with ops.record(self._step):
+                self._record(1, want_all=False)
+            self._step_gen = self.residency.generation
+            self.step_records += 1
+        ops.sync()  # the previous step or chunk is done with ids/pos
+        a["ids"].write(np.asarray([token], dtype=np.int32))
+        a["pos"].write(np.asarray([pos], dtype=np.int32))
+        self._step.submit()
+        ops.sync()
+        return a["logits"].read(np.float32, 0, 4 * self.cfg.n_vocab).copy()
+
+    def profile(self, timer) -> None:
+        """Times every dispatch of the decode step with `timer` (a
+        vramd.gpu.timing.Timestamps; None: stop); read `timer.read()` after
+        a forward of one token.  Re-records the step."""
+        self.timer = timer
+        self._step_gen = None
+
+    def _record(self, n: int, want_all: bool) -> None:
+        """Records the forward pass of n tokens (ids and positions in the
+        scratch buffers) into the current batch: the logits of every token,
+        or of the last one at row 0."""
+        cfg, ops, a = self.cfg, self.ops, self.act
+        E = cfg.n_embd
+        ops.get_rows(self._weight("token_embd.weight"), a["ids"], a["x"], n)
+        for i in range(cfg.n_layer):
+            self._layer(i, n)
+        ops.rms_norm(a["x"], self.weights["output_norm.weight"], a["h"], cfg.eps, n, E)
+        out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
+        if want_all:
+            ops.matvec(out_w, a["h"], a["logits"], n)
+        else:
+            ops.matvec(out_w, view(a["h"], 4 * (n - 1) * E, 4 * E), a["logits"], 1)
+
     def _chunk(self, tokens: list[int], pos0: int, want_all: bool, want_last: bool) -> np.ndarray | None:
         cfg, ops, a = self.cfg, self.ops, self.act
         n = len(tokens)
         ops.sync()  # the previous chunk is done with ids/pos
         a["ids"].write(np.asarray(tokens, dtype=np.int32))
         a["pos"].write(np.arange(pos0, pos0 + n, dtype=np.int32))
-        E, Q, KV, F = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.n_ff
         with ops.batch():
-            ops.get_rows(self._weight("token_embd.weight"), a["ids"], a["x"], n)
-            for i in range(cfg.n_layer):
-                self._layer(i, n)
-            ops.rms_norm(a["x"], self.weights["output_norm.weight"], a["h"], cfg.eps, n, E)
-            out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
-            if want_all:
-                ops.matvec(out_w, a["h"], a["logits"], n)
-            else:
-                ops.matvec(out_w, view(a["h"], 4 * (n - 1) * E, 4 * E), a["logits"], 1)
+            self._record(n, want_all)
         ops.sync()
         if want_all:
             return a["logits"].read(np.float32, 0, 4 * n * cfg.n_vocab).reshape(n, cfg.n_vocab).copy()

@@ -258,12 +258,14 @@ class Ops:
             k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push)
         return k
 
-    def _dispatch(self, kernel: Kernel, views, push: bytes, groups) -> None:
+    def _dispatch(self, kernel: Kernel, views, push: bytes, groups, *, label: str | None = None,
+                  nbytes: int = 0) -> None:
+        """`label`/`nbytes`: the name and bytes read, for a batch's timer (vramd/gpu/timing.py)."""
         if self._batch is not None:
-            self._batch.dispatch(kernel, views, push, groups)
+            self._batch.dispatch(kernel, views, push, groups, label=label, nbytes=nbytes)
             return
         with self.batch() as b:
-            b.dispatch(kernel, views, push, groups)
+            b.dispatch(kernel, views, push, groups, label=label, nbytes=nbytes)
 
     # -- binding -----------------------------------------------------------
 
@@ -324,7 +326,8 @@ class Ops:
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(-(-n // (_MATMUL_ROWS if tiled else _MATVEC_ROWS)), self.max_groups)
-            self._dispatch(k, [wv, xv, yv], push, (gx, gy, gz))
+            self._dispatch(k, [wv, xv, yv], push, (gx, gy, gz), label=f"{k.name} {w.rows}x{w.cols}",
+                           nbytes=n * w.row_bytes)
 
     def get_rows(self, table: Weight, ids, out, n_tokens: int, *, o_stride: int | None = None) -> None:
         """out[t, :] = table[ids[t], :] as f32 (embedding lookup).

@@ -40,6 +40,7 @@ class Kernel:
         dev = residency.device
         vk, ffi = self.vk, self.ffi = dev.vk, dev.ffi
         self.dev = dev.device
+        self.name = name
         self.n_buffers, self.push_bytes = n_buffers, push_bytes
         self.max_groups = dev.limits["maxComputeWorkGroupCount"]
         code = shader_path(name).read_bytes()
@@ -183,6 +184,10 @@ class Batch:
     are captured at record time: re-record after a release/restore cycle,
     which may move them.
 
+    `timer` (a vramd.gpu.timing.Timestamps, set before `begin()`): the
+    recording also writes a timestamp at its start and after each dispatch,
+    labelled with the kernel's name (or `label`) and the bytes it reads.
+
     Hot calls go through `vk.lib` with cffi structs built once (brief §6).
     """
 
@@ -207,6 +212,7 @@ class Batch:
         self.submitted = False      # it may still be running
         self.dispatches = 0         # in the current recording
         self.submits = 0            # over the batch's life
+        self.timer = None           # a Timestamps to write into (per-dispatch GPU time), or None
         # Structs reused by every call, kept alive here.
         self._alloc_layout = ffi.new("VkDescriptorSetLayout[1]")
         self._alloc_info = ffi.new("VkDescriptorSetAllocateInfo*")
@@ -275,8 +281,12 @@ class Batch:
             vk.vkResetDescriptorPool(self.dev, p, 0)
         self._pool_index, self._sets_left = 0, 0
         vk.lib.vkBeginCommandBuffer(self.cmd, self._begin_info)
+        if self.timer is not None:
+            self.timer.reset(self.cmd)
         self._pipeline_barrier(vk.VK_PIPELINE_STAGE_TRANSFER_BIT | vk.VK_PIPELINE_STAGE_HOST_BIT,
                                vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, self._head)
+        if self.timer is not None:
+            self.timer.stamp(self.cmd)
         self.recording, self.recorded, self.dispatches = True, False, 0
 
     def _pipeline_barrier(self, src_stage, dst_stage, barrier):
@@ -289,9 +299,11 @@ class Batch:
         s = self.vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
         self._pipeline_barrier(s, s, self._barrier)
 
-    def dispatch(self, kernel: Kernel, views, push: bytes, groups, barrier: bool = True) -> None:
+    def dispatch(self, kernel: Kernel, views, push: bytes, groups, barrier: bool = True, *,
+                 label: str | None = None, nbytes: int = 0) -> None:
         """Records `kernel` over `groups` = (x, y, z) work groups with `views`
-        ((VkBuffer, offset, range) per binding) bound and `push` constants."""
+        ((VkBuffer, offset, range) per binding) bound and `push` constants.
+        `label` and `nbytes` (bytes the dispatch reads) name it for `timer`."""
         vk, ffi, lib = self.vk, self.ffi, self.vk.lib
         if not self.recording:
             raise UsageError("batch is not recording: call begin() first")
@@ -320,6 +332,8 @@ class Batch:
         lib.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
                                ffi.from_buffer(push))
         lib.vkCmdDispatch(cmd, gx, gy, gz)
+        if self.timer is not None:
+            self.timer.stamp(cmd, label or kernel.name, nbytes)
         if barrier:
             self.barrier()
         self.dispatches += 1

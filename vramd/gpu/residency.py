@@ -155,14 +155,17 @@ class Region:
         check(lib.vramd_region_set_evict(self._r, 1 if value else 0))
 
     def restore(self) -> None:
+        self.residency.generation += 1
         check(lib.vramd_region_restore(self._r))
 
     def release(self) -> None:
         """Releases this region; state is copied back whatever its policy."""
+        self.residency.generation += 1
         check(lib.vramd_region_release(self._r))
 
     def destroy(self) -> None:
         if self._r is not None:
+            self.residency.generation += 1
             lib.vramd_region_destroy(self._r)
             self._r = None
             self.residency.regions.remove(self)
@@ -190,6 +193,10 @@ class Residency:
         check(lib.vramd_ctx_create(desc, p))
         self._ctx = p[0]
         self.regions: list[Region] = []
+        # Bumped by every release and restore (and region destroy): device
+        # buffers may have moved since, so a command buffer recorded with
+        # the old ones must be re-recorded (LlamaModel's decode graph).
+        self.generation = 0
         lim = ffi.new("vramd_limits*")
         check(lib.vramd_ctx_limits(self._ctx, lim))
         self.limits = {"max_allocation": int(lim.max_allocation), "max_storage_range": int(lim.max_storage_range),
@@ -207,6 +214,7 @@ class Residency:
         """Uploads the released regions of `kinds` (encoder and scratch are
         brought in on use, see `encoder_session` and `Tensor.buffer`).  Raises
         OutOfDeviceMemory with every touched region released, shadows intact."""
+        self.generation += 1
         check(lib.vramd_restore(self._ctx, kind_mask(kinds)))
 
     def release(self, kinds=KINDS) -> None:
@@ -214,6 +222,7 @@ class Residency:
         done: weights, encoder and scratch are freed, state is copied back
         (unless its region keeps it resident).  Device memory returns to the
         driver in the background; `drain` waits for that."""
+        self.generation += 1
         check(lib.vramd_release(self._ctx, kind_mask(kinds)))
 
     def breakdown(self) -> dict:

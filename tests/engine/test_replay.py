@@ -1,0 +1,96 @@
+"""Decode replays one recorded step (vramd/engine/llama.py, LlamaModel._decode),
+and a decode step can be timed per dispatch (vramd/gpu/timing.py).
+
+Correctness of the replayed logits against the numpy reference is
+test_forward.py's job (its decode loops run through the replay); here: the
+step is recorded once for many tokens, recorded again after a
+release/restore (buffers may move) with the logits still right, and the
+timestamps of a step name every dispatch, with the bytes of each matvec.
+"""
+import numpy as np
+import pytest
+
+from tests.engine.models import write_llama
+from tests.engine.reference import ReferenceModel
+from tests.engine.test_forward import TOL, rel_err
+from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
+from vramd.model import loader
+from vramd.model.gguf_check import validate_gguf
+
+CTX = 64
+
+
+@pytest.fixture
+def model(device, tmp_path):
+    from vramd.gpu.residency import Residency
+
+    path = write_llama(tmp_path / "m.gguf", weight_type="Q8_0", n_head=4, n_head_kv=2, seed=3)
+    mf = validate_gguf(path)
+    cfg = LlamaConfig.from_model(mf)
+    res = Residency(device)
+    lm = loader.load(path, res, CTX, mf=mf, scratch=scratch_layout(cfg, 16))
+    res.restore(["weights", "state"])
+    m = LlamaModel(lm, res, CTX, lm.scratch, batch=16)
+    yield m, ReferenceModel(path), res
+    m.close()
+    res.close()
+
+
+def test_decode_records_once_and_rerecords_after_a_move(model):
+    m, ref, res = model
+    kv = ref.new_kv(np.float16)
+    prompt = [1, 7, 9, 11]
+    m.forward(prompt, 0)
+    ref.forward(prompt, kv, 0)
+    pos = len(prompt)
+    for tok in [20, 21, 22, 23]:
+        assert rel_err(m.forward([tok], pos), ref.forward([tok], kv)[-1]) < TOL
+        pos += 1
+    assert m.step_records == 1
+    # A switch: every region released (scratch freed, KV copied out), then
+    # restored into new device memory.  The step must be recorded again.
+    res.release(["weights", "state", "scratch"])
+    res.drain()
+    res.restore(["weights", "state"])
+    for tok in [24, 25]:
+        assert rel_err(m.forward([tok], pos), ref.forward([tok], kv)[-1]) < TOL
+        pos += 1
+    assert m.step_records == 2
+    # A prefill chunk in between binds the same buffers: no re-record.
+    m.forward([30, 31], pos)
+    ref.forward([30, 31], kv)
+    pos += 2
+    assert rel_err(m.forward([32], pos), ref.forward([32], kv)[-1]) < TOL
+    assert m.step_records == 2
+
+
+def test_a_profiled_step_times_every_dispatch(model, device):
+    from vramd.gpu.timing import Timestamps, summarize
+
+    m, _ref, _res = model
+    cfg = m.cfg
+    timer = Timestamps(device)
+    try:
+        m.profile(timer)
+        m.forward([1, 2, 3], 0)
+        steps = []
+        for i in range(3):
+            m.forward([4 + i], 3 + i)
+            steps.append(timer.read())
+        m.profile(None)
+        m.forward([9], 6)   # re-recorded without timestamps; still works
+    finally:
+        timer.close()
+    assert m.step_records == 2
+    n = m._step.dispatches
+    assert all(len(s) == n for s in steps)
+    assert all(ns >= 0 for s in steps for _l, _b, ns in s)
+    matvecs = [(label, nbytes) for label, nbytes, _ns in steps[0] if label.startswith("matvec_")]
+    assert len(matvecs) == 7 * cfg.n_layer + 1          # q k v o gate up down per layer, then the output
+    per_layer = (cfg.n_embd * (2 * cfg.q_width + 2 * cfg.kv_width) + 3 * cfg.n_embd * cfg.n_ff) // 32 * 34
+    want = cfg.n_layer * per_layer + cfg.n_vocab * cfg.n_embd // 32 * 34
+    assert sum(b for _l, b in matvecs) == want           # every Q8_0 weight byte, once
+    s = summarize(steps)
+    assert s["steps"] == 3 and s["gpu_ms_per_step"] > 0
+    assert sum(k["dispatches"] for k in s["kernels"]) == n
+    assert {k["kernel"].split()[0] for k in s["kernels"]} >= {"matvec_q8_0", "attention", "rms_norm", "get_rows_q8_0"}
