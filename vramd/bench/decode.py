@@ -8,6 +8,14 @@ time, greedy (each timed).  The roofline of one decode step is the bytes it
 must read — every weight once, plus the K and V rows attended to — divided
 by the device's memory bandwidth (`--bandwidth`, GB/s; the H200's 4800 by
 default), and the report gives the measured rate as a fraction of it.
+
+Decode replays one recorded step per token (vramd/engine/llama.py).  With
+`--profile`, after the timed tokens, `--profile-steps` more tokens are decoded
+with a GPU timestamp after every dispatch (vramd/gpu/timing.py): the report
+adds the GPU time per kernel and shape summed over a step (median over the
+steps), the weight bytes each matvec reads and so its GB/s, and the GPU time
+of a whole step against the wall time of one (the rest is host work and
+submission).  The profiled tokens are not in the decode rate.
 """
 
 from __future__ import annotations
@@ -23,11 +31,13 @@ import click
 import numpy as np
 
 
-def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx: int, bandwidth: float) -> dict:
+def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx: int, bandwidth: float,
+        profile_steps: int = 0) -> dict:
     from vramd.bench.models import LlamaShape, write_model
     from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency
+    from vramd.gpu.timing import Timestamps, summarize
     from vramd.model import loader
     from vramd.model.gguf_check import validate_gguf
 
@@ -60,6 +70,26 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
                     logits = m.forward([tok], pos)
                     steps.append(time.monotonic() - t0)
                     pos += 1
+                profile = None
+                if profile_steps:
+                    timer = Timestamps(dev)
+                    try:
+                        m.profile(timer)
+                        timed, walls = [], []
+                        for _ in range(profile_steps):
+                            tok = int(np.argmax(logits))
+                            t0 = time.monotonic()
+                            logits = m.forward([tok], pos)
+                            walls.append(time.monotonic() - t0)
+                            timed.append(timer.read())
+                            pos += 1
+                        m.profile(None)
+                        profile = summarize(timed)
+                        profile["wall_ms_per_step"] = statistics.median(walls) * 1000
+                        profile["truncated"] = timer.truncated
+                        profile["by_kernel"] = _by_kernel(profile["kernels"])
+                    finally:
+                        timer.close()
             finally:
                 m.close()
             device = dev.name
@@ -80,26 +110,46 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
         "decode_ms_p99": sorted(steps)[min(len(steps) - 1, int(0.99 * len(steps)))] * 1000,
         "bytes_per_token": bytes_per_token, "bandwidth_gbps": bandwidth,
         "roofline_tps": roofline_tps, "roofline_ratio": decode_tps / roofline_tps,
+        **({"profile": profile} if profile is not None else {}),
     }
+
+
+def _by_kernel(kernels: list[dict]) -> list[dict]:
+    """summarize()'s rows (labelled "kernel shape") summed per kernel name."""
+    out: dict[str, dict] = {}
+    for k in kernels:
+        d = out.setdefault(k["kernel"].split()[0], {"kernel": k["kernel"].split()[0], "us": 0.0, "bytes": 0,
+                                                     "dispatches": 0, "share": 0.0})
+        d["us"] += k["us"]
+        d["bytes"] += k["bytes"]
+        d["dispatches"] += k["dispatches"]
+        d["share"] += k["share"]
+    for d in out.values():
+        d["gbps"] = d["bytes"] / (d["us"] * 1e3) if d["bytes"] and d["us"] > 0 else None
+    return sorted(out.values(), key=lambda d: -d["us"])
 
 
 @click.command(name="decode")
 @click.option("--model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A GGUF model; default: a synthetic llama of --shape.")
 @click.option("--shape", type=click.Choice(["8b", "7b", "small"]), default="8b", show_default=True)
-@click.option("--type", "wtype", type=click.Choice(["F16", "Q8_0", "Q4_0", "F32"]), default="F16", show_default=True,
-              help="Weight type of the synthetic model.")
+@click.option("--type", "wtype", type=click.Choice(["F16", "Q8_0", "Q4_0", "Q4_K", "F32"]), default="F16",
+              show_default=True, help="Weight type of the synthetic model.")
 @click.option("--prompt", type=click.IntRange(min=8), default=512, show_default=True, help="Prefill tokens.")
 @click.option("--tokens", type=click.IntRange(min=1), default=32, show_default=True, help="Decoded tokens.")
 @click.option("--ctx", type=click.IntRange(min=16), default=1024, show_default=True)
 @click.option("--bandwidth", type=float, default=4800.0, show_default=True,
               help="Device memory bandwidth in GB/s for the roofline (H200: 4800).")
+@click.option("--profile", is_flag=True, help="Then time every kernel of a decode step on the GPU.")
+@click.option("--profile-steps", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Decode steps timed per kernel with --profile (after the timed tokens).")
 @click.option("--json", "as_json", is_flag=True)
-def command(model, shape, wtype, prompt, tokens, ctx, bandwidth, as_json):
+def command(model, shape, wtype, prompt, tokens, ctx, bandwidth, profile, profile_steps, as_json):
     """Batch-1 decode and prefill tokens/s, and the fraction of the bandwidth roofline."""
-    if prompt + tokens > ctx:
-        raise click.UsageError("--prompt + --tokens must fit in --ctx")
-    r = run(model, shape, wtype, prompt, tokens, ctx, bandwidth)
+    extra = profile_steps if profile else 0
+    if prompt + tokens + extra > ctx:
+        raise click.UsageError("--prompt + --tokens (+ --profile-steps with --profile) must fit in --ctx")
+    r = run(model, shape, wtype, prompt, tokens, ctx, bandwidth, extra)
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
@@ -107,6 +157,14 @@ def command(model, shape, wtype, prompt, tokens, ctx, bandwidth, as_json):
     click.echo(f"  prefill {r['prompt_tokens']} tokens: {r['prefill_tps']:.0f} tok/s")
     click.echo(f"  decode: {r['decode_tps']:.1f} tok/s ({r['decode_ms_p50']:.2f} ms/token); roofline "
                f"{r['roofline_tps']:.0f} tok/s at {bandwidth:.0f} GB/s -> {100 * r['roofline_ratio']:.1f} %")
+    p = r.get("profile")
+    if p:
+        click.echo(f"  profile ({p['steps']} steps): GPU {p['gpu_ms_per_step']:.3f} ms of "
+                   f"{p['wall_ms_per_step']:.3f} ms per step")
+        for k in p["kernels"]:
+            gbps = f"{k['gbps']:8.1f} GB/s" if k["gbps"] else " " * 13
+            click.echo(f"    {k['kernel']:<34} {k['dispatches']:5d} x  {k['us']:10.1f} us  {gbps}  "
+                       f"{100 * k['share']:5.1f} %")
 
 
 if __name__ == "__main__":

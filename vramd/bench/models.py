@@ -23,8 +23,12 @@ WORDS = ("the of and to in is you that it he was for on are as with his they at 
          "go see number no way could people my than first water been call who oil its now find long down day did "
          "get come made may part GPU model cache token memory share").split()
 
-TYPES = {"F16": 1, "F32": 0, "Q8_0": 8, "Q4_0": 2}
-_BLOCK = {"F16": (1, 2), "F32": (1, 4), "Q8_0": (32, 34), "Q4_0": (32, 18)}
+TYPES = {"F16": 1, "F32": 0, "Q8_0": 8, "Q4_0": 2, "Q4_K": 12}
+_BLOCK = {"F16": (1, 2), "F32": (1, 4), "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_K": (256, 144)}
+# Types gguf.quants can quantize, so "random" fill works; the others (Q4_K:
+# gguf 0.19 raises NotImplementedError) are written as zeros only (an
+# all-zero block is a valid block of every type: scales 0, value 0).
+_RANDOM_OK = ("F16", "F32", "Q8_0", "Q4_0")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,9 @@ def write_model(path: str | os.PathLike, shape: LlamaShape, *, wtype: str = "F16
                 seed: int = 0, name: str = "synthetic") -> Path:
     """Write a llama GGUF of `shape`; `fill` "zeros" (sparse, instant) or "random" (seeded)."""
     import gguf
+    if fill == "random" and wtype not in _RANDOM_OK:
+        raise ValueError(f"random {wtype} weights: gguf cannot quantize {wtype}; use fill='zeros' "
+                         f"(random works for {', '.join(_RANDOM_OK)})")
     path = Path(path)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(name)
