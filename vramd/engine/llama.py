@@ -261,32 +261,43 @@ class LlamaModel:
         return None
 
     def _linear(self, name: str, x, y, n: int, width: int) -> None:
-        self.ops.matvec(self._weight(name + ".weight"), x, y, n)
-        bias = self._vector(name + ".bias", width)
-        if bias is not None:
-            self.ops.add(y, bias, y, n * width, width)
+        self._linears([(name, x, y, width)], n)
+
+    def _linears(self, items, n: int) -> None:
+        """y = W x (+ bias) for independent (name, x, y, width) items: the
+        matvecs run side by side (one barrier after them all), then the bias
+        adds, likewise."""
+        ops = self.ops
+        with ops.parallel():
+            for name, x, y, _width in items:
+                ops.matvec(self._weight(name + ".weight"), x, y, n)
+        biases = [(y, b, width) for name, _x, y, width in items
+                  if (b := self._vector(name + ".bias", width)) is not None]
+        if biases:
+            with ops.parallel():
+                for y, b, width in biases:
+                    ops.add(y, b, y, n * width, width)
 
     def _layer(self, i: int, n: int) -> None:
         cfg, ops, a = self.cfg, self.ops, self.act
         p = f"blk.{i}."
         E, Q, KV, F, hd = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.n_ff, cfg.head_dim
         ops.rms_norm(a["x"], self.weights[p + "attn_norm.weight"], a["h"], cfg.eps, n, E)
-        self._linear(p + "attn_q", a["h"], a["q"], n, Q)
-        self._linear(p + "attn_k", a["h"], a["k"], n, KV)
-        self._linear(p + "attn_v", a["h"], a["v"], n, KV)
+        self._linears([(p + "attn_q", a["h"], a["q"], Q), (p + "attn_k", a["h"], a["k"], KV),
+                       (p + "attn_v", a["h"], a["v"], KV)], n)
         rope = dict(n_rot=cfg.n_rot, neox=cfg.neox, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale,
                     freq_factors=self.weights.get("rope_freqs.weight"))
-        ops.rope(a["q"], a["pos"], n, cfg.n_head, hd, **rope)
-        ops.rope(a["k"], a["pos"], n, cfg.n_head_kv, hd, **rope)
+        with ops.parallel():  # q and k rotate in place, V goes to the cache as it is
+            ops.rope(a["q"], a["pos"], n, cfg.n_head, hd, **rope)
+            ops.rope(a["k"], a["pos"], n, cfg.n_head_kv, hd, **rope)
+            ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, KV, self.ctx)
         ops.kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, KV, self.ctx)
-        ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, KV, self.ctx)
         ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
                       cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd))
         self._linear(p + "attn_output", a["att"], a["h"], n, E)
         ops.add(a["x"], a["h"], a["x"], n * E)
         ops.rms_norm(a["x"], self.weights[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
-        self._linear(p + "ffn_gate", a["h"], a["gate"], n, F)
-        self._linear(p + "ffn_up", a["h"], a["up"], n, F)
+        self._linears([(p + "ffn_gate", a["h"], a["gate"], F), (p + "ffn_up", a["h"], a["up"], F)], n)
         ops.silu_mul(a["gate"], a["up"], a["gate"], n * F)
         self._linear(p + "ffn_down", a["gate"], a["h"], n, E)
         ops.add(a["x"], a["h"], a["x"], n * E)

@@ -173,6 +173,7 @@ class Ops:
         self.subgroup_size = _check_subgroups(residency.device)
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
+        self._parallel = False                # inside parallel(): no barrier after each dispatch
         self._spare: Batch | None = None      # reused by batch()
         self._graphs: list[Batch] = []
 
@@ -227,6 +228,21 @@ class Ops:
         if self._batch is not None:
             self._batch.barrier()
 
+    @contextlib.contextmanager
+    def parallel(self):
+        """Ops called inside are independent of each other (none reads what
+        another writes, no two write the same bytes): they are recorded
+        without the barrier after each, and one barrier follows them all, so
+        the GPU may overlap them (q/k/v projections, gate and up)."""
+        if self._parallel:
+            raise UsageError("parallel() does not nest")
+        self._parallel = True
+        try:
+            yield
+        finally:
+            self._parallel = False
+            self.barrier()
+
     def sync(self) -> None:
         """Waits for every submitted op."""
         self.residency.sync()
@@ -262,7 +278,7 @@ class Ops:
                   nbytes: int = 0) -> None:
         """`label`/`nbytes`: the name and bytes read, for a batch's timer (vramd/gpu/timing.py)."""
         if self._batch is not None:
-            self._batch.dispatch(kernel, views, push, groups, label=label, nbytes=nbytes)
+            self._batch.dispatch(kernel, views, push, groups, not self._parallel, label=label, nbytes=nbytes)
             return
         with self.batch() as b:
             b.dispatch(kernel, views, push, groups, label=label, nbytes=nbytes)
