@@ -8,6 +8,14 @@
 // Q8_0/Q4_0 words inline, so these types take its generic per-element path
 // (elem).  BLOCK_ELEMS / BLOCK_BYTES name the block for any faster path.
 //
+// Included by matvec.glsl (recognized by its NR and RPW), these types also
+// define MV_UNIT and mv_unit() (matvec.glsl's faster hook): a lane decodes a
+// whole unit of a block from uint32 words (w_u32a2: blocks of 22 and 210
+// bytes sit at 2 mod 4 every other one) and dots it with x read as vec4s,
+// scales applied once per sub-block.  Units: a 32-element block for
+// Q4_1/Q5_0/Q5_1; for the K-quants 64 elements, the pair of 32-element
+// groups that share quant bytes (low and high nibbles).
+//
 // Block layouts are ggml's (ggml-common.h), every field at a fixed byte
 // offset in the block, multi-byte fields little-endian; all block sizes are
 // even, so f16 fields and qh words sit at even byte offsets (w_u32a2).
@@ -124,3 +132,127 @@ float elem(uint rowb, uint c) {
 #else
 #error "dequant_k.glsl: define one of TYPE_Q4_1, TYPE_Q5_0, TYPE_Q5_1, TYPE_Q4_K, TYPE_Q5_K, TYPE_Q6_K"
 #endif
+
+#if defined(NR) && defined(RPW)  // included by matvec.glsl: the MV_UNIT hook
+vec4 xvec4(uint i);  // x[i .. i+3] (i a multiple of 4): defined by matvec.glsl after this include
+
+// Nibbles of a quant word: bytes k = 0..3, low (elements 4i+k) and high.
+vec4 nib_lo(uint q) { return vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u); }
+vec4 nib_hi(uint q) { return vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, q >> 28); }
+// Bit `s` of each byte of h, as 0/16 (the 5th bit of Q5 types).
+vec4 bit5(uint h, uint s) {
+    return vec4((h >> s) & 1u, (h >> (s + 8u)) & 1u, (h >> (s + 16u)) & 1u, (h >> (s + 24u)) & 1u) * 16.0;
+}
+// Bits 32k + s, 32k + s + 1, ... of a 32-bit mask word (Q5_0/Q5_1 qh) as 0/16.
+vec4 bit5w(uint h, uint s) {
+    return vec4((h >> s) & 1u, (h >> (s + 1u)) & 1u, (h >> (s + 2u)) & 1u, (h >> (s + 3u)) & 1u) * 16.0;
+}
+
+#if defined(TYPE_Q4_1) || defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
+#define MV_UNIT 32u
+float mv_unit(uint rowb, uint u, uint xb) {
+    uint b = rowb + u * BLOCK_BYTES;
+    uint c = xb + (u << 5);
+#if defined(TYPE_Q5_0)
+    const uint QS = 6u;
+    float d = w_f16(b);
+    uint qh = w_u32a2(b + 2u);
+#elif defined(TYPE_Q5_1)
+    const uint QS = 8u;
+    vec2 dm = unpackHalf2x16(w_u32a2(b));
+    uint qh = w_u32a2(b + 4u);
+#else
+    const uint QS = 4u;
+    vec2 dm = unpackHalf2x16(w_u32a2(b));
+#endif
+    float s = 0.0, sx = 0.0;
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uint q = w_u32a2(b + QS + 4u * i);
+        vec4 xl = xvec4(c + 4u * i), xh = xvec4(c + 16u + 4u * i);
+        vec4 lo = nib_lo(q), hi = nib_hi(q);
+#if defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
+        lo += bit5w(qh, 4u * i);
+        hi += bit5w(qh, 16u + 4u * i);
+#endif
+        s += dot(lo, xl) + dot(hi, xh);
+        sx += dot(xl, vec4(1.0)) + dot(xh, vec4(1.0));
+    }
+#if defined(TYPE_Q5_0)
+    return d * (s - 16.0 * sx);
+#else
+    return dm.x * s + dm.y * sx;
+#endif
+}
+#elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
+#define MV_UNIT 64u
+// 6-bit scale and min of sub-block s from the three scale words (as k4_scale_min).
+void k4_sm(uint s0, uint s1, uint s2, uint s, out float sc, out float mn) {
+    if (s < 4u) {
+        sc = float((s0 >> (8u * s)) & 63u);
+        mn = float((s1 >> (8u * s)) & 63u);
+    } else {
+        uint t = 8u * (s - 4u);
+        sc = float(((s2 >> t) & 15u) | (((s0 >> (t + 6u)) & 3u) << 4));
+        mn = float(((s2 >> (t + 4u)) & 15u) | (((s1 >> (t + 6u)) & 3u) << 4));
+    }
+}
+float mv_unit(uint rowb, uint u, uint xb) {
+    uint b = rowb + (u >> 2) * BLOCK_BYTES;
+    uint j = u & 3u;  // sub-blocks 2j (low nibbles) and 2j + 1 (high)
+    uint c = xb + (u << 6);
+    vec2 dm = unpackHalf2x16(w_u32a2(b));
+    float sc0, mn0, sc1, mn1;
+    uint s0 = w_u32a2(b + 4u), s1 = w_u32a2(b + 8u), s2 = w_u32a2(b + 12u);
+    k4_sm(s0, s1, s2, 2u * j, sc0, mn0);
+    k4_sm(s0, s1, s2, 2u * j + 1u, sc1, mn1);
+#if defined(TYPE_Q5_K)
+    const uint QS = 48u;
+#else
+    const uint QS = 16u;
+#endif
+    float sl = 0.0, sh = 0.0, xl_sum = 0.0, xh_sum = 0.0;
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        uint q = w_u32a2(b + QS + 32u * j + 4u * i);
+        vec4 xl = xvec4(c + 4u * i), xh = xvec4(c + 32u + 4u * i);
+        vec4 lo = nib_lo(q), hi = nib_hi(q);
+#if defined(TYPE_Q5_K)
+        uint h = w_u32a2(b + 16u + 4u * i);  // qh[4i .. 4i+3]: bit s is sub-block s's 5th bit
+        lo += bit5(h, 2u * j);
+        hi += bit5(h, 2u * j + 1u);
+#endif
+        sl += dot(lo, xl);
+        sh += dot(hi, xh);
+        xl_sum += dot(xl, vec4(1.0));
+        xh_sum += dot(xh, vec4(1.0));
+    }
+    return dm.x * (sc0 * sl + sc1 * sh) - dm.y * (mn0 * xl_sum + mn1 * xh_sum);
+}
+#elif defined(TYPE_Q6_K)
+#define MV_UNIT 64u
+float mv_unit(uint rowb, uint u, uint xb) {
+    uint b = rowb + (u >> 2) * BLOCK_BYTES;
+    uint n = (u >> 1) & 1u;  // half of the block
+    uint h = u & 1u;         // groups h (low nibbles) and h + 2 (high) of the half
+    uint c = xb + ((u >> 2) << 8) + (n << 7) + (h << 5);
+    float d = w_f16(b + 208u);
+    uint sb = b + 192u + (n << 3) + 2u * h;  // scales of group h: sb, sb + 1; of group h + 2: sb + 4, sb + 5
+    float s = 0.0;
+    [[unroll]] for (uint half16 = 0u; half16 < 2u; half16++) {  // l < 16, l >= 16: their own scales
+        float sa = 0.0, sbb = 0.0;
+        [[unroll]] for (uint i = 4u * half16; i < 4u * half16 + 4u; i++) {
+            uint q = w_u32a2(b + (n << 6) + (h << 5) + 4u * i);
+            uint hh = w_u32a2(b + 128u + (n << 5) + 4u * i);
+            vec4 lo = nib_lo(q) + 16.0 * vec4((hh >> (2u * h)) & 3u, (hh >> (2u * h + 8u)) & 3u,
+                                              (hh >> (2u * h + 16u)) & 3u, (hh >> (2u * h + 24u)) & 3u);
+            vec4 hi = nib_hi(q) + 16.0 * vec4((hh >> (2u * h + 4u)) & 3u, (hh >> (2u * h + 12u)) & 3u,
+                                              (hh >> (2u * h + 20u)) & 3u, (hh >> (2u * h + 28u)) & 3u);
+            sa += dot(lo - 32.0, xvec4(c + 4u * i));
+            sbb += dot(hi - 32.0, xvec4(c + 64u + 4u * i));
+        }
+        int ka = int(w_u8(sb + half16) << 24) >> 24, kb = int(w_u8(sb + 4u + half16) << 24) >> 24;
+        s += float(ka) * sa + float(kb) * sbb;
+    }
+    return d * s;
+}
+#endif
+#endif  // matvec.glsl

@@ -104,14 +104,17 @@ def close_to_dot(y, ref, mag, rel=2e-6):
     assert np.all(err <= bound), f"max error {err.max():.3g}, worst ratio {np.max(err / bound):.3g}"
 
 
-def run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens):
+def run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens, x_off=1, w_off=0):
+    """x starts x_off floats into its tensor (1: not 16-byte aligned, so
+    matvec reads x a float at a time; 0: as vec4s); the weights start w_off
+    bytes into theirs (2: every block's words straddle uint32 words)."""
     rows, cols = w.shape
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
-    # x starts one float into its tensor: an offset that is not storage-aligned.
-    xpad = np.concatenate([[np.float32(7)], x.reshape(-1)])
-    wt = bufs("weights", w=raw)["w"]
+    xpad = np.concatenate([np.full(x_off, 7, np.float32), x.reshape(-1)])
+    wpad = np.concatenate([np.full(w_off, 0xAB, np.uint8), raw.reshape(-1)])
+    wt = bufs("weights", w=wpad)["w"]
     t = bufs(x=xpad, y=4 * n_tokens * rows)
-    ops.matvec(Weight(wt, qtype, rows, cols), view(t["x"], 4), t["y"], n_tokens)
+    ops.matvec(Weight(view(wt, w_off), qtype, rows, cols), view(t["x"], 4 * x_off), t["y"], n_tokens)
     ops.sync()
     y = t["y"].read(np.float32).reshape(n_tokens, rows)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
@@ -146,6 +149,16 @@ def test_matvec_synthetic(ops, bufs, rng, qtype, rows, n_tokens):
     Odd row counts throughout."""
     raw, w = blocks(rng, qtype, rows, _cols(qtype))
     run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("x_off,w_off,n_tokens", [(0, 0, 1), (0, 2, 2), (1, 2, 1), (0, 0, 6), (1, 2, 5)],
+                         ids=["x-aligned", "x-aligned-w+2", "w+2", "prefill-x-aligned", "prefill-w+2"])
+def test_matvec_alignments(ops, bufs, rng, qtype, x_off, w_off, n_tokens):
+    """The load paths of matvec: x read as vec4s (16-byte aligned) or float by
+    float, weights at a 2-byte offset (a block's fields straddle words)."""
+    raw, w = blocks(rng, qtype, 21, 2 * _cols(qtype))
+    run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens, x_off, w_off)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -186,12 +199,13 @@ REAL = [("blk.0.attn_output.weight", Q.Q4_K, 301), ("blk.17.attn_output.weight",
 
 
 @pytest.mark.parametrize("name,qtype,first", REAL, ids=[f"{n}-{q.name}" for n, q, _ in REAL])
-@pytest.mark.parametrize("n_tokens", [1, 3, 6])
-def test_matvec_real_blocks(ops, bufs, rng, gemma, name, qtype, first, n_tokens):
-    """67 rows of a real tensor: decode form (1 and 3 tokens) and prefill form (6)."""
+@pytest.mark.parametrize("n_tokens,x_off", [(1, 0), (1, 1), (3, 0), (6, 1)])
+def test_matvec_real_blocks(ops, bufs, rng, gemma, name, qtype, first, n_tokens, x_off):
+    """67 rows of a real tensor: decode form (1 and 3 tokens; x aligned or
+    not) and prefill form (6)."""
     got_type, raw, w = real_rows(gemma, name, first, 67)
     assert got_type == qtype, f"{name} is {got_type.name} in the file"
-    run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens)
+    run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens, x_off)
 
 
 @pytest.mark.parametrize("name,qtype,first", REAL, ids=[f"{n}-{q.name}" for n, q, _ in REAL])
