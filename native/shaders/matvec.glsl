@@ -38,6 +38,7 @@ layout(local_size_x = 128) in;
 #define NR 2u     // rows a subgroup computes together (they share x loads)
 #define RPW 8u    // rows per work group (Ops: _MATVEC_ROWS)
 #define UNROLL 4u // vector loads in flight per row per lane (float types)
+#define BU 2u     // blocks in flight per row per lane (Q8_0, Q4_0)
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, set = 0, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
@@ -148,46 +149,50 @@ void dot_rows(uint rowb[NR], uint xb, uint lane, uint sg, inout float acc[NR]) {
     const uint NW = 5u;   // 18 bytes
 #endif
     uint nb = p.cols >> 5;
-    for (uint blk = lane; blk < nb; blk += sg) {
-        uint wd[NR][NW];
-        [[unroll]] for (uint k = 0u; k < NR; k++) {
-            uint wi = (rowb[k] + blk * BLOCK_BYTES) >> 2;
-            [[unroll]] for (uint i = 0u; i < NW; i++) {
-                wd[k][i] = w[wi + i];
+    for (uint b0 = lane; b0 < nb; b0 += BU * sg) {
+        // The words of BU blocks per row first (clamped: unconditional), then
+        // the arithmetic block by block.
+        uint wd[BU][NR][NW];
+        [[unroll]] for (uint bu = 0u; bu < BU; bu++) {
+            uint blk = min(b0 + bu * sg, nb - 1u);
+            [[unroll]] for (uint k = 0u; k < NR; k++) {
+                uint wi = (rowb[k] + blk * BLOCK_BYTES) >> 2;
+                [[unroll]] for (uint i = 0u; i < NW; i++) {
+                    wd[bu][k][i] = w[wi + i];
+                }
             }
         }
-        uint c = xb + (blk << 5);
-#if defined(TYPE_Q8_0)
-        vec4 xs[8];
-        [[unroll]] for (uint i = 0u; i < 8u; i++) {
-            xs[i] = xvec4(c + 4u * i);
-        }
-#else
-        vec4 xs[8];  // 0..3: elements 0..15 (low nibbles), 4..7: 16..31 (high)
-        [[unroll]] for (uint i = 0u; i < 8u; i++) {
-            xs[i] = xvec4(c + 4u * i);
-        }
-#endif
-        [[unroll]] for (uint k = 0u; k < NR; k++) {
-            bool odd = ((rowb[k] + blk * BLOCK_BYTES) & 2u) != 0u;
-            float d = unpackHalf2x16(odd ? (wd[k][0] >> 16) : wd[k][0]).x;
-            float s = 0.0;
-#if defined(TYPE_Q8_0)
+        [[unroll]] for (uint bu = 0u; bu < BU; bu++) {
+            uint blk = b0 + bu * sg;
+            if (blk >= nb) {
+                break;
+            }
+            uint c = xb + (blk << 5);
+            vec4 xs[8];  // Q4_0: 0..3 are elements 0..15 (low nibbles), 4..7 16..31 (high)
             [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                int q = int(odd ? wd[k][i + 1u] : ((wd[k][i] >> 16) | (wd[k][i + 1u] << 16)));
-                vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
-                              bitfieldExtract(q, 24, 8));
-                s += dot(v, xs[i]);
+                xs[i] = xvec4(c + 4u * i);
             }
+            [[unroll]] for (uint k = 0u; k < NR; k++) {
+                bool odd = ((rowb[k] + blk * BLOCK_BYTES) & 2u) != 0u;
+                float d = unpackHalf2x16(odd ? (wd[bu][k][0] >> 16) : wd[bu][k][0]).x;
+                float s = 0.0;
+#if defined(TYPE_Q8_0)
+                [[unroll]] for (uint i = 0u; i < 8u; i++) {
+                    int q = int(odd ? wd[bu][k][i + 1u] : ((wd[bu][k][i] >> 16) | (wd[bu][k][i + 1u] << 16)));
+                    vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
+                                  bitfieldExtract(q, 24, 8));
+                    s += dot(v, xs[i]);
+                }
 #else  // Q4_0: quant word i holds elements 4i..4i+3 (low nibbles) and 16+4i.. (high)
-            [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                uint q = odd ? wd[k][i + 1u] : ((wd[k][i] >> 16) | (wd[k][i + 1u] << 16));
-                vec4 lo = vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u) - 8.0;
-                vec4 hi = vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, (q >> 28) & 15u) - 8.0;
-                s += dot(lo, xs[i]) + dot(hi, xs[i + 4u]);
-            }
+                [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                    uint q = odd ? wd[bu][k][i + 1u] : ((wd[bu][k][i] >> 16) | (wd[bu][k][i + 1u] << 16));
+                    vec4 lo = vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u) - 8.0;
+                    vec4 hi = vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, (q >> 28) & 15u) - 8.0;
+                    s += dot(lo, xs[i]) + dot(hi, xs[i + 4u]);
+                }
 #endif
-            acc[k] += d * s;
+                acc[k] += d * s;
+            }
         }
     }
 #elif defined(MV_UNIT)
