@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from vramd.errors import ModelError
 from vramd.model.gguf_check import ModelFile, validate_gguf
 
@@ -44,6 +46,9 @@ class LoadedModel:
     kv_shape: KVShape | None
     load_seconds: float = 0.0
     regions: list = field(default_factory=list)
+    # Tensors placed on the host (--n-cpu-moe): raw bytes in plain memory,
+    # computed on the CPU; never part of the residency swap.
+    host: dict = field(default_factory=dict)
 
 
 def arch_int(mf: ModelFile, key: str, default: int | None = None) -> int | None:
@@ -78,7 +83,8 @@ def scratch_bytes(mf: ModelFile) -> int:
 
 
 def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
-         progress: bool | None = None, scratch=None, mf: ModelFile | None = None) -> LoadedModel:
+         progress: bool | None = None, scratch=None, mf: ModelFile | None = None,
+         host_tensors=()) -> LoadedModel:
     """Validate `path`, lay out its regions, read its tensors into the host shadows.
 
     `scratch`: the compute buffers as [(name, nbytes)] (the engine knows
@@ -86,7 +92,9 @@ def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
     """
     t0 = time.monotonic()
     mf = mf or validate_gguf(path)
-    weights = residency.region("weights", f"{name}/weights", [(t.name, t.nbytes) for t in mf.tensors])
+    on_host = set(host_tensors)
+    weights = residency.region("weights", f"{name}/weights",
+                               [(t.name, t.nbytes) for t in mf.tensors if t.name not in on_host])
     regions = [weights]
     try:
         shape = kv_shape(mf, ctx)
@@ -100,16 +108,19 @@ def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
             regions.append(kv)
         scratch = residency.region("scratch", f"{name}/scratch", scratch or [("compute", scratch_bytes(mf))])
         regions.append(scratch)
-        read_tensors(mf, weights, progress=sys.stderr.isatty() if progress is None else progress)
+        read_tensors(mf, weights, progress=sys.stderr.isatty() if progress is None else progress,
+                     host=(host := {}), on_host=on_host)
     except BaseException:
         for region in reversed(regions):  # nothing half-loaded
             region.destroy()
         raise
-    return LoadedModel(mf, weights, kv, scratch, shape, time.monotonic() - t0, regions)
+    return LoadedModel(mf, weights, kv, scratch, shape, time.monotonic() - t0, regions, host)
 
 
-def read_tensors(mf: ModelFile, region, progress: bool = False) -> None:
-    """pread every tensor into its shadow; check the file did not change since validation."""
+def read_tensors(mf: ModelFile, region, progress: bool = False, host: dict | None = None,
+                 on_host=frozenset()) -> None:
+    """pread every tensor into its shadow (or, if in `on_host`, into a plain array in `host`);
+    check the file did not change since validation."""
     total = sum(t.nbytes for t in mf.tensors)
     done = 0
     fd = os.open(mf.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -119,7 +130,11 @@ def read_tensors(mf: ModelFile, region, progress: bool = False) -> None:
             raise ModelError(f"{mf.path}: the file changed while it was being loaded")
         bar = _Progress(Path(mf.path).name, total) if progress else None
         for t in mf.tensors:
-            dest = memoryview(region.tensors[t.name].host())
+            if t.name in on_host:
+                host[t.name] = np.empty(t.nbytes, dtype=np.uint8)
+                dest = memoryview(host[t.name])
+            else:
+                dest = memoryview(region.tensors[t.name].host())
             got = 0
             while got < t.nbytes:
                 n = os.preadv(fd, [dest[got:]], t.offset + got)

@@ -1,0 +1,311 @@
+"""Mixture-of-experts forward pass: qwen3moe, qwen2moe and mixtral (llama with experts).
+
+Owns: `MoEConfig` (the hyper-parameters and gating rule per architecture),
+`moe_scratch_layout`, and `MoEModel.forward`.  Attention is the llama/qwen2
+one (plus QK-norm for qwen3moe).  The feed-forward is routed: the router's
+logits are read back after each layer's attention, the top-k experts are
+chosen on the CPU (softmax, top-k, renormalised per architecture, see
+tests/engine/reference_moe.py), and only the chosen experts are computed:
+on the GPU for experts whose stacked tensors are resident (one matvec per
+expert slab, a view into the stacked tensor), on the CPU (numpy, the BLAS
+threads) for the tensors `--n-cpu-moe` placed on the host.  The two
+contributions meet in the residual stream on the GPU.
+
+A layer therefore costs one device round trip (the routing needs the
+router's output): correct at any batch size, not yet fast; the
+`vramd bench decode` figures say how far.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from vramd.engine.ops import Ops, Weight, row_bytes, view
+from vramd.errors import ModelError
+
+MOE_ARCHITECTURES = ("qwen3moe", "qwen2moe", "llama")
+MAX_BATCH = 64
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    eps: float
+    n_rot: int
+    rope_base: float
+    rope_scale: float
+    neox: bool
+    n_expert: int
+    n_used: int
+    n_ff_exp: int
+    n_ff_shexp: int
+    renormalize: bool      # the chosen experts' weights are scaled to sum 1
+    tied_output: bool
+
+    @property
+    def q_width(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @staticmethod
+    def is_moe(mf) -> bool:
+        n = mf.metadata.get(f"{mf.architecture}.expert_count", 0)
+        return isinstance(n, int) and not isinstance(n, bool) and n > 0
+
+    @classmethod
+    def from_model(cls, mf) -> "MoEConfig":
+        arch, md = mf.architecture, mf.metadata
+        if arch not in MOE_ARCHITECTURES or not cls.is_moe(mf):
+            raise ModelError(f"{mf.path}: not a supported mixture-of-experts model ({arch})")
+
+        def get(key, default=None):
+            v = md.get(f"{arch}.{key}", default)
+            if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is missing or not positive")
+            return v
+
+        n_embd, n_head = get("embedding_length"), get("attention.head_count")
+        head = get("attention.key_length", n_embd // n_head)
+        if get("attention.value_length", head) != head:
+            raise ModelError(f"{mf.path}: key and value lengths differ")
+        n_expert, n_used = get("expert_count"), get("expert_used_count")
+        if n_used > n_expert:
+            raise ModelError(f"{mf.path}: {n_used} experts used of {n_expert}")
+        factor = md.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0
+        names = {t.name for t in mf.tensors}
+        emb = mf.tensor("token_embd.weight")
+        return cls(arch=arch, n_layer=get("block_count"), n_embd=n_embd, n_head=n_head,
+                   n_head_kv=get("attention.head_count_kv", n_head), head_dim=head, n_vocab=emb.shape[1],
+                   eps=float(get("attention.layer_norm_rms_epsilon")), n_rot=get("rope.dimension_count", head),
+                   rope_base=float(md.get(f"{arch}.rope.freq_base", 10000.0)),
+                   rope_scale=1.0 / factor if factor else 1.0, neox=arch != "llama",
+                   n_expert=n_expert, n_used=n_used,
+                   n_ff_exp=get("expert_feed_forward_length", md.get(f"{arch}.feed_forward_length")),
+                   n_ff_shexp=md.get(f"{arch}.expert_shared_feed_forward_length", 0) or 0,
+                   renormalize=arch != "qwen2moe", tied_output="output.weight" not in names)
+
+
+def moe_scratch_layout(cfg: MoEConfig, batch: int = MAX_BATCH) -> list[tuple[str, int]]:
+    b, e = batch, cfg.n_embd
+    f = max(cfg.n_ff_exp, cfg.n_ff_shexp or 0)
+    return [("x", 4 * b * e), ("h", 4 * b * e), ("q", 4 * b * cfg.q_width), ("k", 4 * b * cfg.kv_width),
+            ("v", 4 * b * cfg.kv_width), ("att", 4 * b * cfg.q_width), ("router", 4 * b * cfg.n_expert),
+            ("g1", 4 * f), ("u1", 4 * f), ("tmp", 4 * e), ("cpu", 4 * b * e), ("shexp", 4 * b * e),
+            ("part", 4 * b * cfg.n_used * cfg.n_ff_exp),
+            ("shgate", 4 * b), ("logits", 4 * b * cfg.n_vocab), ("ids", 4 * b), ("pos", 4 * b)]
+
+
+def route(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k experts per row of router logits: (ids [n, k], weights [n, k]).
+
+    softmax over all experts, the k most probable (ties: lower id first, a
+    stable sort), renormalised to sum 1 when the architecture says so."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, ids, axis=1)
+    if renormalize:
+        w = w / w.sum(axis=1, keepdims=True)
+    return ids, w
+
+
+class MoEModel:
+    def __init__(self, loaded, residency, ctx: int, scratch_region, batch: int = MAX_BATCH):
+        self.file = mf = loaded.file
+        self.cfg = MoEConfig.from_model(mf)
+        self.ctx, self.batch = ctx, batch
+        self.ops = Ops(residency)
+        self.weights = loaded.weights.tensors
+        self.host = loaded.host
+        self.kv = loaded.kv.tensors
+        self.act = scratch_region.tensors
+        self._info = {t.name: t for t in mf.tensors}
+        for name in ("token_embd.weight", "output_norm.weight"):
+            if name not in self._info:
+                raise ModelError(f"{mf.path}: missing tensor {name!r}")
+
+    # -- weights ---------------------------------------------------------------
+
+    def _weight(self, name: str) -> Weight:
+        t = self._info.get(name)
+        if t is None:
+            raise ModelError(f"{self.file.path}: missing tensor {name!r}")
+        return Weight(self.weights[name], t.type, int(np.prod(t.shape[1:])), t.shape[0])
+
+    def _expert(self, name: str, e: int) -> Weight | None:
+        """Expert e's slab of a stacked tensor, on the device; None if the tensor is on the host."""
+        if name in self.host:
+            return None
+        t = self._info[name]
+        rows, cols = t.shape[1], t.shape[0]
+        slab = rows * row_bytes(t.type, cols)
+        return Weight(view(self.weights[name], e * slab, slab), t.type, rows, cols)
+
+    def _host_matrix(self, name: str, e: int) -> np.ndarray:
+        """Expert e's slab of a host-placed tensor, dequantized to float32 [rows, cols]."""
+        import gguf
+        t = self._info[name]
+        rows, cols = t.shape[1], t.shape[0]
+        rb = row_bytes(t.type, cols)
+        raw = self.host[name][e * rows * rb:(e + 1) * rows * rb].reshape(rows, rb)
+        return gguf.quants.dequantize(raw, t.type).reshape(rows, cols).astype(np.float32, copy=False)
+
+    def _bias(self, name: str):
+        return self.weights.get(name) if name in self._info else None
+
+    # -- forward ---------------------------------------------------------------------
+
+    def forward(self, tokens: list[int], pos0: int, all_logits: bool = False) -> np.ndarray:
+        if not tokens:
+            raise ValueError("no tokens")
+        if pos0 < 0 or pos0 + len(tokens) > self.ctx:
+            raise ModelError(f"positions {pos0}..{pos0 + len(tokens) - 1} outside the context of {self.ctx}")
+        out = []
+        for start in range(0, len(tokens), self.batch):
+            chunk = tokens[start:start + self.batch]
+            out.append(self._chunk(chunk, pos0 + start, all_logits))
+        return np.concatenate(out, axis=0) if all_logits else out[-1]
+
+    def _chunk(self, tokens: list[int], pos0: int, all_logits: bool) -> np.ndarray:
+        cfg, ops, a = self.cfg, self.ops, self.act
+        n, E = len(tokens), cfg.n_embd
+        ops.sync()
+        a["ids"].write(np.asarray(tokens, dtype=np.int32))
+        a["pos"].write(np.arange(pos0, pos0 + n, dtype=np.int32))
+        with ops.batch():
+            ops.get_rows(self._weight("token_embd.weight"), a["ids"], a["x"], n)
+        for i in range(cfg.n_layer):
+            self._layer(i, n)
+        out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
+        with ops.batch():
+            ops.rms_norm(a["x"], self.weights["output_norm.weight"], a["h"], cfg.eps, n, E)
+            if all_logits:
+                ops.matvec(out_w, a["h"], a["logits"], n)
+            else:
+                ops.matvec(out_w, view(a["h"], 4 * (n - 1) * E, 4 * E), a["logits"], 1)
+        ops.sync()
+        rows = n if all_logits else 1
+        logits = a["logits"].read(np.float32, 0, 4 * rows * cfg.n_vocab).reshape(rows, cfg.n_vocab).copy()
+        return logits if all_logits else logits[0]
+
+    def _linear(self, name: str, x, y, n: int, width: int) -> None:
+        self.ops.matvec(self._weight(name + ".weight"), x, y, n)
+        bias = self._bias(name + ".bias")
+        if bias is not None:
+            self.ops.add(y, bias, y, n * width, width)
+
+    def _attention(self, i: int, n: int) -> None:
+        cfg, ops, a = self.cfg, self.ops, self.act
+        p, E, hd = f"blk.{i}.", cfg.n_embd, cfg.head_dim
+        ops.rms_norm(a["x"], self.weights[p + "attn_norm.weight"], a["h"], cfg.eps, n, E)
+        self._linear(p + "attn_q", a["h"], a["q"], n, cfg.q_width)
+        self._linear(p + "attn_k", a["h"], a["k"], n, cfg.kv_width)
+        self._linear(p + "attn_v", a["h"], a["v"], n, cfg.kv_width)
+        if p + "attn_q_norm.weight" in self._info:   # qwen3moe: RMSNorm over each head
+            ops.rms_norm(a["q"], self.weights[p + "attn_q_norm.weight"], a["q"], cfg.eps, n * cfg.n_head, hd)
+            ops.rms_norm(a["k"], self.weights[p + "attn_k_norm.weight"], a["k"], cfg.eps, n * cfg.n_head_kv, hd)
+        rope = dict(n_rot=cfg.n_rot, neox=cfg.neox, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale)
+        ops.rope(a["q"], a["pos"], n, cfg.n_head, hd, **rope)
+        ops.rope(a["k"], a["pos"], n, cfg.n_head_kv, hd, **rope)
+        ops.kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, cfg.kv_width, self.ctx)
+        ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, cfg.kv_width, self.ctx)
+        ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
+                      cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd))
+        self._linear(p + "attn_output", a["att"], a["h"], n, E)
+        ops.add(a["x"], a["h"], a["x"], n * E)
+        ops.rms_norm(a["x"], self.weights[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
+
+    def _layer(self, i: int, n: int) -> None:
+        cfg, ops, a = self.cfg, self.ops, self.act
+        p, E, F = f"blk.{i}.", cfg.n_embd, cfg.n_ff_exp
+        shared = p + "ffn_gate_shexp.weight" in self._info
+        with ops.batch():
+            self._attention(i, n)
+            ops.matvec(self._weight(p + "ffn_gate_inp.weight"), a["h"], a["router"], n)
+            if shared:   # qwen2moe's shared expert, and its scalar gate
+                ops.matvec(self._weight(p + "ffn_gate_inp_shexp.weight"), a["h"], a["shgate"], n)
+                self._ffn(p + "ffn_gate_shexp", p + "ffn_up_shexp", p + "ffn_down_shexp", a["h"], a["shexp"], n,
+                          cfg.n_ff_shexp)
+        ops.sync()
+        router = a["router"].read(np.float32, 0, 4 * n * cfg.n_expert).reshape(n, cfg.n_expert)
+        ids, weights = route(router.astype(np.float64), cfg.n_used, cfg.renormalize)
+        names = [p + k + ".weight" for k in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
+        # How many of this layer's expert tensors are on the host: 0..3, a prefix of gate, up, down.
+        n_host = sum(name in self.host for name in names)
+        cpu_out = part = None
+        if n_host:
+            h = a["h"].read(np.float32, 0, 4 * n * E).reshape(n, E).astype(np.float64)
+            part = np.zeros((n * cfg.n_used, F), dtype=np.float32)
+            cpu_out = np.zeros((n, E), dtype=np.float32)
+            for t in range(n):
+                for j, e in enumerate(ids[t]):
+                    slot = t * cfg.n_used + j
+                    if n_host == 1:        # gate on the CPU; up and down on the device
+                        part[slot] = self._host_matrix(names[0], int(e)) @ h[t]
+                    else:                  # gate and up on the CPU
+                        z = self._host_matrix(names[0], int(e)) @ h[t]
+                        part[slot] = z * 0.5 * (1.0 + np.tanh(0.5 * z)) * (self._host_matrix(names[1], int(e)) @ h[t])
+                        if n_host == 3:    # and down too: the whole expert
+                            cpu_out[t] += weights[t, j] * (self._host_matrix(names[2], int(e)) @ part[slot])
+            if n_host < 3:
+                a["part"].write(part)
+            else:
+                a["cpu"].write(cpu_out)
+        with ops.batch():
+            if n_host == 3:
+                ops.add(a["x"], a["cpu"], a["x"], n * E)
+            else:
+                for t in range(n):
+                    h_t = view(a["h"], 4 * t * E, 4 * E)
+                    x_t = view(a["x"], 4 * t * E, 4 * E)
+                    for j, e in enumerate(ids[t]):
+                        e = int(e)
+                        slot = view(a["part"], 4 * (t * cfg.n_used + j) * F, 4 * F)
+                        if n_host == 0:
+                            ops.matvec(self._expert(names[0], e), h_t, a["g1"], 1)
+                            ops.matvec(self._expert(names[1], e), h_t, a["u1"], 1)
+                            ops.silu_mul(a["g1"], a["u1"], a["g1"], F)
+                            ops.matvec(self._expert(names[2], e), a["g1"], a["tmp"], 1)
+                        elif n_host == 1:
+                            ops.matvec(self._expert(names[1], e), h_t, a["u1"], 1)
+                            ops.silu_mul(slot, a["u1"], a["g1"], F)
+                            ops.matvec(self._expert(names[2], e), a["g1"], a["tmp"], 1)
+                        else:
+                            ops.matvec(self._expert(names[2], e), slot, a["tmp"], 1)
+                        ops.scale(a["tmp"], a["tmp"], E, float(weights[t, j]))
+                        ops.add(x_t, a["tmp"], x_t, E)
+        if shared:
+            ops.sync()
+            g = a["shgate"].read(np.float32, 0, 4 * n).astype(np.float64)
+            with ops.batch():
+                for t in range(n):
+                    s_t = view(a["shexp"], 4 * t * E, 4 * E)
+                    x_t = view(a["x"], 4 * t * E, 4 * E)
+                    ops.scale(s_t, s_t, E, float(1.0 / (1.0 + math.exp(-g[t]))))
+                    ops.add(x_t, s_t, x_t, E)
+
+    def _ffn(self, gate: str, up: str, down: str, x, out, n: int, n_ff: int) -> None:
+        """A dense SiLU-gated FFN for n tokens (the shared expert), through g1/u1 one token at a time."""
+        ops, a, E = self.ops, self.act, self.cfg.n_embd
+        for t in range(n):
+            x_t, o_t = view(x, 4 * t * E, 4 * E), view(out, 4 * t * E, 4 * E)
+            ops.matvec(self._weight(gate + ".weight"), x_t, a["g1"], 1)
+            ops.matvec(self._weight(up + ".weight"), x_t, a["u1"], 1)
+            ops.silu_mul(a["g1"], a["u1"], a["g1"], n_ff)
+            ops.matvec(self._weight(down + ".weight"), a["g1"], o_t, 1)
+
+    def close(self) -> None:
+        self.ops.close()
