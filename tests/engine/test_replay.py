@@ -82,8 +82,9 @@ def test_a_profiled_step_times_every_dispatch(model, device):
     finally:
         timer.close()
     assert m.step_records == 2
-    n = m._step.dispatches
+    n = m._step.dispatches + 3   # and the copies: id and position in, logits out
     assert all(len(s) == n for s in steps)
+    assert [label for label, _b, _ns in steps[0]].count("copy") == 3
     assert all(ns >= 0 for s in steps for _l, _b, ns in s)
     matvecs = [(label, nbytes) for label, nbytes, _ns in steps[0] if label.startswith("matvec_")]
     assert len(matvecs) == 7 * cfg.n_layer + 1          # q k v o gate up down per layer, then the output
@@ -94,3 +95,29 @@ def test_a_profiled_step_times_every_dispatch(model, device):
     assert s["steps"] == 3 and s["gpu_ms_per_step"] > 0
     assert sum(k["dispatches"] for k in s["kernels"]) == n
     assert {k["kernel"].split()[0] for k in s["kernels"]} >= {"matvec_q8_0", "attention", "rms_norm", "get_rows_q8_0"}
+
+
+def test_host_buffer_round_trip(device):
+    """kernels.HostBuffer: what the host writes, a copy takes to the device
+    and back (Ops.copy outside a batch runs at once)."""
+    from vramd.engine.ops import Ops, view
+    from vramd.gpu.kernels import HostBuffer
+    from vramd.gpu.residency import Residency
+
+    res = Residency(device)
+    ops = Ops(res)
+    hb = HostBuffer(device, 4096)
+    try:
+        r = res.region("state", "s", {"t": 4096})
+        r.restore()
+        data = np.arange(512, dtype=np.int32)
+        hb.array[:2048] = data.view(np.uint8)
+        ops.copy(hb.view(0, 2048), view(r.tensors["t"], 1024, 2048), 2048)
+        ops.copy(view(r.tensors["t"], 1024, 2048), hb.view(2048, 2048), 2048)
+        ops.sync()
+        assert np.array_equal(r.tensors["t"].read(np.int32, 1024, 2048), data)
+        assert np.array_equal(hb.array[2048:].view(np.int32), data)
+    finally:
+        hb.close()
+        ops.close()
+        res.close()

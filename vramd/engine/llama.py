@@ -12,10 +12,12 @@ What it computes is tests/engine/reference.py's specification, op for op
 into one command buffer and submitted once.
 
 Decode (one token, last logits) does not record at all: the one-token step
-is recorded once into an `ops.graph()` and replayed for every token, with
-only the token id and position written to their scratch buffers (every
-kernel reads them from there) and the logits read back — no Python work per
-layer per token.  The recording binds device buffers as they are; a release
+is recorded once into an `ops.graph()` and replayed for every token — no
+Python work per layer per token.  The token id and position go in, and the
+logits come out, through a small mapped host buffer (kernels.HostBuffer):
+the step starts by copying id and position into their scratch buffers
+(every kernel reads them from there) and ends by copying the logits out, so
+a token costs one submit and one wait.  The recording binds device buffers as they are; a release
 or restore of any region may move them, so the graph is re-recorded when
 the residency core's `generation` has changed since (the scratch region is
 re-created lazily on its next use after a release, by that recording).
@@ -30,6 +32,7 @@ import numpy as np
 
 from vramd.engine.ops import Ops, Weight, view
 from vramd.errors import ModelError
+from vramd.gpu.kernels import HostBuffer
 
 ARCHITECTURES = {"llama": False, "qwen2": True}   # architecture -> NeoX RoPE ordering
 MAX_BATCH = 256                                   # tokens per prefill chunk
@@ -128,6 +131,7 @@ class LlamaModel:
         self._check_shapes()
         self._step = None          # the recorded one-token decode step (a Batch), replayed per token
         self._step_gen = None      # residency.generation it was recorded at; None: record again
+        self._io = None            # HostBuffer: [0:4] token id, [4:8] position, [16:] logits (f32)
         self.timer = None          # a vramd.gpu.timing.Timestamps: time each dispatch of the step
         self.step_records = 0      # times the step was recorded (tests: replay, re-record after a move)
 
@@ -204,6 +208,10 @@ class LlamaModel:
     def _decode(self, token: int, pos: int) -> np.ndarray:
         """One token at `pos` through the recorded step: the logits ([n_vocab])."""
         ops, a = self.ops, self.act
+        n_logits = 4 * self.cfg.n_vocab
+        if self._io is None:
+            self._io = HostBuffer(self.residency.device, 16 + n_logits)
+        io = self._io
         gen = self.residency.generation
         if self._step is None:
             self._step = ops.graph()
@@ -212,15 +220,17 @@ class LlamaModel:
             self._step_gen = None      # a recording that fails half-way is never replayed
             self._step.timer = self.timer
             with ops.record(self._step):
+                ops.copy(io.view(0, 4), view(a["ids"], 0, 4), 4)
+                ops.copy(io.view(4, 4), view(a["pos"], 0, 4), 4)
                 self._record(1, want_all=False)
+                ops.copy(view(a["logits"], 0, n_logits), io.view(16, n_logits), n_logits)
             self._step_gen = self.residency.generation
             self.step_records += 1
-        ops.sync()  # the previous step or chunk is done with ids/pos
-        a["ids"].write(np.asarray([token], dtype=np.int32))
-        a["pos"].write(np.asarray([pos], dtype=np.int32))
+        ops.sync()  # the previous step is done with the host buffer
+        io.array[:8].view(np.int32)[:] = (token, pos)
         self._step.submit()
         ops.sync()
-        return a["logits"].read(np.float32, 0, 4 * self.cfg.n_vocab).copy()
+        return io.array[16:16 + n_logits].view(np.float32).copy()
 
     def profile(self, timer) -> None:
         """Times every dispatch of the decode step with `timer` (a
@@ -304,3 +314,6 @@ class LlamaModel:
 
     def close(self) -> None:
         self.ops.close()
+        if self._io is not None:
+            self._io.close()
+            self._io = None

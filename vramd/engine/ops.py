@@ -320,6 +320,16 @@ class Ops:
 
     # -- ops ---------------------------------------------------------------
 
+    def copy(self, src, dst, nbytes: int) -> None:
+        """dst[:nbytes] = src[:nbytes] (Tensors, views, or a HostBuffer's
+        views), ordered after the ops before it and before those after."""
+        sv, dv = _resolve(src), _resolve(dst)
+        if self._batch is not None:
+            self._batch.copy(sv, dv, nbytes)
+            return
+        with self.batch() as b:
+            b.copy(sv, dv, nbytes)
+
     def matvec(self, w: Weight, x, y, n_tokens: int = 1, *, x_stride: int | None = None,
                y_stride: int | None = None) -> None:
         """Y[t, r] = sum_c W[r, c] * X[t, c] for t < n_tokens, r < w.rows.

@@ -14,6 +14,8 @@ import os
 import struct
 from pathlib import Path
 
+import numpy as np
+
 from vramd.errors import UsageError
 
 _HERE = Path(__file__).resolve().parent
@@ -235,6 +237,10 @@ class Batch:
                                           vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
         self._tail = self._memory_barrier(vk.VK_ACCESS_SHADER_WRITE_BIT,
                                           vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_HOST_READ_BIT)
+        self._to_copy = self._memory_barrier(vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
+        self._from_copy = self._memory_barrier(vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                                               vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+                                               | vk.VK_ACCESS_HOST_READ_BIT)
         self._begin_info = ffi.new("VkCommandBufferBeginInfo*")
         self._begin_info.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
         self._dset = ffi.new("VkDescriptorSet[1]")
@@ -292,6 +298,26 @@ class Batch:
     def _pipeline_barrier(self, src_stage, dst_stage, barrier):
         self.vk.lib.vkCmdPipelineBarrier(self.cmd, src_stage, dst_stage, 0, 1, barrier, 0, self.ffi.NULL,
                                          0, self.ffi.NULL)
+
+    def copy(self, src, dst, nbytes: int) -> None:
+        """Records a copy of `nbytes` from view `src` to view `dst` ((VkBuffer,
+        offset, range) each), ordered after every dispatch recorded before it
+        and before every one after it (and before host reads at the end)."""
+        vk, ffi, lib = self.vk, self.ffi, self.vk.lib
+        if not self.recording:
+            raise UsageError("batch is not recording: call begin() first")
+        if nbytes <= 0 or nbytes > src[2] or nbytes > dst[2]:
+            raise UsageError(f"copy of {nbytes} bytes between views of {src[2]} and {dst[2]}")
+        self._pipeline_barrier(vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+                               self._to_copy)
+        region = ffi.new("VkBufferCopy*")
+        region.srcOffset, region.dstOffset, region.size = src[1], dst[1], nbytes
+        lib.vkCmdCopyBuffer(self.cmd, ffi.cast("VkBuffer", src[0]), ffi.cast("VkBuffer", dst[0]), 1, region)
+        self._pipeline_barrier(vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+                               vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_HOST_BIT,
+                               self._from_copy)
+        if self.timer is not None:
+            self.timer.stamp(self.cmd, "copy", nbytes)
 
     def barrier(self) -> None:
         """A compute-to-compute memory barrier (after dispatches recorded with
@@ -370,3 +396,57 @@ class Batch:
             vk.vkDestroyDescriptorPool(self.dev, p, None)
         vk.vkDestroyCommandPool(self.dev, self.cmd_pool, None)
         self._pools, self.cmd_pool = [], None
+
+
+class HostBuffer:
+    """A small buffer in host-visible, host-coherent memory (host-cached when
+    the device has such a type), mapped for its whole life: the host reads
+    and writes `array` (uint8) directly while recorded batches copy between
+    it and device buffers (`Batch.copy`, `view`).  A decode step's token id,
+    position and logits go through one, instead of a staged copy and a wait
+    for each.  Not part of any region: host memory, a few hundred KB."""
+
+    def __init__(self, device, nbytes: int):
+        vk, ffi = self.vk, self.ffi = device.vk, device.ffi
+        self.dev = device.device
+        self.nbytes = nbytes = max(16, int(nbytes))
+        self.buffer = self.memory = None
+        self.buffer = vk.vkCreateBuffer(self.dev, vk.VkBufferCreateInfo(
+            size=nbytes, usage=vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+            | vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        try:
+            req = vk.vkGetBufferMemoryRequirements(self.dev, self.buffer)
+            want = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+            cached = vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
+            types = [t for t in device.memory_types
+                     if req.memoryTypeBits & (1 << t["index"]) and (t["flags"] & want) == want]
+            if not types:
+                raise UsageError(f"Vulkan device {device.name} has no host-visible coherent memory type")
+            types.sort(key=lambda t: (not t["flags"] & cached, t["index"]))
+            self.memory = vk.vkAllocateMemory(self.dev, vk.VkMemoryAllocateInfo(
+                allocationSize=req.size, memoryTypeIndex=types[0]["index"]), None)
+            vk.vkBindBufferMemory(self.dev, self.buffer, self.memory, 0)
+            self._map = vk.vkMapMemory(self.dev, self.memory, 0, nbytes, 0)
+            self.array = np.frombuffer(self._map, dtype=np.uint8)
+        except BaseException:
+            self.close()
+            raise
+        self.handle = int(ffi.cast("uintptr_t", self.buffer))
+
+    def view(self, offset: int, nbytes: int) -> tuple[int, int, int]:
+        """Bytes offset .. offset + nbytes as a (VkBuffer, offset, nbytes) view."""
+        if offset < 0 or nbytes <= 0 or offset + nbytes > self.nbytes:
+            raise UsageError(f"view {offset}+{nbytes} outside a host buffer of {self.nbytes} bytes")
+        return self.handle, offset, nbytes
+
+    def close(self) -> None:
+        vk = self.vk
+        if self.memory is not None:
+            if getattr(self, "array", None) is not None:
+                self.array = None
+                vk.vkUnmapMemory(self.dev, self.memory)
+            vk.vkFreeMemory(self.dev, self.memory, None)
+            self.memory = None
+        if self.buffer is not None:
+            vk.vkDestroyBuffer(self.dev, self.buffer, None)
+            self.buffer = None
