@@ -39,6 +39,7 @@ class ServeConfig:
     max_hold: float = 5.0
     residency: str = "cache"
     wake_timeout: float = 60.0
+    n_cpu_moe: str | None = None   # "auto" or a number >= 0 (see vramd/model/placement.py)
     pin: bool = False
     priority: int = 0
 
@@ -53,6 +54,9 @@ class ServeConfig:
             raise UsageError(f"{where}: evict_state {self.evict_state!r}: one of {', '.join(EVICT_STATE)}")
         if not 0 < self.wake_timeout <= 86400:
             raise UsageError(f"{where}: wake_timeout {self.wake_timeout}: seconds, more than 0, at most 86400")
+        if self.n_cpu_moe is not None:
+            from vramd.model.placement import parse_n_cpu_moe
+            parse_n_cpu_moe(self.n_cpu_moe)
         if self.residency not in RESIDENCY:
             raise UsageError(f"{where}: residency {self.residency!r}: one of {', '.join(RESIDENCY)}")
         if not -1000 <= self.priority <= 1000:
@@ -113,6 +117,9 @@ def coerce(name: str, value, what: str):
         if isinstance(value, bool) or not isinstance(value, int):
             raise UsageError(f"{what}: expected an integer, got {value!r}")
         return value
+    if name == "n_cpu_moe":
+        from vramd.model.placement import parse_n_cpu_moe
+        return str(parse_n_cpu_moe(value if isinstance(value, str) else float(value)))
     if kind.startswith("float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"{what}: expected a number, got {value!r}")
