@@ -241,6 +241,9 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
               help="cache: stay on the device after yielding while there is room, evicted only for a peer's "
                    "need; exclusive: on the device only while holding the token, as llama.cpp's arbiter [cache].")
 @click.option("--pin", is_flag=True, default=None, help="Never evicted by vramd peers while parked.")
+@click.option("--n-cpu-moe", "n_cpu_moe", default=None,
+              help="Mixture-of-experts: keep the experts of this many layers on the host and compute them on "
+                   "the CPU (fractions in thirds: 1.5, 4/3), or auto (the least that fits --vram-budget).")
 @click.option("--wake-timeout", type=float, default=None,
               help="Seconds a request waits for the GPU before it fails with 503 [60].")
 @click.option("--priority", type=int, default=None,
