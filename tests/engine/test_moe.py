@@ -148,3 +148,13 @@ def test_vramd_plan_json(qwen3moe):
     assert host == expected_host(4 / 3)
     assert out["kv_bytes"] > 0 and out["device_bytes"] > out["device_weight_bytes"]
     assert all(set(t) == {"name", "placement", "bytes"} for t in out["tensors"])
+
+
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_0", "F32"])
+def test_host_experts_of_each_type_match_the_reference(gpu, tmp_path, weight_type):
+    path = write_moe(tmp_path / f"q_{weight_type}.gguf", arch="qwen3moe", n_layer=2, seed=6, weight_type=weight_type)
+    model, _res, _lm = gpu(path, 2)   # every expert on the CPU: each type's host path is used
+    ref = ReferenceMoE(path)
+    prompt = [1, 11, 22, 33]
+    assert ref.min_route_margin(prompt) > 0.01
+    assert rel_err(model.forward(prompt, 0, all_logits=True), ref.forward(prompt, ref.new_kv(np.float16), 0)) < TOL

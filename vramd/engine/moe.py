@@ -154,14 +154,29 @@ class MoEModel:
         slab = rows * row_bytes(t.type, cols)
         return Weight(view(self.weights[name], e * slab, slab), t.type, rows, cols)
 
-    def _host_matrix(self, name: str, e: int) -> np.ndarray:
-        """Expert e's slab of a host-placed tensor, dequantized to float32 [rows, cols]."""
-        import gguf
+    def _host_matvec(self, name: str, e: int, x: np.ndarray) -> np.ndarray:
+        """W_e @ x for expert e of a host-placed stacked tensor, on the CPU.
+
+        F32/F16/Q8_0 are multiplied straight from their bytes (numpy's BLAS
+        threads do the work; nothing is cached, so host memory stays at the
+        file's size); other types are dequantized for the expert first."""
         t = self._info[name]
         rows, cols = t.shape[1], t.shape[0]
         rb = row_bytes(t.type, cols)
-        raw = self.host[name][e * rows * rb:(e + 1) * rows * rb].reshape(rows, rb)
-        return gguf.quants.dequantize(raw, t.type).reshape(rows, cols).astype(np.float32, copy=False)
+        raw = self.host[name][e * rows * rb:(e + 1) * rows * rb]
+        kind = int(t.type)
+        if kind == 0:
+            return raw.view(np.float32).reshape(rows, cols) @ x
+        if kind == 1:
+            return raw.view(np.float16).reshape(rows, cols).astype(np.float32) @ x
+        if kind == 8:   # Q8_0: blocks of (f16 scale, 32 int8)
+            blocks = raw.reshape(rows, cols // 32, 34)
+            d = blocks[:, :, :2].copy().view(np.float16).astype(np.float32)[:, :, 0]
+            q = blocks[:, :, 2:].view(np.int8).astype(np.float32)
+            return np.einsum("rbk,bk->rb", q, x.reshape(cols // 32, 32).astype(np.float32)).__mul__(d).sum(axis=1)
+        import gguf
+        w = gguf.quants.dequantize(raw.reshape(rows, rb), t.type).reshape(rows, cols).astype(np.float32, copy=False)
+        return w @ x
 
     def _bias(self, name: str):
         return self.weights.get(name) if name in self._info else None
@@ -247,19 +262,19 @@ class MoEModel:
         n_host = sum(name in self.host for name in names)
         cpu_out = part = None
         if n_host:
-            h = a["h"].read(np.float32, 0, 4 * n * E).reshape(n, E).astype(np.float64)
+            h = a["h"].read(np.float32, 0, 4 * n * E).reshape(n, E)
             part = np.zeros((n * cfg.n_used, F), dtype=np.float32)
             cpu_out = np.zeros((n, E), dtype=np.float32)
             for t in range(n):
                 for j, e in enumerate(ids[t]):
                     slot = t * cfg.n_used + j
                     if n_host == 1:        # gate on the CPU; up and down on the device
-                        part[slot] = self._host_matrix(names[0], int(e)) @ h[t]
+                        part[slot] = self._host_matvec(names[0], int(e), h[t])
                     else:                  # gate and up on the CPU
-                        z = self._host_matrix(names[0], int(e)) @ h[t]
-                        part[slot] = z * 0.5 * (1.0 + np.tanh(0.5 * z)) * (self._host_matrix(names[1], int(e)) @ h[t])
+                        z = self._host_matvec(names[0], int(e), h[t])
+                        part[slot] = z * 0.5 * (1.0 + np.tanh(0.5 * z)) * self._host_matvec(names[1], int(e), h[t])
                         if n_host == 3:    # and down too: the whole expert
-                            cpu_out[t] += weights[t, j] * (self._host_matrix(names[2], int(e)) @ part[slot])
+                            cpu_out[t] += weights[t, j] * self._host_matvec(names[2], int(e), part[slot])
             if n_host < 3:
                 a["part"].write(part)
             else:
