@@ -188,3 +188,87 @@ def _random_matrix(rng, rows: int, cols: int, wtype: str) -> np.ndarray:
     if wtype == "F16":
         return x.astype(np.float16)
     return gguf.quants.quantize(x, gguf.GGMLQuantizationType(TYPES[wtype]))
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """A qwen3moe shape; the default is Qwen3-30B-A3B's (48 layers, 128 experts, top-8, hidden 2048)."""
+
+    n_embd: int = 2048
+    n_head: int = 32
+    n_head_kv: int = 4
+    head_dim: int = 128
+    n_layer: int = 48
+    n_expert: int = 128
+    n_used: int = 8
+    n_ff_exp: int = 768
+    n_vocab: int = 151936
+
+    def matrices(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, ggml dims) of every matrix (stacked expert tensors have 3 dims)."""
+        e, q, kv = self.n_embd, self.n_head * self.head_dim, self.n_head_kv * self.head_dim
+        out = [("token_embd.weight", (e, self.n_vocab))]
+        for i in range(self.n_layer):
+            p = f"blk.{i}."
+            out += [(p + "attn_q.weight", (e, q)), (p + "attn_k.weight", (e, kv)), (p + "attn_v.weight", (e, kv)),
+                    (p + "attn_output.weight", (q, e)), (p + "ffn_gate_inp.weight", (e, self.n_expert)),
+                    (p + "ffn_gate_exps.weight", (e, self.n_ff_exp, self.n_expert)),
+                    (p + "ffn_up_exps.weight", (e, self.n_ff_exp, self.n_expert)),
+                    (p + "ffn_down_exps.weight", (self.n_ff_exp, e, self.n_expert))]
+        return out + [("output.weight", (e, self.n_vocab))]
+
+    def vectors(self) -> list[tuple[str, int]]:
+        out = []
+        for i in range(self.n_layer):
+            p = f"blk.{i}."
+            out += [(p + "attn_norm.weight", self.n_embd), (p + "ffn_norm.weight", self.n_embd),
+                    (p + "attn_q_norm.weight", self.head_dim), (p + "attn_k_norm.weight", self.head_dim)]
+        return out + [("output_norm.weight", self.n_embd)]
+
+
+def write_moe_model(path: str | os.PathLike, shape: MoEShape, *, wtype: str = "Q8_0") -> Path:
+    """A qwen3moe GGUF of `shape` whose data is a hole (zeros; the router then
+    picks experts 0..k-1, which costs what any other choice costs).  The
+    router stays F32, as llama-quantize leaves it."""
+    import gguf
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_name("bench-moe")
+    w.add_context_length(8192)
+    w.add_embedding_length(shape.n_embd)
+    w.add_block_count(shape.n_layer)
+    w.add_head_count(shape.n_head)
+    w.add_head_count_kv(shape.n_head_kv)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1000000.0)
+    w.add_expert_count(shape.n_expert)
+    w.add_expert_used_count(shape.n_used)
+    w.add_expert_feed_forward_length(shape.n_ff_exp)
+    w.add_feed_forward_length(shape.n_ff_exp)
+    tensors = []
+    for name, dims in shape.matrices():
+        t = "F32" if "ffn_gate_inp" in name else wtype
+        per, size = _BLOCK[t]
+        nbytes = int(np.prod(dims)) // per * size
+        tensors.append((name, dims, nbytes, gguf.GGMLQuantizationType(TYPES[t])))
+    for name, n in shape.vectors():
+        tensors.append((name, (n,), 4 * n, gguf.GGMLQuantizationType.F32))
+    for name, dims, nbytes, qt in tensors:
+        if len(dims) == 1:
+            byte_shape = (nbytes,)
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[qt]
+            byte_shape = tuple(reversed(dims[1:])) + (dims[0] // block * size,)
+        w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    align = 32
+    at = -(-os.path.getsize(path) // align) * align
+    for _n, _d, nbytes, _t in tensors[:-1]:
+        at = -(-(at + nbytes) // align) * align
+    os.truncate(path, at + tensors[-1][2])
+    return path
