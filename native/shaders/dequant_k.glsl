@@ -186,37 +186,61 @@ float mv_unit(uint rowb, uint u, uint xb) {
 #elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
 #define MV_UNIT 64u
 // 6-bit scale and min of sub-block s from the three scale words (as k4_scale_min).
+// Branch-free: neighbouring lanes take different sub-blocks.
 void k4_sm(uint s0, uint s1, uint s2, uint s, out float sc, out float mn) {
-    if (s < 4u) {
-        sc = float((s0 >> (8u * s)) & 63u);
-        mn = float((s1 >> (8u * s)) & 63u);
-    } else {
-        uint t = 8u * (s - 4u);
-        sc = float(((s2 >> t) & 15u) | (((s0 >> (t + 6u)) & 3u) << 4));
-        mn = float(((s2 >> (t + 4u)) & 15u) | (((s1 >> (t + 6u)) & 3u) << 4));
-    }
+    uint t = 8u * (s & 3u);
+    bool lo = s < 4u;
+    sc = float(lo ? (s0 >> t) & 63u : ((s2 >> t) & 15u) | (((s0 >> (t + 6u)) & 3u) << 4));
+    mn = float(lo ? (s1 >> t) & 63u : ((s2 >> (t + 4u)) & 15u) | (((s1 >> (t + 6u)) & 3u) << 4));
 }
 float mv_unit(uint rowb, uint u, uint xb) {
     uint b = rowb + (u >> 2) * BLOCK_BYTES;
     uint j = u & 3u;  // sub-blocks 2j (low nibbles) and 2j + 1 (high)
     uint c = xb + (u << 6);
-    vec2 dm = unpackHalf2x16(w_u32a2(b));
-    float sc0, mn0, sc1, mn1;
-    uint s0 = w_u32a2(b + 4u), s1 = w_u32a2(b + 8u), s2 = w_u32a2(b + 12u);
-    k4_sm(s0, s1, s2, 2u * j, sc0, mn0);
-    k4_sm(s0, s1, s2, 2u * j + 1u, sc1, mn1);
 #if defined(TYPE_Q5_K)
     const uint QS = 48u;
 #else
     const uint QS = 16u;
 #endif
+    // The words: d/dmin, 3 of scales, 8 of quants (+ 8 of qh for Q5_K).
+    // Blocks of 144 and 176 bytes keep a row's word alignment: when the row
+    // starts on a word (always, in practice: Ops aligns bindings, tensors
+    // are aligned) they are plain loads, else reassembled (w_u32a2).  The
+    // branch is uniform (rowb is the subgroup's row).
+    uint hd[4], qw[8], hw[8];
+    if ((rowb & 3u) == 0u) {
+        uint wb = b >> 2;
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            hd[i] = w[wb + i];
+        }
+        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+            qw[i] = w[wb + QS / 4u + 8u * j + i];
+#if defined(TYPE_Q5_K)
+            hw[i] = w[wb + 4u + i];
+#endif
+        }
+    } else {
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            hd[i] = w_u32a2(b + 4u * i);
+        }
+        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+            qw[i] = w_u32a2(b + QS + 32u * j + 4u * i);
+#if defined(TYPE_Q5_K)
+            hw[i] = w_u32a2(b + 16u + 4u * i);
+#endif
+        }
+    }
+    vec2 dm = unpackHalf2x16(hd[0]);
+    float sc0, mn0, sc1, mn1;
+    k4_sm(hd[1], hd[2], hd[3], 2u * j, sc0, mn0);
+    k4_sm(hd[1], hd[2], hd[3], 2u * j + 1u, sc1, mn1);
     float sl = 0.0, sh = 0.0, xl_sum = 0.0, xh_sum = 0.0;
     [[unroll]] for (uint i = 0u; i < 8u; i++) {
-        uint q = w_u32a2(b + QS + 32u * j + 4u * i);
+        uint q = qw[i];
         vec4 xl = xvec4(c + 4u * i), xh = xvec4(c + 32u + 4u * i);
         vec4 lo = nib_lo(q), hi = nib_hi(q);
 #if defined(TYPE_Q5_K)
-        uint h = w_u32a2(b + 16u + 4u * i);  // qh[4i .. 4i+3]: bit s is sub-block s's 5th bit
+        uint h = hw[i];  // qh[4i .. 4i+3]: bit s is sub-block s's 5th bit
         lo += bit5(h, 2u * j);
         hi += bit5(h, 2u * j + 1u);
 #endif
