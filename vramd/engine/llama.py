@@ -246,9 +246,12 @@ class LlamaModel:
         cfg, ops, a = self.cfg, self.ops, self.act
         E = cfg.n_embd
         ops.get_rows(self._weight("token_embd.weight"), a["ids"], a["x"], n)
+        ops.rms_norm(a["x"], self.weights["blk.0.attn_norm.weight"], a["h"], cfg.eps, n, E)
         for i in range(cfg.n_layer):
-            self._layer(i, n)
-        ops.rms_norm(a["x"], self.weights["output_norm.weight"], a["h"], cfg.eps, n, E)
+            # Each layer ends with its residual add fused with the next norm:
+            # the next layer's attn_norm, after the last the output_norm.
+            nxt = f"blk.{i + 1}.attn_norm.weight" if i + 1 < cfg.n_layer else "output_norm.weight"
+            self._layer(i, n, self.weights[nxt])
         out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
         if want_all:
             ops.matvec(out_w, a["h"], a["logits"], n)
@@ -288,11 +291,12 @@ class LlamaModel:
                 for y, b, width in biases:
                     ops.add(y, b, y, n * width, width)
 
-    def _layer(self, i: int, n: int) -> None:
+    def _layer(self, i: int, n: int, next_norm) -> None:
+        """Layer i: from x (the residual) and h = attn_norm(x), made before;
+        ends with x updated and h = next_norm(x)."""
         cfg, ops, a = self.cfg, self.ops, self.act
         p = f"blk.{i}."
         E, Q, KV, F, hd = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.n_ff, cfg.head_dim
-        ops.rms_norm(a["x"], self.weights[p + "attn_norm.weight"], a["h"], cfg.eps, n, E)
         self._linears([(p + "attn_q", a["h"], a["q"], Q), (p + "attn_k", a["h"], a["k"], KV),
                        (p + "attn_v", a["h"], a["v"], KV)], n)
         rope = dict(n_rot=cfg.n_rot, neox=cfg.neox, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale,
@@ -305,12 +309,11 @@ class LlamaModel:
         ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
                       cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd))
         self._linear(p + "attn_output", a["att"], a["h"], n, E)
-        ops.add(a["x"], a["h"], a["x"], n * E)
-        ops.rms_norm(a["x"], self.weights[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
+        ops.add_rms_norm(a["x"], a["h"], self.weights[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
         self._linears([(p + "ffn_gate", a["h"], a["gate"], F), (p + "ffn_up", a["h"], a["up"], F)], n)
         ops.silu_mul(a["gate"], a["up"], a["gate"], n * F)
         self._linear(p + "ffn_down", a["gate"], a["h"], n, E)
-        ops.add(a["x"], a["h"], a["x"], n * E)
+        ops.add_rms_norm(a["x"], a["h"], next_norm, a["h"], cfg.eps, n, E)
 
     def close(self) -> None:
         self.ops.close()

@@ -59,7 +59,7 @@ WEIGHT_TYPES.update({3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 2
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 48),
             "kv_write": (3, 32), "attention": (5, 60), "silu_mul": (3, 16), "add": (3, 20),
-            "scale": (2, 16)}
+            "scale": (2, 16), "add_rms_norm": (4, 32)}
 
 _MATMUL_ROWS, _MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
 _MATVEC_ROWS = 8          # rows per matvec_<type> work group (RPW in matvec.glsl)
@@ -383,6 +383,18 @@ class Ops:
         push = struct.pack("<2If5I", width, n_tokens, eps, xo, x_stride, wo, yo, y_stride)
         gx, gy = grid(n_tokens, self.max_groups)
         self._dispatch(self._kernel("rms_norm"), [xv, wv, yv], push, (gx, gy, 1))
+
+    def add_rms_norm(self, x, a, w, y, eps: float, n_tokens: int, width: int) -> None:
+        """x[t] += a[t], then y[t] = rms_norm(x[t]) * w, in one dispatch (a
+        residual add and the norm after it).  x, a, y: f32 [n_tokens,
+        width], contiguous; a and y may be the same buffer, x neither."""
+        xv, xo = self._bind(x, 4 * n_tokens * width, "add_rms_norm x")
+        av, ao = self._bind(a, 4 * n_tokens * width, "add_rms_norm a")
+        wv, wo = self._bind(w, 4 * width, "add_rms_norm weight")
+        yv, yo = self._bind(y, 4 * n_tokens * width, "add_rms_norm y")
+        push = struct.pack("<2If5I", width, n_tokens, eps, xo, ao, wo, yo, 0)
+        gx, gy = grid(n_tokens, self.max_groups)
+        self._dispatch(self._kernel("add_rms_norm"), [xv, av, wv, yv], push, (gx, gy, 1))
 
     def rope(self, x, pos, n_tokens: int, n_heads: int, head_dim: int, *, n_rot: int | None = None,
              neox: bool = False, freq_base: float = 10000.0, freq_scale: float = 1.0, freq_factors=None,
