@@ -494,3 +494,23 @@ class Ops:
         ov, oo = self._bind(out, 4 * n, "scale out")
         self._dispatch(self._kernel("scale"), [av, ov], struct.pack("<3If", n, ao, oo, s),
                        self._groups1d(n, self.max_groups))
+
+    def gelu_mul(self, gate, up, out, n: int) -> None:
+        """out[i] = gelu(gate[i]) * up[i], i < n (f32; out may be gate or up);
+        gelu is ggml's tanh approximation 0.5 g (1 + tanh(sqrt(2/pi) (g +
+        0.044715 g^3))) (Gemma's FFN).  Same bindings as silu_mul."""
+        gv, go = self._bind(gate, 4 * n, "gelu_mul gate")
+        uv, uo = self._bind(up, 4 * n, "gelu_mul up")
+        ov, oo = self._bind(out, 4 * n, "gelu_mul out")
+        self._dispatch(self._kernel("gelu_mul", "silu_mul"), [gv, uv, ov], struct.pack("<4I", n, go, uo, oo),
+                       self._groups1d(n, self.max_groups))
+
+    def softcap(self, a, out, n: int, cap: float) -> None:
+        """out[i] = cap * tanh(a[i] / cap), i < n (f32; out may be a): final
+        logit soft-capping.  Same bindings as scale."""
+        if not cap > 0:
+            raise UsageError(f"softcap: cap {cap} must be positive")
+        av, ao = self._bind(a, 4 * n, "softcap a")
+        ov, oo = self._bind(out, 4 * n, "softcap out")
+        self._dispatch(self._kernel("softcap", "scale"), [av, ov], struct.pack("<3If", n, ao, oo, cap),
+                       self._groups1d(n, self.max_groups))

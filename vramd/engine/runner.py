@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from vramd.engine import gemma3, llama
 from vramd.engine.chat import ChatTemplate, encode_prompt
 from vramd.engine.llama import LlamaConfig, LlamaModel
 from vramd.engine.sampler import Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
@@ -24,7 +25,8 @@ class Engine:
     def __init__(self, loaded, residency, ctx: int):
         mf = loaded.file
         self.ctx = ctx
-        self.model = LlamaModel(loaded, residency, ctx, loaded.scratch)
+        model_class = gemma3.Gemma3Model if mf.architecture == gemma3.ARCH else LlamaModel
+        self.model = model_class(loaded, residency, ctx, loaded.scratch)
         md = mf.metadata
         self.tokenizer = Tokenizer.from_metadata(md) if "tokenizer.ggml.model" in md else None
         self.template = ChatTemplate.from_metadata(md, self.tokenizer) if self.tokenizer else None
@@ -32,8 +34,10 @@ class Engine:
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
 
     @staticmethod
-    def check(mf) -> LlamaConfig:
+    def check(mf) -> LlamaConfig | gemma3.Gemma3Config:
         """Raise ModelError now (at load) if the model cannot be run."""
+        if mf.architecture == gemma3.ARCH:
+            return gemma3.Gemma3Config.from_model(mf)
         return LlamaConfig.from_model(mf)
 
     # -- prompts -------------------------------------------------------------
@@ -135,3 +139,11 @@ class Engine:
 
     def close(self) -> None:
         self.model.close()
+
+
+def scratch_layout(cfg) -> list[tuple[str, int]]:
+    """The scratch buffers of the forward pass for `cfg` (what Engine.check
+    returned), by architecture: what the daemon asks the loader to allocate."""
+    if isinstance(cfg, gemma3.Gemma3Config):
+        return gemma3.scratch_layout(cfg)
+    return llama.scratch_layout(cfg)

@@ -96,8 +96,7 @@ class Daemon:
     # -- set-up ------------------------------------------------------------
 
     def setup(self) -> None:
-        from vramd.engine.llama import scratch_layout
-        from vramd.engine.runner import Engine
+        from vramd.engine.runner import Engine, scratch_layout
         from vramd.gpu.device import Device
         from vramd.gpu.residency import Residency
         from vramd.model import loader
