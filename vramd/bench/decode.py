@@ -143,13 +143,17 @@ def _by_kernel(kernels: list[dict]) -> list[dict]:
 @click.option("--profile", is_flag=True, help="Then time every kernel of a decode step on the GPU.")
 @click.option("--profile-steps", type=click.IntRange(min=1), default=8, show_default=True,
               help="Decode steps timed per kernel with --profile (after the timed tokens).")
-@click.option("--json", "as_json", is_flag=True)
-def command(model, shape, wtype, prompt, tokens, ctx, bandwidth, profile, profile_steps, as_json):
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of text.")
+@click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the result as JSON to this file (the text still goes to stdout).")
+def command(model, shape, wtype, prompt, tokens, ctx, bandwidth, profile, profile_steps, as_json, json_out):
     """Batch-1 decode and prefill tokens/s, and the fraction of the bandwidth roofline."""
     extra = profile_steps if profile else 0
     if prompt + tokens + extra > ctx:
         raise click.UsageError("--prompt + --tokens (+ --profile-steps with --profile) must fit in --ctx")
     r = run(model, shape, wtype, prompt, tokens, ctx, bandwidth, extra)
+    if json_out:
+        Path(json_out).write_text(json.dumps(r, indent=2) + "\n")
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
