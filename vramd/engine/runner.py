@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from vramd.engine import gemma3, llama
+from vramd.engine import gemma3, llama, moe
 from vramd.engine.chat import ChatTemplate, encode_prompt
 from vramd.engine.llama import LlamaConfig, LlamaModel
 from vramd.engine.sampler import Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
@@ -25,8 +25,7 @@ class Engine:
     def __init__(self, loaded, residency, ctx: int):
         mf = loaded.file
         self.ctx = ctx
-        model_class = gemma3.Gemma3Model if mf.architecture == gemma3.ARCH else LlamaModel
-        self.model = model_class(loaded, residency, ctx, loaded.scratch)
+        self.model = model_class(mf)(loaded, residency, ctx, loaded.scratch)
         md = mf.metadata
         self.tokenizer = Tokenizer.from_metadata(md) if "tokenizer.ggml.model" in md else None
         self.template = ChatTemplate.from_metadata(md, self.tokenizer) if self.tokenizer else None
@@ -34,8 +33,10 @@ class Engine:
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
 
     @staticmethod
-    def check(mf) -> LlamaConfig | gemma3.Gemma3Config:
+    def check(mf) -> LlamaConfig | gemma3.Gemma3Config | moe.MoEConfig:
         """Raise ModelError now (at load) if the model cannot be run."""
+        if moe.MoEConfig.is_moe(mf):
+            return moe.MoEConfig.from_model(mf)
         if mf.architecture == gemma3.ARCH:
             return gemma3.Gemma3Config.from_model(mf)
         return LlamaConfig.from_model(mf)
@@ -141,9 +142,18 @@ class Engine:
         self.model.close()
 
 
+def model_class(mf):
+    """The forward-pass class for a model file, by architecture."""
+    if moe.MoEConfig.is_moe(mf):
+        return moe.MoEModel
+    return gemma3.Gemma3Model if mf.architecture == gemma3.ARCH else LlamaModel
+
+
 def scratch_layout(cfg) -> list[tuple[str, int]]:
     """The scratch buffers of the forward pass for `cfg` (what Engine.check
     returned), by architecture: what the daemon asks the loader to allocate."""
+    if isinstance(cfg, moe.MoEConfig):
+        return moe.moe_scratch_layout(cfg)
     if isinstance(cfg, gemma3.Gemma3Config):
         return gemma3.scratch_layout(cfg)
     return llama.scratch_layout(cfg)

@@ -111,8 +111,9 @@ class Daemon:
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
         self.residency = Residency(self.device)
+        on_host = self._expert_placement(mf, engine_cfg, scratch_layout(engine_cfg))
         self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf,
-                                 scratch=scratch_layout(engine_cfg))
+                                 scratch=scratch_layout(engine_cfg), host_tensors=on_host)
         for w in self.model.file.warnings:
             log.warning("%s: %s", cfg.model, w)
         if cfg.evict_state == "never" and self.model.kv is not None:
@@ -128,6 +129,23 @@ class Daemon:
         self.control = ControlServer(self.arena.control_dir / f"{self.name}.sock", self.handle_control)
         self.http = HttpServer(cfg.host, cfg.port, self.routes(), on_error=openai_api.error_body)
         self.participant.member.endpoint = self.http.url
+
+    def _expert_placement(self, mf, engine_cfg, scratch) -> list[str]:
+        """Expert tensors kept on the host for --n-cpu-moe (none without the flag or the experts)."""
+        from vramd.model import loader, placement
+        if self.cfg.n_cpu_moe is None:
+            return []
+        if not placement.expert_tensors(mf):
+            log.info("%s: %s has no expert tensors; --n-cpu-moe changes nothing", self.name, self.cfg.model)
+            return []
+        n = placement.parse_n_cpu_moe(self.cfg.n_cpu_moe)
+        if n == "auto":
+            shape = loader.kv_shape(mf, self.cfg.ctx)
+            kv = 0 if shape is None else sum(shape.layer_bytes) * shape.layers
+            p = placement.smallest_fit(mf, self._budget(), kv, sum(b for _n, b in scratch))
+            log.info("%s: --n-cpu-moe auto: %g layers of experts on the host", self.name, p.n_cpu_moe)
+            n = p.n_cpu_moe
+        return placement.host_tensors(mf, n)
 
     def _refuse_duplicate_name(self) -> None:
         for m in Registry(self.arena.members_dir).list():
