@@ -34,7 +34,7 @@ import numpy as np
 def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx: int, bandwidth: float,
         profile_steps: int = 0) -> dict:
     from vramd.bench.models import LlamaShape, write_model
-    from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
+    from vramd.engine.runner import Engine, model_class, scratch_layout
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency
     from vramd.gpu.timing import Timestamps, summarize
@@ -46,7 +46,7 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
         path = model or str(write_model(Path(tmp) / "model.gguf", LlamaShape.preset(shape) if shape != "small"
                                         else LlamaShape.for_bytes(64 << 20), wtype=wtype, fill="zeros"))
         mf = validate_gguf(path)
-        cfg = LlamaConfig.from_model(mf)
+        cfg = Engine.check(mf)   # llama, qwen2 or gemma3 (MoE models go through vramd.bench.moe)
         with Device() as dev, Residency(dev) as res:
             t0 = time.monotonic()
             lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(cfg))
@@ -54,7 +54,7 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
             t0 = time.monotonic()
             res.restore(["weights", "state"])
             restore_s = time.monotonic() - t0
-            m = LlamaModel(lm, res, ctx, lm.scratch)
+            m = model_class(mf)(lm, res, ctx, lm.scratch)
             try:
                 rng = np.random.default_rng(0)
                 ids = [int(x) for x in rng.integers(3, cfg.n_vocab, prompt)]
@@ -71,7 +71,7 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
                     steps.append(time.monotonic() - t0)
                     pos += 1
                 profile = None
-                if profile_steps:
+                if profile_steps and hasattr(m, "profile"):
                     timer = Timestamps(dev)
                     try:
                         m.profile(timer)
@@ -132,7 +132,13 @@ def _by_kernel(kernels: list[dict]) -> list[dict]:
 @click.command(name="decode")
 @click.option("--model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A GGUF model; default: a synthetic llama of --shape.")
-@click.option("--shape", type=click.Choice(["8b", "7b", "small"]), default="8b", show_default=True)
+@click.option("--shape", type=click.Choice(["8b", "7b", "small", "moe30b"]), default="8b", show_default=True,
+              help="Synthetic model shape; moe30b: qwen3moe with Qwen3-30B-A3B's shape (48 layers, 128 experts, "
+                   "top-8, hidden 2048).")
+@click.option("--n-cpu-moe", "n_cpu_moe", default="0", show_default=True,
+              help="MoE models: comma-separated --n-cpu-moe values to measure, e.g. 0,8,16.")
+@click.option("--moe-layers", type=click.IntRange(min=1), default=None,
+              help="MoE synthetic model: fewer layers than the shape's (a shorter run).")
 @click.option("--type", "wtype", type=click.Choice(["F16", "Q8_0", "Q4_0", "Q4_K", "F32"]), default="F16",
               show_default=True, help="Weight type of the synthetic model.")
 @click.option("--prompt", type=click.IntRange(min=8), default=512, show_default=True, help="Prefill tokens.")
@@ -146,8 +152,11 @@ def _by_kernel(kernels: list[dict]) -> list[dict]:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of text.")
 @click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the result as JSON to this file (the text still goes to stdout).")
-def command(model, shape, wtype, prompt, tokens, ctx, bandwidth, profile, profile_steps, as_json, json_out):
+def command(model, shape, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, bandwidth, profile, profile_steps,
+            as_json, json_out):
     """Batch-1 decode and prefill tokens/s, and the fraction of the bandwidth roofline."""
+    if shape == "moe30b" or (model and _is_moe(model)):
+        return moe_command(model, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, as_json, json_out)
     extra = profile_steps if profile else 0
     if prompt + tokens + extra > ctx:
         raise click.UsageError("--prompt + --tokens (+ --profile-steps with --profile) must fit in --ctx")
@@ -169,6 +178,35 @@ def command(model, shape, wtype, prompt, tokens, ctx, bandwidth, profile, profil
             gbps = f"{k['gbps']:8.1f} GB/s" if k["gbps"] else " " * 13
             click.echo(f"    {k['kernel']:<34} {k['dispatches']:5d} x  {k['us']:10.1f} us  {gbps}  "
                        f"{100 * k['share']:5.1f} %")
+
+
+def _is_moe(path: str) -> bool:
+    from vramd.engine.moe import MoEConfig
+    from vramd.model.gguf_check import validate_gguf
+    return MoEConfig.is_moe(validate_gguf(path))
+
+
+def moe_command(model, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, as_json, json_out):
+    """Decode speed and VRAM of a mixture-of-experts model for each --n-cpu-moe value."""
+    from vramd.bench import moe
+    from vramd.model.placement import parse_n_cpu_moe
+    values = [parse_n_cpu_moe(v) for v in str(n_cpu_moe).split(",")]
+    if "auto" in values:
+        raise click.UsageError("--n-cpu-moe auto is not a measurement point: give numbers")
+    if prompt + tokens + 4 > ctx:
+        raise click.UsageError("--prompt + --tokens must fit in --ctx")
+    r = moe.run(model, wtype, values, prompt, tokens, ctx, moe_layers)
+    if json_out:
+        Path(json_out).write_text(json.dumps(r, indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    click.echo(f"{r['model']}: {r['n_layer']} layers, {r['n_expert']} experts (top-{r['n_used']}), "
+               f"{r['weight_bytes'] / 2**30:.2f} GiB, on {r['device']}")
+    for row in r["placements"]:
+        click.echo(f"  --n-cpu-moe {row['n_cpu_moe']:<5g} VRAM {row['device_bytes'] / 2**30:7.2f} GiB  host experts "
+                   f"{row['host_expert_bytes'] / 2**30:7.2f} GiB  decode {row['decode_tps']:7.2f} tok/s  "
+                   f"prefill {row['prefill_tps']:7.1f} tok/s")
 
 
 if __name__ == "__main__":
