@@ -1,8 +1,9 @@
 // Element-wise GELU, out[i] = gelu(x[i]), in the three forms of llama.cpp's
-// clip (a uniform branch on `mode`):
+// clip, and SiLU, its fourth FFN activation (a uniform branch on `mode`):
 //   0 tanh  (ggml_gelu, FFN_GELU): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 //   1 erf   (ggml_gelu_erf, FFN_GELU_ERF): 0.5 x (1 + erf(x / sqrt(2)))
 //   2 quick (ggml_gelu_quick, FFN_GELU_QUICK, CLIP's quick_gelu): x sigmoid(1.702 x)
+//   3 silu  (ggml_silu, FFN_SILU): x sigmoid(x)
 // GLSL has no erf: 1 + erf(z) is written through erfc, with the Chebyshev
 // fit of Numerical Recipes' erfcc (fractional error < 1.2e-7 for every
 // z >= 0), erfc(|z|) = t exp(-z^2 + P(t)), t = 1 / (1 + |z|/2), and
@@ -21,7 +22,7 @@ layout(push_constant) uniform Params {
     uint n;
     uint x_off;  // float offsets in each binding
     uint o_off;
-    uint mode;   // 0 tanh, 1 erf, 2 quick
+    uint mode;   // 0 tanh, 1 erf, 2 quick, 3 silu
 } p;
 
 const float SQRT_2_OVER_PI = 0.79788456080286535588;
@@ -48,8 +49,8 @@ void main() {
         float z = a * INV_SQRT_2;
         float e = erfc_abs(z);
         r = 0.5 * a * (z < 0.0 ? e : 2.0 - e);
-    } else if (p.mode == 2u) {
-        r = a / (1.0 + exp(-QUICK_COEF * a));
+    } else if (p.mode >= 2u) {
+        r = a / (1.0 + exp((p.mode == 2u ? -QUICK_COEF : -1.0) * a));
     } else {
         float u = SQRT_2_OVER_PI * a * (1.0 + GELU_COEF_A * a * a);
         r = 0.5 * a * (2.0 - 2.0 / (exp(2.0 * u) + 1.0));

@@ -142,12 +142,18 @@ GELU_REF = {
     "tanh": lambda a: 0.5 * a * (1 + math.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))),
     "erf": lambda a: 0.5 * a * (1 + math.erf(a / math.sqrt(2))),
     "quick": lambda a: a / (1 + math.exp(-1.702 * a)) if a > -400 else 0.0,
+    "silu": lambda a: a / (1 + math.exp(-a)) if a > -700 else 0.0,
 }
 
 
-@pytest.mark.parametrize("mode", ["tanh", "erf", "quick"])
+# the form -> its name in an mmproj config (MmprojConfig.ffn_act), for VisionOps.activation
+MMPROJ_NAME = {"tanh": "gelu", "erf": "gelu_erf", "quick": "gelu_quick", "silu": "silu"}
+
+
+@pytest.mark.parametrize("mode", ["tanh", "erf", "quick", "silu"])
 def test_gelu(vops, bufs, rng, mode):
-    """Every form against its float64 definition (math.erf, math.tanh) over
+    """Every form (and SiLU, the fourth FFN activation of clip, through the
+    same kernel) against its float64 definition (math.erf, math.tanh) over
     a dense sweep of -12 .. 12 and random values (n odd, several work
     groups), then in place.  Tolerance 1e-6 |ref| + 1e-6 |x| * 1e-1 + 1e-7:
     the relative f32 rounding of the few operations, and for erf the fit
@@ -156,13 +162,18 @@ def test_gelu(vops, bufs, rng, mode):
     sweep = np.linspace(-12, 12, 4801)
     x = np.concatenate([sweep, rng.standard_normal(5001) * 4]).astype(np.float32)
     ref = np.array([GELU_REF[mode](float(a)) for a in x])
-    t = bufs(x=x, y=x.nbytes)
-    vops.gelu(t["x"], t["y"], x.size, mode)
+    t = bufs(x=x, y=x.nbytes, by_name=x.nbytes)
+    if mode == "silu":
+        vops.silu(t["x"], t["y"], x.size)
+    else:
+        vops.gelu(t["x"], t["y"], x.size, mode)
+    vops.activation(t["x"], t["by_name"], x.size, MMPROJ_NAME[mode])
     vops.sync()
     y = f32(t["y"], x.shape)
     bound = 1e-6 * np.abs(ref) + 1e-7 * np.abs(x) + 1e-7
     assert max_ratio(y - ref, bound) <= 1, f"max error {np.max(np.abs(y - ref)):.3g}"
-    vops.gelu(t["x"], t["x"], x.size, mode)  # in place
+    np.testing.assert_array_equal(f32(t["by_name"], x.shape), y)  # the mmproj name picks the same form
+    vops.activation(t["x"], t["x"], x.size, MMPROJ_NAME[mode])  # in place
     vops.sync()
     np.testing.assert_array_equal(f32(t["x"], x.shape), y)
 
@@ -183,6 +194,10 @@ def test_gelu_forms_differ_and_saturate(vops, bufs):
         np.testing.assert_array_equal(y[m][1:], [0, 0, 100, 1e4, 0], err_msg=m)
     assert 1e-4 < abs(y["tanh"][0] - y["erf"][0]) < 2e-3
     assert abs(y["quick"][0] - y["erf"][0]) > 5e-3
+    with pytest.raises(UsageError, match="expected one of tanh, erf, quick"):
+        vops.gelu(t["x"], t["x"], x.size, "none")
+    with pytest.raises(UsageError, match="expected one of gelu, gelu_erf, gelu_quick, silu"):
+        vops.activation(t["x"], t["x"], x.size, "relu")
 
 
 # -- attention -----------------------------------------------------------------

@@ -43,7 +43,10 @@ from vramd.engine.ops import BF16, F16, F32, Ops, Weight, type_name
 _VISION_KERNELS = {"layer_norm": (4, 44), "gelu": (2, 16), "attention_full": (4, 48), "patch_embed": (4, 56),
                    "avg_pool": (2, 20)}
 
-GELU_MODES = {"tanh": 0, "erf": 1, "quick": 2}   # gelu.comp's `mode`
+GELU_MODES = {"tanh": 0, "erf": 1, "quick": 2}   # gelu.comp's `mode` (3: silu)
+# the tower's FFN activation by vramd.model.mmproj's name (MmprojConfig.ffn_act)
+# -> gelu.comp's mode; llama.cpp's FFN_GELU, FFN_GELU_ERF, FFN_GELU_QUICK, FFN_SILU
+ACTIVATIONS = {"gelu": 0, "gelu_erf": 1, "gelu_quick": 2, "silu": 3}
 ATTENTION_MAX_HEAD_DIM = 128   # attention_full.comp: MAXD
 _ATTENTION_QUERIES = 32        # queries per work group (BQ)
 _PATCH_ROWS, _PATCH_TOKENS = 64, 32   # patch_embed.comp's tile (BR, BT)
@@ -98,10 +101,26 @@ class VisionOps(Ops):
         mode = GELU_MODES.get(approximate)
         if mode is None:
             raise UsageError(f"gelu: approximate={approximate!r}, expected one of {', '.join(GELU_MODES)}")
+        self._activation(x, y, n, mode, "gelu")
+
+    def silu(self, x, y, n: int) -> None:
+        """y[i] = x[i] sigmoid(x[i]), i < n (f32; y may be x): ggml_silu,
+        clip's FFN_SILU (Ops.silu_mul is the gated form)."""
+        self._activation(x, y, n, ACTIVATIONS["silu"], "silu")
+
+    def activation(self, x, y, n: int, name: str) -> None:
+        """The tower's FFN activation by its mmproj name (MmprojConfig.ffn_act):
+        "gelu" (tanh form), "gelu_erf", "gelu_quick" or "silu"; y may be x."""
+        mode = ACTIVATIONS.get(name)
+        if mode is None:
+            raise UsageError(f"activation {name!r}: expected one of {', '.join(ACTIVATIONS)}")
+        self._activation(x, y, n, mode, name)
+
+    def _activation(self, x, y, n: int, mode: int, what: str) -> None:
         if n < 1:
-            raise UsageError(f"gelu: n {n}")
-        xv, xo = self._bind(x, 4 * n, "gelu x")
-        yv, yo = self._bind(y, 4 * n, "gelu y")
+            raise UsageError(f"{what}: n {n}")
+        xv, xo = self._bind(x, 4 * n, f"{what} x")
+        yv, yo = self._bind(y, 4 * n, f"{what} y")
         self._dispatch(self._kernel("gelu"), [xv, yv], struct.pack("<4I", n, xo, yo, mode),
                        self._groups1d(n, self.max_groups))
 
