@@ -261,10 +261,13 @@ class Gemma3Model:
         with ops.batch():
             ops.get_rows(self._weight("token_embd.weight"), a["ids"], a["x"], n)
             ops.scale(a["x"], a["x"], n * E, math.sqrt(E))
+            ops.rms_norm(a["x"], self.weights["blk.0.attn_norm.weight"], a["h"], cfg.eps, n, E)
             for i in range(cfg.n_layer):
-                self._layer(i, n)
+                # each layer's last residual add is fused with the next norm
+                # (the next layer's attn_norm; after the last, output_norm)
+                nxt = f"blk.{i + 1}.attn_norm.weight" if i + 1 < cfg.n_layer else "output_norm.weight"
+                self._layer(i, n, self.weights[nxt])
             if want_all or want_last:
-                ops.rms_norm(a["x"], self.weights["output_norm.weight"], a["h"], cfg.eps, n, E)
                 out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
                 rows = n if want_all else 1
                 ops.matvec(out_w, view(a["h"], 4 * (n - rows) * E, 4 * rows * E), a["logits"], rows)
@@ -277,12 +280,13 @@ class Gemma3Model:
             return a["logits"].read(np.float32, 0, 4 * V).copy()
         return None
 
-    def _layer(self, i: int, n: int) -> None:
+    def _layer(self, i: int, n: int, next_norm) -> None:
+        """Layer i, from x (the residual stream) and h = attn_norm(x), made
+        before; ends with x updated and h = next_norm(x)."""
         cfg, ops, a, w = self.cfg, self.ops, self.act, self.weights
         p = f"blk.{i}."
         E, Q, KV, F, hd = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.n_ff, cfg.head_dim
         swa = cfg.swa_layers[i]
-        ops.rms_norm(a["x"], w[p + "attn_norm.weight"], a["h"], cfg.eps, n, E)
         ops.matvec(self._weight(p + "attn_q.weight"), a["h"], a["q"], n)
         ops.matvec(self._weight(p + "attn_k.weight"), a["h"], a["k"], n)
         ops.matvec(self._weight(p + "attn_v.weight"), a["h"], a["v"], n)
@@ -300,14 +304,13 @@ class Gemma3Model:
                       cfg.n_head, cfg.n_head_kv, hd, self.ctx, cfg.attn_scale, window=cfg.window if swa else 0)
         ops.matvec(self._weight(p + "attn_output.weight"), a["att"], a["h"], n)
         ops.rms_norm(a["h"], w[p + "post_attention_norm.weight"], a["h"], cfg.eps, n, E)
-        ops.add(a["x"], a["h"], a["x"], n * E)
-        ops.rms_norm(a["x"], w[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
+        ops.add_rms_norm(a["x"], a["h"], w[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)   # x += h; h = ffn_norm(x)
         ops.matvec(self._weight(p + "ffn_gate.weight"), a["h"], a["gate"], n)
         ops.matvec(self._weight(p + "ffn_up.weight"), a["h"], a["up"], n)
         ops.gelu_mul(a["gate"], a["up"], a["gate"], n * F)
         ops.matvec(self._weight(p + "ffn_down.weight"), a["gate"], a["h"], n)
         ops.rms_norm(a["h"], w[p + "post_ffw_norm.weight"], a["h"], cfg.eps, n, E)
-        ops.add(a["x"], a["h"], a["x"], n * E)
+        ops.add_rms_norm(a["x"], a["h"], next_norm, a["h"], cfg.eps, n, E)
 
     def close(self) -> None:
         self.ops.close()
