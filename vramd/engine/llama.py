@@ -306,8 +306,9 @@ class LlamaModel:
             ops.rope(a["k"], a["pos"], n, cfg.n_head_kv, hd, **rope)
             ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, KV, self.ctx)
         ops.kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, KV, self.ctx)
+        # tmp: "up" is free until the FFN; decode attention keeps its per-range partials there
         ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
-                      cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd))
+                      cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd), tmp=a["up"])
         self._linear(p + "attn_output", a["att"], a["h"], n, E)
         ops.add_rms_norm(a["x"], a["h"], self.weights[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
         self._linears([(p + "ffn_gate", a["h"], a["gate"], F), (p + "ffn_up", a["h"], a["up"], F)], n)

@@ -59,12 +59,13 @@ WEIGHT_TYPES.update({3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 2
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 48),
             "kv_write": (3, 32), "attention": (5, 60), "silu_mul": (3, 16), "add": (3, 20),
-            "scale": (2, 16), "add_rms_norm": (4, 32)}
+            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 56), "attention_merge": (2, 20)}
 
 _MATMUL_ROWS, _MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
 _MATVEC_ROWS = 8          # rows per matvec_<type> work group (RPW in matvec.glsl)
 _MATMUL_FROM = 4          # n_tokens from which the tiled form is used (matvec_<type> below)
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
+_SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
 
 
@@ -439,7 +440,7 @@ class Ops:
 
     def attention(self, q, k_cache, v_cache, pos, out, n_tokens: int, n_heads: int, n_kv_heads: int,
                   head_dim: int, ctx: int, scale: float, *, window: int = 0, q_stride: int | None = None,
-                  o_stride: int | None = None) -> None:
+                  o_stride: int | None = None, tmp=None) -> None:
         """out[t, h*hd:(h+1)*hd] = softmax_j(scale * q[t, h] . K[j, kvh]) V[j, kvh]
         over cache rows j <= pos[t] (and j > pos[t] - window when window > 0),
         kvh = h // (n_heads // n_kv_heads).
@@ -448,7 +449,9 @@ class Ops:
         apart, default n_heads*head_dim); k_cache, v_cache: f16 [ctx,
         n_kv_heads*head_dim] as written by kv_write; pos: int32 [n_tokens];
         out: f32 [n_tokens, o_stride] (default n_heads*head_dim).  The rows
-        of the current tokens must be written (kv_write) before, in order."""
+        of the current tokens must be written (kv_write) before, in order.
+        tmp: f32 scratch free during the op; given, a single token (decode)
+        runs its keys in ranges over many work groups (_attention_split)."""
         if n_kv_heads < 1 or n_heads % n_kv_heads:
             raise ModelError(f"{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads")
         if head_dim % 2 or head_dim > _MAX_HEAD_DIM:
@@ -463,9 +466,34 @@ class Ops:
         vv, vo = self._bind(v_cache, 2 * ctx * width, "attention V cache")
         pv, po = self._bind(pos, 4 * n_tokens, "attention positions")
         ov, oo = self._bind(out, 4 * ((n_tokens - 1) * o_stride + n_heads * head_dim), "attention out")
+        if n_tokens == 1 and tmp is not None and self._attention_split(qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp,
+                                                                     n_heads, n_kv_heads, head_dim, ctx, scale, window):
+            return
         push = struct.pack("<14If", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
                            po, oo, o_stride, ctx, int(window), scale)
         self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov], push, (n_heads, n_tokens, 1))
+
+    def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,
+                         scale, window) -> bool:
+        """One query token (decode): its keys in ranges, a work group per (head,
+        range) (attention_split.comp), then a merge per head
+        (attention_merge.comp), with the partial states in `tmp` (f32 scratch
+        the caller does not need across this op).  False when tmp cannot
+        hold even one range per head (the caller then runs attention.comp)."""
+        stride = head_dim + 2
+        cap = _nbytes(tmp) // (4 * n_heads * stride)
+        keys = min(ctx, window) if window > 0 else ctx
+        n_splits = min(-(-keys // _SPLIT_KEYS), cap, self.max_groups[1])
+        if n_splits < 1:
+            return False
+        chunk = -(-keys // n_splits)
+        tv, to = self._bind(tmp, 4 * n_heads * n_splits * stride, "attention partials")
+        push = struct.pack("<13If", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
+                           ctx, int(window), chunk, n_splits, scale)
+        self._dispatch(self._kernel("attention_split"), [qv, kv, vv, pv, tv], push, (n_heads, n_splits, 1))
+        self._dispatch(self._kernel("attention_merge"), [tv, ov], struct.pack("<5I", head_dim, n_splits, to, oo, 0),
+                       (n_heads, 1, 1))
+        return True
 
     def silu_mul(self, gate, up, out, n: int) -> None:
         """out[i] = silu(gate[i]) * up[i], i < n (f32; out may be gate or up)."""

@@ -1,0 +1,140 @@
+// Decode attention, part 1 of 2 (split-K, "flash decoding"): one query
+// token, its keys cut into n_splits ranges of `chunk` keys, one work group
+// per (head, range), so that many work groups share the key reads instead
+// of one per head (attention.comp), which leaves most of the GPU idle at
+// batch 1.  Each group writes its range's partial softmax state: the max
+// score m, the sum l of exp(score - m), and acc[d] = sum exp(score - m) V[d]
+// (unnormalized) to part[(h * n_splits + s) * (head_dim + 2) ..]: m, l,
+// acc[0 .. head_dim-1].  attention_merge.comp combines the ranges.
+//
+// Same cache layout, GQA and window rule as attention.comp: the query at
+// position pos[0] sees rows first .. pos[0], first = pos[0] + 1 - window
+// when window > 0 (else 0); range s is rows first + s * chunk .. (clamped).
+// Keys go in tiles of TK: TPK threads per key for the score (each a slice of
+// the row's words, the slices of neighbouring threads adjacent), then every
+// thread one word (two dimensions) of V, or two for head_dim > 256.
+#version 450
+layout(local_size_x = 128) in;
+#define WG 128u
+#define TK 32u
+#define TPK 4u      // WG / TK
+#define MAXW 256u   // words per head row: head_dim <= 512
+
+layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
+layout(std430, set = 0, binding = 1) readonly buffer KCache { uint kc[]; };
+layout(std430, set = 0, binding = 2) readonly buffer VCache { uint vc[]; };
+layout(std430, set = 0, binding = 3) readonly buffer Pos { int pos[]; };
+layout(std430, set = 0, binding = 4) buffer Part { float part[]; };
+
+layout(push_constant) uniform Params {
+    uint n_heads;
+    uint n_kv_heads;
+    uint head_dim;    // even, <= 512
+    uint q_off;       // float offset of q[0, 0] in binding 0
+    uint k_off;       // word offset of K[0, 0] in binding 1
+    uint v_off;       // word offset of V[0, 0] in binding 2
+    uint kv_stride;   // words from cache row j to j + 1
+    uint pos_off;     // int offset of pos[0] in binding 3
+    uint part_off;    // float offset of the partials in binding 4
+    uint ctx;
+    uint window;      // 0: full causal
+    uint chunk;       // keys per range
+    uint n_splits;
+    float scale;
+} p;
+
+const float NEG = -1.0e30;
+
+shared vec2 qs[MAXW];
+shared float red[WG];
+shared float score[TK];
+
+void main() {
+    uint h = gl_WorkGroupID.x;
+    uint s = gl_WorkGroupID.y;
+    uint lid = gl_LocalInvocationID.x;
+    uint W = p.head_dim >> 1;
+    uint kvh = h / (p.n_heads / p.n_kv_heads);
+    int qp = pos[p.pos_off];
+    uint n_keys = uint(clamp(qp + 1, 0, int(p.ctx)));
+    uint first = (p.window > 0u && n_keys > p.window) ? n_keys - p.window : 0u;
+    uint lo = min(first + s * p.chunk, n_keys);
+    uint hi = min(lo + p.chunk, n_keys);
+    uint pb = p.part_off + (h * p.n_splits + s) * (p.head_dim + 2u);
+    if (lo >= hi) {  // an empty range (the whole group: no barrier waits)
+        if (lid == 0u) {
+            part[pb] = NEG;
+            part[pb + 1u] = 0.0;
+        }
+        for (uint d = lid; d < p.head_dim; d += WG) {
+            part[pb + 2u + d] = 0.0;
+        }
+        return;
+    }
+    uint qb = p.q_off + h * p.head_dim;
+    for (uint w = lid; w < W; w += WG) {
+        qs[w] = vec2(q[qb + 2u * w], q[qb + 2u * w + 1u]) * p.scale;
+    }
+    barrier();
+    uint head_w = kvh * W;  // word offset of this KV head in a cache row
+    float m = NEG, l = 0.0;
+    vec2 acc0 = vec2(0.0), acc1 = vec2(0.0);  // words lid and lid + WG of V
+    uint key = lid / TPK, slice = lid % TPK;
+    for (uint base = lo; base < hi; base += TK) {
+        uint j = base + key;
+        float dot_ = 0.0;
+        if (j < hi) {
+            uint kw = p.k_off + j * p.kv_stride + head_w;
+            for (uint w = slice; w < W; w += TPK) {
+                vec2 kk = unpackHalf2x16(kc[kw + w]);
+                dot_ += dot(qs[w], kk);
+            }
+        }
+        red[lid] = dot_;
+        barrier();
+        if (lid < TK) {
+            float sc = 0.0;
+            for (uint i = 0u; i < TPK; i++) {
+                sc += red[lid * TPK + i];
+            }
+            score[lid] = base + lid < hi ? sc : NEG;
+        }
+        barrier();
+        uint cnt = min(TK, hi - base);
+        float m_new = m;
+        for (uint i = 0u; i < cnt; i++) {
+            m_new = max(m_new, score[i]);
+        }
+        float corr = exp(m - m_new);
+        float lsum = 0.0;
+        vec2 a0 = vec2(0.0), a1 = vec2(0.0);
+        uint vw = p.v_off + base * p.kv_stride + head_w;
+        for (uint i = 0u; i < cnt; i++) {
+            float pj = exp(score[i] - m_new);
+            lsum += pj;
+            if (lid < W) {
+                a0 += pj * unpackHalf2x16(vc[vw + i * p.kv_stride + lid]);
+            }
+            if (lid + WG < W) {
+                a1 += pj * unpackHalf2x16(vc[vw + i * p.kv_stride + lid + WG]);
+            }
+        }
+        l = l * corr + lsum;
+        acc0 = acc0 * corr + a0;
+        acc1 = acc1 * corr + a1;
+        m = m_new;
+        barrier();  // red and score are reused by the next tile
+    }
+    if (lid == 0u) {
+        part[pb] = m;
+        part[pb + 1u] = l;
+    }
+    if (lid < W) {
+        part[pb + 2u + 2u * lid] = acc0.x;
+        part[pb + 3u + 2u * lid] = acc0.y;
+    }
+    if (lid + WG < W) {
+        part[pb + 2u + 2u * (lid + WG)] = acc1.x;
+        part[pb + 3u + 2u * (lid + WG)] = acc1.y;
+    }
+}

@@ -1,0 +1,47 @@
+"""Decode attention in ranges (Ops.attention with tmp: attention_split.comp +
+attention_merge.comp) against numpy, on the shapes test_kernels.py checks
+attention.comp with, and with few ranges forced by a small tmp (several key
+tiles per range), a sliding window, head_dim 512 (two V words per thread)."""
+import numpy as np
+import pytest
+
+from tests.engine.test_kernels import attention_ref, bufs, f32, ops, res, rng  # noqa: F401 (fixtures)
+
+
+@pytest.mark.parametrize("n_heads,n_kv,hd,pos,window,tmp_splits", [
+    (8, 2, 64, 150, 0, None),    # GQA 4:1, ranges of 32 keys
+    (4, 4, 40, 0, 0, None),      # the first token: one key, every other range empty
+    (2, 1, 256, 300, 0, None),   # head_dim 256
+    (4, 2, 32, 200, 64, None),   # sliding window
+    (8, 2, 64, 399, 0, 3),       # tmp for 3 ranges: 134 keys per range, 5 tiles each
+    (2, 2, 512, 77, 0, 1),       # head_dim 512, one range
+])
+def test_split_attention(ops, bufs, rng, n_heads, n_kv, hd, pos, window, tmp_splits):
+    ctx, width = 400, n_kv * hd
+    k = rng.standard_normal((pos + 1, width)).astype(np.float32)
+    v = rng.standard_normal((pos + 1, width)).astype(np.float32)
+    q = rng.standard_normal((1, n_heads, hd)).astype(np.float32)
+    n_tmp = 4 * n_heads * (hd + 2) * (tmp_splits or 64)
+    t = bufs(k=k, v=v, rows=np.arange(pos + 1, dtype=np.int32), pos=np.array([pos], np.int32), q=q,
+             out=4 * n_heads * hd, kc=2 * ctx * width, vc=2 * ctx * width, tmp=n_tmp)
+    scale = 1 / np.sqrt(hd)
+    ops.kv_write(t["k"], t["kc"], t["rows"], pos + 1, width, ctx)
+    ops.kv_write(t["v"], t["vc"], t["rows"], pos + 1, width, ctx)
+    with ops.batch() as b:
+        ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], 1, n_heads, n_kv, hd, ctx, scale,
+                      window=window, tmp=t["tmp"])
+        assert b.dispatches == 2   # the split form ran
+    ops.sync()
+    kc = t["kc"].read(np.float16).reshape(ctx, width)
+    vc = t["vc"].read(np.float16).reshape(ctx, width)
+    ref = attention_ref(q, kc, vc, np.array([pos]), n_kv, scale, window)
+    np.testing.assert_allclose(f32(t["out"]).reshape(1, -1), ref, rtol=1e-4, atol=2e-5)
+
+
+def test_tmp_too_small_falls_back(ops, bufs, rng):
+    t = bufs(q=np.ones((1, 2, 8), np.float32), pos=np.array([0], np.int32), out=64, kc=2 * 16 * 8, vc=2 * 16 * 8,
+             tmp=16)
+    with ops.batch() as b:
+        ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], 1, 2, 1, 8, 16, 0.3, tmp=t["tmp"])
+        assert b.dispatches == 1   # attention.comp
+    ops.sync()
