@@ -37,9 +37,16 @@ image already S x S is copied unchanged.  The filter per projector is
 MmprojConfig.resample: "bicubic" for mlp (LLaVA), "bilinear" for gemma3
 (llama.cpp's RESIZE_ALGO_BILINEAR for that projector); the pad colour is
 MmprojConfig.pad_color: LLaVA's mean colour (122, 116, 104), black for gemma3.
-Uncertainty: the filters are Pillow's (which antialias when shrinking),
-not llama.cpp's hand-written ones (which do not, and whose bicubic uses
-a = -0.5 on a clamped 4x4 neighbourhood); so pixels of a resized image differ
+Uncertainties: (1) which of llama.cpp's paths a LLaVA-1.5 image takes was
+not traced to the end: for the mlp projector without image_grid_pinpoints,
+llama.cpp (2026) configures a bicubic resize padded with (122, 116, 104)
+for the "refined" image and a bilinear one without padding for the
+"overview"; vramd uses the former, which is also LLaVA-1.5's own "pad"
+preprocessing.  For gemma3 llama.cpp sets bilinear; that it pads (its
+img_tool default) rather than stretches is assumed, not traced.
+(2) The filters are Pillow's (which antialias when shrinking),
+not llama.cpp's hand-written ones (which do not; its bicubic is ViT.cpp's
+cubic on a clamped 4x4 neighbourhood, sampled at x * w / w'); so pixels of a resized image differ
 from llama.cpp's by a few grey levels, more for strong downscaling.  HF's
 processors differ from both (CLIP: resize the short side + centre crop;
 Gemma 3: stretch to 896 x 896 without padding).  An image that needs no
