@@ -134,7 +134,7 @@ def decode_image(data: bytes, limits: ImageLimits = DEFAULT_LIMITS, label: str =
                          f"{limits.max_pixels} pixels (decompression bomb?)") from None
     except Image.UnidentifiedImageError:
         raise UsageError(f"{label}: malformed {fmt} image (the header cannot be read)") from None
-    except (OSError, SyntaxError, ValueError, EOFError, MemoryError) as e:
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
         text = str(e).strip() or type(e).__name__
         if "truncated" in text.lower():
             raise UsageError(f"{label}: truncated {fmt} image data") from None
