@@ -83,15 +83,16 @@ void main() {
             kvs[j * QP + d] = t < p.n_tokens ? k[p.k_off + t * p.k_stride + col + d] : 0.0;
         }
         barrier();  // also publishes the Q tile on the first pass
-        for (uint c = lane; c < BK; c += TPR) {
-            float s = NEG;
-            if (k0 + c < p.n_tokens) {
-                s = 0.0;
-                for (uint d = 0u; d < hd; d++) {
-                    s += qs[r * QP + d] * kvs[c * QP + d];
-                }
+        {   // keys lane and lane + TPR (BK = 2 TPR): each q element read once for both
+            uint c0 = lane, c1 = lane + TPR;
+            float s0 = 0.0, s1 = 0.0;
+            for (uint d = 0u; d < hd; d++) {
+                float qd = qs[r * QP + d];
+                s0 += qd * kvs[c0 * QP + d];
+                s1 += qd * kvs[c1 * QP + d];
             }
-            ss[r * SP + c] = s;
+            ss[r * SP + c0] = k0 + c0 < p.n_tokens ? s0 : NEG;
+            ss[r * SP + c1] = k0 + c1 < p.n_tokens ? s1 : NEG;
         }
         barrier();  // scores written; every read of the K tile done
         // V tile over the K tile (zeros past n_tokens: 0 * garbage could be NaN)
@@ -116,13 +117,15 @@ void main() {
         }
         l = l * corr + lt;
         for (uint i = 0u; i < DPT; i++) {
-            uint d = lane + i * TPR;
-            if (d < hd) {
-                float a = 0.0;
-                for (uint c = 0u; c < BK; c++) {
-                    a += ps[r * SP + c] * kvs[c * QP + d];
+            acc[i] *= corr;
+        }
+        for (uint c = 0u; c < BK; c++) {  // each probability read once for all the thread's dimensions
+            float pc = ps[r * SP + c];
+            for (uint i = 0u; i < DPT; i++) {
+                uint d = lane + i * TPR;
+                if (d < hd) {
+                    acc[i] += pc * kvs[c * QP + d];
                 }
-                acc[i] = acc[i] * corr + a;
             }
         }
         m = mt;

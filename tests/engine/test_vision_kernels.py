@@ -138,9 +138,19 @@ def test_layer_norm_strides(vops, bufs, rng):
 
 # -- GELU ----------------------------------------------------------------------
 
+def _gelu_tanh(a):
+    """0.5 a (1 + tanh(u)), written as a / (1 + e^{-2u}) past u < -1 (the same
+    value: 1 + tanh(u) = 2 / (1 + e^{-2u})) because 1 + math.tanh(u)
+    cancels to nothing in float64 below ~1e-16."""
+    u = math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3)
+    if u >= -1:
+        return 0.5 * a * (1 + math.tanh(u))
+    return a / (1 + math.exp(-2 * u)) if u > -350 else 0.0
+
+
 GELU_REF = {
-    "tanh": lambda a: 0.5 * a * (1 + math.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))),
-    "erf": lambda a: 0.5 * a * (1 + math.erf(a / math.sqrt(2))),
+    "tanh": _gelu_tanh,
+    "erf": lambda a: 0.5 * a * math.erfc(-a / math.sqrt(2)),  # = 1 + erf(z), without float64's cancellation
     "quick": lambda a: a / (1 + math.exp(-1.702 * a)) if a > -400 else 0.0,
     "silu": lambda a: a / (1 + math.exp(-a)) if a > -700 else 0.0,
 }
@@ -155,10 +165,14 @@ def test_gelu(vops, bufs, rng, mode):
     """Every form (and SiLU, the fourth FFN activation of clip, through the
     same kernel) against its float64 definition (math.erf, math.tanh) over
     a dense sweep of -12 .. 12 and random values (n odd, several work
-    groups), then in place.  Tolerance 1e-6 |ref| + 1e-6 |x| * 1e-1 + 1e-7:
-    the relative f32 rounding of the few operations, and for erf the fit
-    (fractional 1.2e-7) plus exp's f32 argument rounding in the far tail,
-    where the values are below 1e-6 anyway."""
+    groups), by name through activation(), then in place.  Tolerance
+    1e-6 |ref| + 1e-7 |x| + 1e-7: the f32 rounding of a few operations and
+    of the GPU's exp, and for erf the erfc fit (fractional 1.2e-7); measured
+    on lavapipe: at most 0.21 of it.  And relative 5e-5 wherever |ref| >
+    1e-30, the negative tails included: the kernel has no 1 + tanh or
+    1 + erf cancellation (which would be off by 100% there); what is left is
+    exp's f32 argument (up to ~70, rounded to ~4e-6 relative) and its ulps;
+    measured: 1.7e-5."""
     sweep = np.linspace(-12, 12, 4801)
     x = np.concatenate([sweep, rng.standard_normal(5001) * 4]).astype(np.float32)
     ref = np.array([GELU_REF[mode](float(a)) for a in x])
@@ -172,6 +186,8 @@ def test_gelu(vops, bufs, rng, mode):
     y = f32(t["y"], x.shape)
     bound = 1e-6 * np.abs(ref) + 1e-7 * np.abs(x) + 1e-7
     assert max_ratio(y - ref, bound) <= 1, f"max error {np.max(np.abs(y - ref)):.3g}"
+    tail = np.abs(ref) > 1e-30
+    assert max_ratio(y[tail] - ref[tail], 5e-5 * np.abs(ref[tail])) <= 1
     np.testing.assert_array_equal(f32(t["by_name"], x.shape), y)  # the mmproj name picks the same form
     vops.activation(t["x"], t["x"], x.size, MMPROJ_NAME[mode])  # in place
     vops.sync()
@@ -219,7 +235,7 @@ def attention_ref(q, k, v, n_heads, head_dim, scale):
     (50, 2, 16, 30.0),     # scores in the hundreds: the online max must rescale
 ])
 def test_attention_full(vops, bufs, rng, n_tokens, n_heads, head_dim, q_mag):
-    """Tolerance 2e-5 absolute + 2e-5 relative: the output is a convex
+    """Tolerance 5e-6 absolute + 5e-6 relative: the output is a convex
     combination of v (values of order 1); f32 scores, exp and sums over up
     to 577 keys stay well inside it.  A mask, a skipped key tile or a wrong
     head offset gives errors of order 0.1-1."""
@@ -234,7 +250,7 @@ def test_attention_full(vops, bufs, rng, n_tokens, n_heads, head_dim, q_mag):
     vops.sync()
     elapsed = time.perf_counter() - start
     ref = attention_ref(q, k, v, n_heads, head_dim, scale)
-    np.testing.assert_allclose(f32(t["o"], ref.shape), ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(f32(t["o"], ref.shape), ref, rtol=5e-6, atol=5e-6)
     assert elapsed < 20, f"attention over {n_tokens} tokens took {elapsed:.1f} s"
 
 
@@ -253,7 +269,7 @@ def test_attention_full_fused_qkv_and_strided_out(vops, bufs, rng):
     vops.sync()
     o = f32(t["o"], (n_tokens, o_stride))
     ref = attention_ref(qkv[:, :width], qkv[:, width:2 * width], qkv[:, 2 * width:], n_heads, head_dim, 0.2)
-    np.testing.assert_allclose(o[:, :width], ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(o[:, :width], ref, rtol=5e-6, atol=5e-6)
     assert np.all(o[:, width:] == 7)
 
 
