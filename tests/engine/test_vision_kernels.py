@@ -233,6 +233,7 @@ def attention_ref(q, k, v, n_heads, head_dim, scale):
     (33, 2, 128, 4.0),     # the largest head; peaked softmax (scores of tens)
     (1, 1, 5, 1.0),        # one token: out = v
     (50, 2, 16, 30.0),     # scores in the hundreds: the online max must rescale
+    (1500, 1, 4, 3.0),     # a long sequence (94 key tiles), kept cheap by a small head
 ])
 def test_attention_full(vops, bufs, rng, n_tokens, n_heads, head_dim, q_mag):
     """Tolerance 5e-6 absolute + 5e-6 relative: the output is a convex
