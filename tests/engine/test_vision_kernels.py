@@ -477,3 +477,123 @@ def test_vit_block_in_one_batch(vops, bufs, rng):
     np.testing.assert_allclose(f32(t["x"], x.shape), x, rtol=1e-4, atol=2e-4)
     np.testing.assert_allclose(f32(t["pooled"], (n // 4, hidden)), avg_pool_ref(x, side, 2), rtol=1e-4,
                                atol=2e-4)
+
+
+# -- a synthetic mmproj's whole encoder against the numpy reference ----------------------
+
+def encode_on_device(vops, bufs, path, pixels):
+    """The tower and projector of the mmproj file at `path`, composed from
+    VisionOps as clip.cpp's graph runs them (the order of
+    tests/engine/reference_vision.py), in one batch: (tower output
+    [n_pos, n_embd], projector output [n_tokens, n_text]).  The tensors are
+    uploaded as the file's bytes, except mm.input_projection (gemma3), which
+    llama.cpp multiplies transposed (y = x W, W numpy [n_embd, n_text]): it
+    goes up transposed once, as a loader would place it for matvec."""
+    from vramd.model.gguf_check import validate_gguf
+    from vramd.model.mmproj import load_mmproj
+
+    mf = validate_gguf(path)
+    cfg, info = load_mmproj(mf)
+    raw = {}
+    with open(path, "rb") as f:
+        for name in info.names:
+            ti = mf.tensor(name)
+            f.seek(ti.offset)
+            raw[name] = np.frombuffer(f.read(ti.nbytes), np.uint8)
+    types = {name: mf.tensor(name).type for name in info.names}
+    shapes = {name: mf.tensor(name).shape for name in info.names}
+    if cfg.projector == "gemma3":
+        name = "mm.input_projection.weight"
+        w = raw[name].view(np.float16 if types[name] == Q.F16 else np.float32).reshape(tuple(reversed(shapes[name])))
+        raw[name] = np.ascontiguousarray(w.T).view(np.uint8).reshape(-1)
+        shapes[name] = tuple(reversed(shapes[name]))
+    keys = {name: f"t{i}" for i, name in enumerate(raw)}  # region tensor names
+    wt = bufs("weights", **{keys[n]: a for n, a in raw.items()})
+
+    def T(name):
+        return wt[keys[name]] if name in keys else None
+
+    def W(name):
+        cols, rows = shapes[name][0], int(np.prod(shapes[name][1:]))
+        return Weight(T(name), types[name], rows, cols)
+
+    e, side, p = cfg.n_embd, cfg.patches_per_side, cfg.patch_size
+    cls = 1 if info.has_class_embd else 0
+    n = cfg.n_patches + cls
+    text = info.n_embd_text
+    t = bufs(img=pixels.astype(np.float32), x=4 * n * e, h=4 * n * e, q=4 * n * e, k=4 * n * e, v=4 * n * e,
+             a=4 * n * e, f=4 * n * cfg.n_ff, pooled=4 * cfg.n_patches * e, m=4 * n * text, y=4 * n * text)
+
+    def linear(name, src, dst, n_tok):
+        w = W(name + ".weight")
+        vops.matvec(w, src, dst, n_tok)
+        if T(name + ".bias") is not None:
+            vops.add(dst, T(name + ".bias"), dst, n_tok * w.rows, b_len=w.rows)
+
+    with vops.batch():
+        if cls:
+            vops.copy(T("v.class_embd"), t["x"], 4 * e)
+        vops.patch_embed(t["img"], Weight(T("v.patch_embd.weight"), types["v.patch_embd.weight"], e, 3 * p * p),
+                         T("v.patch_embd.bias"), view(t["x"], 4 * e * cls), 3, cfg.image_size, cfg.image_size, p)
+        vops.add(t["x"], T("v.position_embd.weight"), t["x"], n * e)
+        if info.has_pre_ln:
+            vops.layer_norm(t["x"], T("v.pre_ln.weight"), T("v.pre_ln.bias"), t["x"], cfg.eps, n, e)
+        for i in range(cfg.n_layer_run):
+            b = f"v.blk.{i}."
+            vops.layer_norm(t["x"], T(b + "ln1.weight"), T(b + "ln1.bias"), t["h"], cfg.eps, n, e)
+            with vops.parallel():
+                for m in "qkv":
+                    linear(b + "attn_" + m, t["h"], t[m], n)
+            vops.attention_full(t["q"], t["k"], t["v"], t["a"], n, cfg.n_head, cfg.head_dim, cfg.head_dim ** -0.5)
+            linear(b + "attn_out", t["a"], t["h"], n)
+            vops.add(t["x"], t["h"], t["x"], n * e)
+            vops.layer_norm(t["x"], T(b + "ln2.weight"), T(b + "ln2.bias"), t["h"], cfg.eps, n, e)
+            up, down = info.ffn_names[i]
+            linear(up, t["h"], t["f"], n)
+            vops.activation(t["f"], t["f"], n * cfg.n_ff, cfg.ffn_act)
+            linear(down, t["f"], t["h"], n)
+            vops.add(t["x"], t["h"], t["x"], n * e)
+        if info.has_post_ln:
+            vops.layer_norm(t["x"], T("v.post_ln.weight"), T("v.post_ln.bias"), t["x"], cfg.eps, n, e)
+        if cfg.projector == "mlp":
+            patches = view(t["x"], 4 * e * cls)  # the class position is dropped
+            linear("mm.0", patches, t["m"], cfg.n_patches)
+            vops.gelu(t["m"], t["m"], cfg.n_patches * text, "tanh")
+            linear("mm.2", t["m"], t["y"], cfg.n_patches)
+        else:
+            vops.avg_pool_2d(t["x"], t["pooled"], side, cfg.n_merge, e)
+            vops.rms_norm(t["pooled"], T("mm.soft_emb_norm.weight"), t["pooled"], cfg.eps, cfg.n_tokens, e)
+            vops.matvec(W("mm.input_projection.weight"), t["pooled"], t["y"], cfg.n_tokens)
+    vops.sync()
+    return f32(t["x"], (n, e)), f32(t["y"], (cfg.n_tokens, text))
+
+
+@pytest.mark.parametrize("projector,more", [
+    ("mlp", {}),                                    # CLIP-style: class token, pre-norm, quick GELU
+    ("mlp", {"weight_type": "F32", "image_size": 56, "patch_size": 14, "n_head": 2, "n_layer": 3,
+             "feature_layer": 2}),                 # head_dim 32, 17 positions, F32, 2 of 3 layers run
+    ("gemma3", {}),                                 # SigLIP-style: patch bias, post-norm, tanh GELU, pool 2
+    ("gemma3", {"image_size": 64, "n_merge": 4}),   # an 8x8 grid pooled 4x4 (the real model's pool)
+], ids=["mlp", "mlp-f32-56px", "gemma3", "gemma3-pool4"])
+def test_encoder_matches_reference_vision(vops, bufs, rng, tmp_path, projector, more):
+    """The whole encoder of a synthetic mmproj file (tests/engine/models_vision.py)
+    through the device kernels equals tests/engine/reference_vision.py (float64
+    numpy, written from llama.cpp's clip graph by another hand): the layouts
+    assumed here (image planes, patch kernel, raster order, pooling grid,
+    head split) are the reference's.  Tolerance 1e-5 x the output's largest
+    magnitude: f32 through two or three layers against float64 (measured on
+    lavapipe: at most 9e-7 of it); a wrong layout is off by the order of the
+    values, and even the erf GELU in place of the tanh one is caught."""
+    from tests.engine.models_vision import write_mmproj
+    from tests.engine.reference_vision import ReferenceVision
+
+    path = write_mmproj(tmp_path / "mmproj.gguf", projector, **more)
+    ref = ReferenceVision(path)
+    s = ref.cfg.image_size
+    pixels = rng.standard_normal((3, s, s)).astype(np.float32)
+    tower_ref = ref.tower(pixels)
+    out_ref = ref.project(tower_ref)
+    tower, out = encode_on_device(vops, bufs, path, pixels)
+    for got, want, what in ((tower, tower_ref, "tower"), (out, out_ref, "projector")):
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= 1e-5, f"{what}: max error {err:.3g} of the largest value"
