@@ -479,6 +479,62 @@ def test_vit_block_in_one_batch(vops, bufs, rng):
                                atol=2e-4)
 
 
+# -- offsets ---------------------------------------------------------------------------
+
+def test_every_binding_at_an_unaligned_offset(vops, bufs, rng):
+    """Each kernel with every buffer bound through a view one element past a
+    storage-aligned start (one float; one half for the F16 patch kernel), so
+    each offset the shaders add is non-zero: a dropped offset reads the pad
+    (value 1e4) or writes one element early (caught by the pads kept)."""
+    pad = np.float32(1e4)
+
+    def padded(a):
+        return np.concatenate([[pad], np.asarray(a, np.float32).reshape(-1)])
+
+    def v1(tensor):
+        return view(tensor, 4)
+
+    # attention_full: q, k, v, out
+    n, heads, hd = 21, 2, 12
+    q, k, v = (rng.standard_normal((n, heads * hd)).astype(np.float32) for _ in range(3))
+    t = bufs(q=padded(q), k=padded(k), v=padded(v), o=padded(np.zeros(n * heads * hd)))
+    vops.attention_full(v1(t["q"]), v1(t["k"]), v1(t["v"]), v1(t["o"]), n, heads, hd, 0.3)
+    # layer_norm: x, w, b, y
+    x = rng.standard_normal((3, 50)).astype(np.float32)
+    w, b = rng.standard_normal(50).astype(np.float32), rng.standard_normal(50).astype(np.float32)
+    t.update(bufs(x=padded(x), w=padded(w), b=padded(b), y=padded(np.zeros(x.size))))
+    vops.layer_norm(v1(t["x"]), v1(t["w"]), v1(t["b"]), v1(t["y"]), 1e-5, 3, 50)
+    # gelu: x, y
+    t.update(bufs(gy=padded(np.zeros(x.size))))
+    vops.gelu(v1(t["x"]), v1(t["gy"]), x.size, "erf")
+    # avg_pool_2d: x, out
+    g = rng.standard_normal((16, 5)).astype(np.float32)
+    t.update(bufs(g=padded(g), gp=padded(np.zeros(4 * 5))))
+    vops.avg_pool_2d(v1(t["g"]), v1(t["gp"]), 4, 2, 5)
+    # patch_embed: image, F16 weight one half in, bias, out
+    img = rng.standard_normal((2, 6, 9)).astype(np.float32)
+    pw = rng.standard_normal((7, 2, 3, 3)).astype(np.float16)
+    pb = rng.standard_normal(7).astype(np.float32)
+    wraw = np.concatenate([np.array([np.float16(1e4)]), pw.reshape(-1)])
+    wt = bufs("weights", w=wraw)["w"]
+    t.update(bufs(img=padded(img), pb=padded(pb), po=padded(np.zeros(6 * 7))))
+    vops.patch_embed(v1(t["img"]), Weight(view(wt, 2), Q.F16, 7, 18), v1(t["pb"]), v1(t["po"]), 2, 6, 9, 3)
+    vops.sync()
+
+    def got(name, shape):
+        a = f32(t[name])
+        assert a[0] == pad, f"{name}: the element before the view was written"
+        return a[1:1 + int(np.prod(shape))].reshape(shape)
+
+    np.testing.assert_allclose(got("o", q.shape), attention_ref(q, k, v, heads, hd, 0.3), rtol=5e-6, atol=5e-6)
+    np.testing.assert_allclose(got("y", x.shape), layer_norm_ref(x, w, b, 1e-5), rtol=1e-5, atol=2e-5)
+    erf = np.array([GELU_REF["erf"](float(a)) for a in x.reshape(-1)]).reshape(x.shape)
+    np.testing.assert_allclose(got("gy", x.shape), erf, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got("gp", (4, 5)), avg_pool_ref(g, 4, 2), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got("po", (6, 7)), conv_ref(img, pw.astype(np.float32), pb, 3), rtol=1e-5,
+                               atol=1e-5)
+
+
 # -- a synthetic mmproj's whole encoder against the numpy reference ----------------------
 
 def encode_on_device(vops, bufs, path, pixels):
