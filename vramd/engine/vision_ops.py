@@ -1,8 +1,8 @@
 """The vision encoder's compute ops (a ViT and its projector, as llama.cpp's
-clip runs them): LayerNorm, GELU in its three forms, non-causal attention,
-the patch-embedding convolution and the average pool of the Gemma 3
-projector, over the GLSL kernels native/shaders/{layer_norm, gelu,
-attention_full, patch_embed, avg_pool}.comp.
+clip runs them): LayerNorm, the FFN activations (GELU in its three forms,
+SiLU), non-causal attention, the patch-embedding convolution and the average
+pool of the Gemma 3 projector, over the GLSL kernels native/shaders/
+{layer_norm, gelu, attention_full, patch_embed, avg_pool}.comp.
 
 `VisionOps` is an `Ops` (vramd/engine/ops.py) of the same residency core:
 it records into the same batches, binds buffers by the same rules (a Tensor
@@ -19,8 +19,15 @@ layers and residuals:
         ...
         vops.attention_full(q, k, v, a, n, n_heads, head_dim, head_dim ** -0.5)
         ...
-        vops.gelu(f, f, n * n_ff, "quick")
+        vops.activation(f, f, n * n_ff, cfg.ffn_act)          # "gelu_quick" for CLIP
     vops.sync()
+
+tests/engine/test_vision_kernels.py (encode_on_device) runs a synthetic
+mmproj's whole encoder, both projectors, this way.  The class token of a
+CLIP tower goes in row 0 (`copy`) and the patches from row 1 (patch_embed
+into `view(x, 4 * hidden)`).  Gemma 3's mm.input_projection is multiplied
+transposed by llama.cpp (y = x W, W numpy [n_embd, n_text]): matvec needs it
+as [n_text, n_embd] rows, i.e. transposed once when it is placed.
 
 Linear layers.  A ViT linear layer y = x W^T + b over n_tokens activation
 rows is `matvec(Weight(w, type, rows, k), x, y, n_tokens)` (the tiled
