@@ -209,13 +209,18 @@ def test_prefill_in_chunks_equals_one_shot(build):
 def test_state_survives_release_and_restore(build):
     model, ref, res = build(seed=9)
     prompt = PROMPT[:10]
-    model.forward(prompt, 0)
-    res.release(["weights", "state", "scratch"])
+    model.forward(prompt[:-1], 0)
+    model.forward(prompt[-1:], len(prompt) - 1)      # a decode step: recorded once
+    assert model.step_records == 1
+    res.release(["weights", "state", "scratch"])     # a switch: buffers may move
     res.restore(["weights", "state"])
-    after = model.forward([9], len(prompt))
+    after = model.forward([9], len(prompt))          # the step is recorded again
+    assert model.step_records == 2
     kv = ref.new_kv(np.float16)
     ref.forward(prompt, kv, 0)
     assert rel_err(after, ref.forward([9], kv)[-1]) < TOL
+    assert rel_err(model.forward([10], len(prompt) + 1), ref.forward([10], kv)[-1]) < TOL   # replayed
+    assert model.step_records == 2
 
 
 # --- the real Gemma 3 270M ----------------------------------------------------------------

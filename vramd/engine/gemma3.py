@@ -71,6 +71,7 @@ import numpy as np
 from vramd.engine.llama import MAX_BATCH
 from vramd.engine.ops import Ops, Weight, view
 from vramd.errors import ModelError
+from vramd.gpu.kernels import HostBuffer
 
 ARCH = "gemma3"
 SWA_PATTERN = 6            # llama.cpp: hparams.set_swa_pattern(6) for gemma3
@@ -194,6 +195,12 @@ class Gemma3Model:
         self.act = scratch_region.tensors
         self._types = {t.name: t for t in mf.tensors}
         self._check_tensors()
+        # The one-token decode step, recorded once and replayed (as LlamaModel's):
+        self._step = None          # the recorded step (a Batch)
+        self._step_gen = None      # residency.generation it was recorded at; None: record again
+        self._io = None            # HostBuffer: [0:4] token id, [4:8] position, [16:] logits (f32)
+        self.timer = None          # a vramd.gpu.timing.Timestamps: time each dispatch of the step
+        self.step_records = 0
 
     # -- weights -----------------------------------------------------------
 
@@ -242,6 +249,8 @@ class Gemma3Model:
             raise ValueError("no tokens")
         if pos0 < 0 or pos0 + len(tokens) > self.ctx:
             raise ModelError(f"positions {pos0}..{pos0 + len(tokens) - 1} outside the context of {self.ctx}")
+        if len(tokens) == 1 and not all_logits:
+            return self._decode(int(tokens[0]), pos0)
         step = self.cfg.logit_rows(self.batch) if all_logits else self.batch
         out = []
         for start in range(0, len(tokens), step):
@@ -252,27 +261,68 @@ class Gemma3Model:
                 out.append(logits)
         return np.concatenate(out, axis=0) if all_logits else out[-1]
 
+    def _decode(self, token: int, pos: int) -> np.ndarray:
+        """One token at `pos` through the recorded step: the logits ([n_vocab]).
+        Re-recorded when the residency generation moved (buffers may have)."""
+        ops, a = self.ops, self.act
+        n_logits = 4 * self.cfg.n_vocab
+        if self._io is None:
+            self._io = HostBuffer(self.residency.device, 16 + n_logits)
+        io = self._io
+        if self._step is None:
+            self._step = ops.graph()
+        if self._step_gen != self.residency.generation:
+            ops.sync()
+            self._step_gen = None      # a recording that fails half-way is never replayed
+            self._step.timer = self.timer
+            with ops.record(self._step):
+                ops.copy(io.view(0, 4), view(a["ids"], 0, 4), 4)
+                ops.copy(io.view(4, 4), view(a["pos"], 0, 4), 4)
+                self._record(1, want_all=False, want_logits=True)
+                ops.copy(view(a["logits"], 0, n_logits), io.view(16, n_logits), n_logits)
+            self._step_gen = self.residency.generation
+            self.step_records += 1
+        ops.sync()  # the previous step is done with the host buffer
+        io.array[:8].view(np.int32)[:] = (token, pos)
+        self._step.submit()
+        ops.sync()
+        return io.array[16:16 + n_logits].view(np.float32).copy()
+
+    def profile(self, timer) -> None:
+        """Times every dispatch of the decode step with `timer` (a
+        vramd.gpu.timing.Timestamps; None: stop).  Re-records the step."""
+        self.timer = timer
+        self._step_gen = None
+
+    def _record(self, n: int, want_all: bool, want_logits: bool) -> None:
+        """Records the forward pass of n tokens (ids and positions in the
+        scratch buffers) into the current batch: the logits of every token
+        (want_all), or of the last one at row 0, or none."""
+        cfg, ops, a = self.cfg, self.ops, self.act
+        E, V = cfg.n_embd, cfg.n_vocab
+        ops.get_rows(self._weight("token_embd.weight"), a["ids"], a["x"], n)
+        ops.scale(a["x"], a["x"], n * E, math.sqrt(E))
+        ops.rms_norm(a["x"], self.weights["blk.0.attn_norm.weight"], a["h"], cfg.eps, n, E)
+        for i in range(cfg.n_layer):
+            # each layer's last residual add is fused with the next norm
+            # (the next layer's attn_norm; after the last, output_norm)
+            nxt = f"blk.{i + 1}.attn_norm.weight" if i + 1 < cfg.n_layer else "output_norm.weight"
+            self._layer(i, n, self.weights[nxt])
+        if want_logits:
+            out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
+            rows = n if want_all else 1
+            ops.matvec(out_w, view(a["h"], 4 * (n - rows) * E, 4 * rows * E), a["logits"], rows)
+            if cfg.softcap > 0:
+                ops.softcap(a["logits"], a["logits"], rows * V, cfg.softcap)
+
     def _chunk(self, tokens: list[int], pos0: int, want_all: bool, want_last: bool) -> np.ndarray | None:
         cfg, ops, a = self.cfg, self.ops, self.act
-        n, E, V = len(tokens), cfg.n_embd, cfg.n_vocab
+        n, V = len(tokens), cfg.n_vocab
         ops.sync()  # the previous chunk is done with ids/pos
         a["ids"].write(np.asarray(tokens, dtype=np.int32))
         a["pos"].write(np.arange(pos0, pos0 + n, dtype=np.int32))
         with ops.batch():
-            ops.get_rows(self._weight("token_embd.weight"), a["ids"], a["x"], n)
-            ops.scale(a["x"], a["x"], n * E, math.sqrt(E))
-            ops.rms_norm(a["x"], self.weights["blk.0.attn_norm.weight"], a["h"], cfg.eps, n, E)
-            for i in range(cfg.n_layer):
-                # each layer's last residual add is fused with the next norm
-                # (the next layer's attn_norm; after the last, output_norm)
-                nxt = f"blk.{i + 1}.attn_norm.weight" if i + 1 < cfg.n_layer else "output_norm.weight"
-                self._layer(i, n, self.weights[nxt])
-            if want_all or want_last:
-                out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
-                rows = n if want_all else 1
-                ops.matvec(out_w, view(a["h"], 4 * (n - rows) * E, 4 * rows * E), a["logits"], rows)
-                if cfg.softcap > 0:
-                    ops.softcap(a["logits"], a["logits"], rows * V, cfg.softcap)
+            self._record(n, want_all, want_logits=want_all or want_last)
         ops.sync()
         if want_all:
             return a["logits"].read(np.float32, 0, 4 * n * V).reshape(n, V).copy()
@@ -287,26 +337,29 @@ class Gemma3Model:
         p = f"blk.{i}."
         E, Q, KV, F, hd = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.n_ff, cfg.head_dim
         swa = cfg.swa_layers[i]
-        ops.matvec(self._weight(p + "attn_q.weight"), a["h"], a["q"], n)
-        ops.matvec(self._weight(p + "attn_k.weight"), a["h"], a["k"], n)
-        ops.matvec(self._weight(p + "attn_v.weight"), a["h"], a["v"], n)
-        # QK-norm: every head's row of head_dim floats is a row of its own
-        ops.rms_norm(a["q"], w[p + "attn_q_norm.weight"], a["q"], cfg.eps, n * cfg.n_head, hd)
-        ops.rms_norm(a["k"], w[p + "attn_k_norm.weight"], a["k"], cfg.eps, n * cfg.n_head_kv, hd)
+        with ops.parallel():   # independent ops: one barrier after each group
+            ops.matvec(self._weight(p + "attn_q.weight"), a["h"], a["q"], n)
+            ops.matvec(self._weight(p + "attn_k.weight"), a["h"], a["k"], n)
+            ops.matvec(self._weight(p + "attn_v.weight"), a["h"], a["v"], n)
+        with ops.parallel():   # QK-norm: every head's row of head_dim floats is a row of its own
+            ops.rms_norm(a["q"], w[p + "attn_q_norm.weight"], a["q"], cfg.eps, n * cfg.n_head, hd)
+            ops.rms_norm(a["k"], w[p + "attn_k_norm.weight"], a["k"], cfg.eps, n * cfg.n_head_kv, hd)
         rope = dict(n_rot=cfg.n_rot, neox=cfg.neox,
                     freq_base=cfg.rope_base_swa if swa else cfg.rope_base,
                     freq_scale=cfg.rope_scale_swa if swa else cfg.rope_scale)
-        ops.rope(a["q"], a["pos"], n, cfg.n_head, hd, **rope)
-        ops.rope(a["k"], a["pos"], n, cfg.n_head_kv, hd, **rope)
+        with ops.parallel():
+            ops.rope(a["q"], a["pos"], n, cfg.n_head, hd, **rope)
+            ops.rope(a["k"], a["pos"], n, cfg.n_head_kv, hd, **rope)
+            ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, KV, self.ctx)
         ops.kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, KV, self.ctx)
-        ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, KV, self.ctx)
         ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
                       cfg.n_head, cfg.n_head_kv, hd, self.ctx, cfg.attn_scale, window=cfg.window if swa else 0)
         ops.matvec(self._weight(p + "attn_output.weight"), a["att"], a["h"], n)
         ops.rms_norm(a["h"], w[p + "post_attention_norm.weight"], a["h"], cfg.eps, n, E)
         ops.add_rms_norm(a["x"], a["h"], w[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)   # x += h; h = ffn_norm(x)
-        ops.matvec(self._weight(p + "ffn_gate.weight"), a["h"], a["gate"], n)
-        ops.matvec(self._weight(p + "ffn_up.weight"), a["h"], a["up"], n)
+        with ops.parallel():
+            ops.matvec(self._weight(p + "ffn_gate.weight"), a["h"], a["gate"], n)
+            ops.matvec(self._weight(p + "ffn_up.weight"), a["h"], a["up"], n)
         ops.gelu_mul(a["gate"], a["up"], a["gate"], n * F)
         ops.matvec(self._weight(p + "ffn_down.weight"), a["gate"], a["h"], n)
         ops.rms_norm(a["h"], w[p + "post_ffw_norm.weight"], a["h"], cfg.eps, n, E)
@@ -314,3 +367,6 @@ class Gemma3Model:
 
     def close(self) -> None:
         self.ops.close()
+        if self._io is not None:
+            self._io.close()
+            self._io = None
