@@ -301,11 +301,10 @@ class LlamaModel:
                        (p + "attn_v", a["h"], a["v"], KV)], n)
         rope = dict(n_rot=cfg.n_rot, neox=cfg.neox, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale,
                     freq_factors=self.weights.get("rope_freqs.weight"))
-        with ops.parallel():  # q and k rotate in place, V goes to the cache as it is
+        with ops.parallel():  # q rotates in place, k rotated into the cache, V to the cache as it is
             ops.rope(a["q"], a["pos"], n, cfg.n_head, hd, **rope)
-            ops.rope(a["k"], a["pos"], n, cfg.n_head_kv, hd, **rope)
+            ops.rope_kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, cfg.n_head_kv, hd, self.ctx, **rope)
             ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, KV, self.ctx)
-        ops.kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, KV, self.ctx)
         # tmp: "up" is free until the FFN; decode attention keeps its per-range partials there
         ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
                       cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd), tmp=a["up"])

@@ -59,7 +59,8 @@ WEIGHT_TYPES.update({3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 2
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 48),
             "kv_write": (3, 32), "attention": (5, 60), "silu_mul": (3, 16), "add": (3, 20),
-            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 56), "attention_merge": (2, 20)}
+            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 56), "attention_merge": (2, 20),
+            "rope_kv_write": (4, 56)}
 
 _MATMUL_ROWS, _MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
 _MATVEC_ROWS = 8          # rows per matvec_<type> work group (RPW in matvec.glsl)
@@ -420,6 +421,29 @@ class Ops:
                            freq_base, freq_scale, int(freq_factors is not None), fo)
         self._dispatch(self._kernel("rope"), [xv, pv, fv], push,
                        self._groups1d(n_tokens * n_heads * (n_rot // 2), self.max_groups))
+
+    def rope_kv_write(self, x, cache, pos, n_tokens: int, n_heads: int, head_dim: int, ctx: int, *,
+                      n_rot: int | None = None, neox: bool = False, freq_base: float = 10000.0,
+                      freq_scale: float = 1.0, freq_factors=None, t_stride: int | None = None) -> None:
+        """cache[pos[t], :] = f16(rope(x[t, :])): `rope` then `kv_write` in one
+        dispatch, with x left unrotated (the attention reads K from the cache
+        only).  Arguments as rope's; cache: f16 [ctx, n_heads * head_dim]."""
+        n_rot = head_dim if n_rot is None else int(n_rot)
+        width = n_heads * head_dim
+        t_stride = width if t_stride is None else int(t_stride)
+        if n_rot % 2 or not 0 < n_rot <= head_dim or head_dim % 2:
+            raise ModelError(f"rope over {n_rot} of {head_dim} dimensions: needs even sizes, n_rot <= head_dim")
+        xv, xo = self._bind(x, 4 * ((n_tokens - 1) * t_stride + width), "rope_kv_write x")
+        pv, po = self._bind(pos, 4 * n_tokens, "rope_kv_write positions")
+        if freq_factors is not None:
+            fv, fo = self._bind(freq_factors, 4 * (n_rot // 2), "rope_kv_write freq_factors")
+        else:
+            fv, fo = pv, 0  # bound but never read
+        cv, co = self._bind(cache, 2 * ctx * width, "rope_kv_write cache")
+        push = struct.pack("<8I2f4I", n_tokens, n_heads, head_dim, n_rot, int(bool(neox)), xo, t_stride, po,
+                           freq_base, freq_scale, int(freq_factors is not None), fo, co, ctx)
+        self._dispatch(self._kernel("rope_kv_write"), [xv, pv, fv, cv], push,
+                       self._groups1d(n_tokens * width // 2, self.max_groups))
 
     def kv_write(self, src, cache, pos, n_tokens: int, width: int, ctx: int, *,
                  src_stride: int | None = None) -> None:
