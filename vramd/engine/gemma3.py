@@ -4,8 +4,10 @@ Owns: `Gemma3Config` (hyper-parameters read from the metadata, plus the
 values llama.cpp assumes for gemma3 that no key carries), `scratch_layout`
 (the activation buffers) and `Gemma3Model.forward` (tokens at positions
 p0.. -> logits, their K/V written into the KV cache).  Same interface as
-vramd/engine/llama.py's LlamaModel, whose Ops kernels it records into one
-command buffer per chunk; what it computes is
+vramd/engine/llama.py's LlamaModel and the same recording: one command
+buffer per prefill chunk, and a one-token decode step recorded once and
+replayed per token (token, position and logits through a mapped host
+buffer; re-recorded after a release/restore).  What it computes is
 tests/engine/reference_gemma3.py's specification, op for op.
 
 What llama.cpp computes for general.architecture "gemma3" (its
