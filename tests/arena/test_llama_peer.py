@@ -1,9 +1,7 @@
 """Interoperation with a peer that knows only flock + doorbell (llama.cpp's arbiter)."""
 
 import os
-import signal
 import subprocess
-import time
 
 import pytest
 

@@ -4,6 +4,7 @@ is chosen through VK_DRIVER_FILES before the loader is first used)."""
 import os
 import pathlib
 
+import numpy as np
 import pytest
 
 LAVAPIPE = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
@@ -21,3 +22,50 @@ def device():
     dev = Device()
     yield dev
     dev.close()
+
+
+@pytest.fixture(scope="module")
+def res(device):
+    """A residency core per test module (its regions are the module's buffers)."""
+    from vramd.gpu.residency import Residency
+
+    r = Residency(device)
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def ops(res):
+    """The kernel kit over the module's residency core."""
+    from vramd.engine.ops import Ops
+
+    o = Ops(res)
+    yield o
+    o.close()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20261130)
+
+
+@pytest.fixture
+def bufs(res):
+    """bufs(kind, name=array or nbytes, ...) -> {name: Tensor}, uploaded and
+    resident; every region made is destroyed after the test."""
+    made = []
+
+    def make(kind="state", **items):
+        sizes = {k: (v.nbytes if isinstance(v, np.ndarray) else int(v)) for k, v in items.items()}
+        r = res.region(kind, f"{kind}{len(made)}", sizes)
+        made.append(r)
+        for k, v in items.items():
+            if isinstance(v, np.ndarray):
+                r.tensors[k].write(v)
+        r.restore()
+        return r.tensors
+
+    yield make
+    res.sync()
+    for r in made:
+        r.destroy()

@@ -4,8 +4,8 @@ attention.comp with, and with few ranges forced by a small tmp (several key
 tiles per range), a sliding window, head_dim 512 (two V words per thread)."""
 import numpy as np
 import pytest
+from tests.engine.test_kernels import attention_ref, f32
 
-from tests.engine.test_kernels import attention_ref, bufs, f32, ops, res, rng  # noqa: F401 (fixtures)
 
 
 @pytest.mark.parametrize("n_heads,n_kv,hd,pos,window,tmp_splits", [

@@ -4,8 +4,8 @@ output in the same buffer as the forward pass binds them."""
 import numpy as np
 import pytest
 
-from tests.engine.test_kernels import bufs, f32, ops, res, rng  # noqa: F401 (fixtures)
 from vramd.engine.ops import view
+from tests.engine.test_kernels import f32
 
 
 @pytest.mark.parametrize("n_tokens,width", [(1, 4096), (3, 300), (5, 64)])

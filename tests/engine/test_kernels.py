@@ -15,52 +15,21 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
 from vramd.errors import ModelError, UsageError
-from vramd.engine.ops import Ops, Weight, view
+from vramd.engine.ops import Weight, view
 
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def res(device):
-    from vramd.gpu.residency import Residency
-
-    r = Residency(device)
-    yield r
-    r.close()
 
 
-@pytest.fixture(scope="module")
-def ops(res):
-    o = Ops(res)
-    yield o
-    o.close()
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(20261130)
 
 
-@pytest.fixture
-def bufs(res):
-    """bufs(kind, name=array or nbytes, ...) -> {name: Tensor}, uploaded and
-    resident; every region made is destroyed after the test."""
-    made = []
 
-    def make(kind="state", **items):
-        sizes = {k: (v.nbytes if isinstance(v, np.ndarray) else int(v)) for k, v in items.items()}
-        r = res.region(kind, f"{kind}{len(made)}", sizes)
-        made.append(r)
-        for k, v in items.items():
-            if isinstance(v, np.ndarray):
-                r.tensors[k].write(v)
-        r.restore()
-        return r.tensors
 
-    yield make
-    res.sync()
-    for r in made:
-        r.destroy()
+
+
 
 
 def f32(t, n=None):

@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
-from vramd.engine.ops import Ops, Weight, view
+from vramd.engine.ops import Weight, view
 
 SIMPLE = [Q.Q4_1, Q.Q5_0, Q.Q5_1]   # 32-element blocks; gguf.quants.quantize makes them
 KQUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]  # 256-element blocks; random bytes + sane scales
@@ -33,47 +33,16 @@ TYPES = SIMPLE + KQUANTS
 _K_F16 = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208, None)}
 
 
-@pytest.fixture(scope="module")
-def res(device):
-    from vramd.gpu.residency import Residency
-
-    r = Residency(device)
-    yield r
-    r.close()
 
 
-@pytest.fixture(scope="module")
-def ops(res):
-    o = Ops(res)
-    yield o
-    o.close()
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(20261130)
 
 
-@pytest.fixture
-def bufs(res):
-    """bufs(kind, name=array or nbytes, ...) -> {name: Tensor}, uploaded and
-    resident; every region made is destroyed after the test."""
-    made = []
 
-    def make(kind="state", **items):
-        sizes = {k: (v.nbytes if isinstance(v, np.ndarray) else int(v)) for k, v in items.items()}
-        r = res.region(kind, f"{kind}{len(made)}", sizes)
-        made.append(r)
-        for k, v in items.items():
-            if isinstance(v, np.ndarray):
-                r.tensors[k].write(v)
-        r.restore()
-        return r.tensors
 
-    yield make
-    res.sync()
-    for r in made:
-        r.destroy()
+
+
 
 
 def blocks(rng, qtype, rows, cols):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from tests.engine.test_kernels import bufs, close_to_dot, f32, ops, res, rng, weights  # noqa: F401 (fixtures)
 from vramd.engine.ops import Weight, view
+from tests.engine.test_kernels import close_to_dot, f32, weights
 
 TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0]
 

@@ -19,13 +19,7 @@ from vramd.engine.ops import Weight, view
 from vramd.engine.vision_ops import VisionOps
 
 
-@pytest.fixture(scope="module")
-def res(device):
-    from vramd.gpu.residency import Residency
 
-    r = Residency(device)
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")
@@ -35,32 +29,10 @@ def vops(res):
     o.close()
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(20261130)
 
 
-@pytest.fixture
-def bufs(res):
-    """bufs(kind, name=array or nbytes, ...) -> {name: Tensor}, uploaded and
-    resident; every region made is destroyed after the test (as in
-    test_kernels.py)."""
-    made = []
 
-    def make(kind="state", **items):
-        sizes = {k: (v.nbytes if isinstance(v, np.ndarray) else int(v)) for k, v in items.items()}
-        r = res.region(kind, f"{kind}{len(made)}", sizes)
-        made.append(r)
-        for k, v in items.items():
-            if isinstance(v, np.ndarray):
-                r.tensors[k].write(v)
-        r.restore()
-        return r.tensors
 
-    yield make
-    res.sync()
-    for r in made:
-        r.destroy()
 
 
 def f32(t, shape=None):

@@ -72,7 +72,7 @@ def test_errors_have_openai_shape_and_status(arena, llamas, daemons, tmp_path):
         c.completions.create(model="a", prompt=[10**6])
     # A holder that never yields: the request gets 503 after --wake-timeout.
     d.ask("yield")
-    import subprocess, sys, os
+    import subprocess, sys
     from .conftest import ROOT, daemon_env
     blocker = subprocess.Popen([sys.executable, "-m", "vramd.cli", "exec", "--", "sleep", "30"],
                                env=daemon_env(VRAMD_ARENA=str(arena)), cwd=ROOT)

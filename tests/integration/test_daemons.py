@@ -14,7 +14,7 @@ from vramd.arena.token import Token
 from vramd.errors import VramdError
 from vramd.server.control import request
 
-from .conftest import ROOT, daemon_env
+from .conftest import daemon_env
 
 
 def breakdown_device(member):

@@ -4,7 +4,6 @@ import openai
 
 from tests.engine.models_moe import write_moe
 
-from .conftest import DaemonProc
 
 
 def greedy(d, prompt):

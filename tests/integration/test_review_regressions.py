@@ -12,7 +12,7 @@ import pytest
 
 from vramd.arena.arbiter import Participant
 from vramd.arena.layout import Arena
-from vramd.arena.members import Member, Registry
+from vramd.arena.members import Registry
 from vramd.arena.token import Token
 from vramd.errors import VramdError
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from vramd.arena.arbiter import Participant
 from vramd.arena.layout import Arena, default_base
 from vramd.arena.members import KINDS, Registry
-from vramd.errors import Interrupted, OutOfDeviceMemory, PeerError, Timeout, UsageError, VramdError
+from vramd.errors import Interrupted, OutOfDeviceMemory, PeerError, UsageError, VramdError
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
