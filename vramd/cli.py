@@ -244,6 +244,11 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
 @click.option("--n-cpu-moe", "n_cpu_moe", default=None,
               help="Mixture-of-experts: keep the experts of this many layers on the host and compute them on "
                    "the CPU (fractions in thirds: 1.5, 4/3), or auto (the least that fits --vram-budget).")
+@click.option("--mmproj", default=None, type=click.Path(dir_okay=False),
+              help="Vision encoder (projector) GGUF: images in chat requests; kept in host memory and brought to "
+                   "the device just in time for an encode.")
+@click.option("--mmproj-resident", is_flag=True, default=None,
+              help="Keep the vision encoder on the device (lower latency, less VRAM for the rest).")
 @click.option("--wake-timeout", type=float, default=None,
               help="Seconds a request waits for the GPU before it fails with 503 [60].")
 @click.option("--priority", type=int, default=None,

@@ -105,3 +105,17 @@ def test_unsupported_architecture_and_type_are_load_errors(tmp_path):
     bad = GGUFImage.from_file(path).set_kv("general.architecture", V.STRING, "mamba").write(tmp_path / "m.gguf")
     with pytest.raises(ModelError, match="mamba"):
         LlamaConfig.from_model(validate_gguf(bad))
+
+
+def test_input_embeddings_stand_in_for_tokens(build):
+    """An embedding given at a position (how an image enters the prompt) is used
+    instead of the token table there: giving a token's own embedding row
+    changes nothing, giving another row is the other token."""
+    model, ref, _res, _lm = build(weight_type="F32", seed=13)
+    prompt = [1, 17, 42, 99, 3]
+    want = model.forward(prompt, 0, all_logits=True)
+    table = ref.token_embd if hasattr(ref, "token_embd") else ref.tensors["token_embd.weight"]
+    got = model.forward([1, 17, -5, 99, 3], 0, all_logits=True, embeds={2: table[42]})
+    assert rel_err(got, want) < 1e-5
+    other = model.forward([1, 17, 7, 99, 3], 0, all_logits=True)
+    assert rel_err(model.forward(prompt, 0, all_logits=True, embeds={2: table[7]}), other) < 1e-5

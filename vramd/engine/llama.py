@@ -181,24 +181,29 @@ class LlamaModel:
 
     # -- forward -------------------------------------------------------------
 
-    def forward(self, tokens: list[int], pos0: int, all_logits: bool = False) -> np.ndarray:
+    def forward(self, tokens: list[int], pos0: int, all_logits: bool = False,
+                embeds: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """Run `tokens` at positions pos0.. through the model; their K/V enter the cache.
 
         Returns the logits of the last token ([n_vocab]), or of every token
-        ([n_tokens, n_vocab]) with all_logits.
+        ([n_tokens, n_vocab]) with all_logits.  `embeds` maps indices into
+        `tokens` to input embeddings ([n_embd] each, e.g. an image's from the
+        vision encoder) used there instead of the token embedding table.
         """
         if not tokens:
             raise ValueError("no tokens")
         if pos0 < 0 or pos0 + len(tokens) > self.ctx:
             raise ModelError(f"positions {pos0}..{pos0 + len(tokens) - 1} outside the context of {self.ctx}")
-        if len(tokens) == 1 and not all_logits:
+        if len(tokens) == 1 and not all_logits and not embeds:
             return self._decode(int(tokens[0]), pos0)
         out = []
         for start in range(0, len(tokens), self.batch):
             chunk = tokens[start:start + self.batch]
             last = start + len(chunk) == len(tokens)
             want = all_logits or last
-            logits = self._chunk(chunk, pos0 + start, want_all=all_logits, want_last=last and not all_logits)
+            rows = {i - start: v for i, v in (embeds or {}).items() if start <= i < start + len(chunk)}
+            logits = self._chunk(chunk, pos0 + start, want_all=all_logits, want_last=last and not all_logits,
+                                 embeds=rows)
             if want:
                 out.append(logits)
         if all_logits:
@@ -258,11 +263,18 @@ class LlamaModel:
         else:
             ops.matvec(out_w, view(a["h"], 4 * (n - 1) * E, 4 * E), a["logits"], 1)
 
-    def _chunk(self, tokens: list[int], pos0: int, want_all: bool, want_last: bool) -> np.ndarray | None:
+    def _chunk(self, tokens: list[int], pos0: int, want_all: bool, want_last: bool,
+               embeds: dict[int, np.ndarray] | None = None) -> np.ndarray | None:
         cfg, ops, a = self.cfg, self.ops, self.act
         n = len(tokens)
         ops.sync()  # the previous chunk is done with ids/pos
-        a["ids"].write(np.asarray(tokens, dtype=np.int32))
+        ids = np.asarray(tokens, dtype=np.int64)
+        for i, row in (embeds or {}).items():
+            # get_rows leaves the row of an id outside the table alone: the
+            # embedding written here stays where the token's would have gone.
+            ids[i] = -1
+            a["x"].write(np.ascontiguousarray(row, dtype=np.float32).reshape(cfg.n_embd), 4 * i * cfg.n_embd)
+        a["ids"].write(ids.astype(np.int32))
         a["pos"].write(np.arange(pos0, pos0 + n, dtype=np.int32))
         with ops.batch():
             self._record(n, want_all)

@@ -10,6 +10,7 @@ too.  Runs on the daemon's loop thread only.
 
 from __future__ import annotations
 
+import zlib
 from typing import Callable
 
 from vramd.engine import gemma3, llama, moe
@@ -22,9 +23,10 @@ from vramd.server.openai_api import GenerationRequest, Piece
 
 
 class Engine:
-    def __init__(self, loaded, residency, ctx: int):
+    def __init__(self, loaded, residency, ctx: int, encoder=None):
         mf = loaded.file
         self.ctx = ctx
+        self.encoder = encoder            # a VisionEncoder (--mmproj), or None
         self.model = model_class(mf)(loaded, residency, ctx, loaded.scratch)
         md = mf.metadata
         self.tokenizer = Tokenizer.from_metadata(md) if "tokenizer.ggml.model" in md else None
@@ -47,6 +49,35 @@ class Engine:
         if self.tokenizer is None:
             raise UsageError("this model has no tokenizer in its file: send the prompt as token ids")
         return self.tokenizer
+
+    def prompt(self, req: GenerationRequest) -> tuple[list[int], dict]:
+        """The prompt's token ids and, for images, the input embeddings at their positions.
+
+        An image's slots carry negative ids derived from its bytes, so prefix
+        reuse tells two images apart and reuses the same one."""
+        if not req.images:
+            return self.prompt_ids(req), {}
+        if self.encoder is None:
+            raise UsageError("this model has no vision encoder: start it with --mmproj to send images")
+        if self.template is None:
+            raise UsageError("this model has no chat template or tokenizer for an image prompt")
+        from vramd.model.image import preprocess_image
+        from vramd.server.openai_api import MEDIA_MARKER
+        pieces = self.template.render(req.messages, add_generation_prompt=True).split(MEDIA_MARKER)
+        if len(pieces) != len(req.images) + 1:
+            raise UsageError("the chat template dropped or repeated an image")
+        ids = encode_prompt(self.tokenizer, pieces[0])
+        embeds: dict[int, object] = {}
+        for n, (data, text) in enumerate(zip(req.images, pieces[1:])):
+            rows = self.encoder.encode(preprocess_image(data, self.encoder.cfg, label=f"image {n}"))
+            tag = zlib.crc32(data) % (1 << 24)
+            for k, row in enumerate(rows):
+                embeds[len(ids)] = row
+                ids.append(-(2 + tag * 4096 + k))
+            ids += self.tokenizer.encode(text, add_special=False, parse_special=True)
+        if len(ids) >= self.ctx:
+            raise UsageError(f"the prompt has {len(ids)} tokens with its images; the context holds {self.ctx} (--ctx)")
+        return ids, embeds
 
     def prompt_ids(self, req: GenerationRequest) -> list[int]:
         if req.kind == "chat":
@@ -78,20 +109,25 @@ class Engine:
 
     # -- the loop --------------------------------------------------------------
 
-    def _prefill(self, ids: list[int]):
+    def _prefill(self, ids: list[int], embeds: dict | None = None):
         """Run what the cache does not already hold; return the last token's logits."""
         keep = 0
         limit = min(len(self.cached), len(ids) - 1)  # recompute at least one token for its logits
         while keep < limit and self.cached[keep] == ids[keep]:
             keep += 1
         self.cached = self.cached[:keep]
-        logits = self.model.forward(ids[keep:], keep)
+        if embeds:
+            rest = {i - keep: v for i, v in embeds.items() if i >= keep}
+            logits = self.model.forward(ids[keep:], keep, embeds=rest)
+        else:
+            logits = self.model.forward(ids[keep:], keep)
         self.cached = list(ids)
         self.stats["prompt_tokens"] += len(ids)
         self.stats["reused_tokens"] += keep
         return logits, keep
 
-    def generate(self, ids: list[int], req: GenerationRequest, emit: Callable[[Piece], bool]) -> str:
+    def generate(self, ids: list[int], req: GenerationRequest, emit: Callable[[Piece], bool],
+                 embeds: dict | None = None) -> str:
         """Generate after `ids`; `emit` gets each piece and returns False to cancel.
 
         Returns the finish reason: "stop" (end of generation or a stop
@@ -104,7 +140,7 @@ class Engine:
         sampler = Sampler(params)
         stops = StopMatcher(params.stop)
         decoder = self.tokenizer.stream_decoder() if self.tokenizer else None
-        logits, _ = self._prefill(ids)
+        logits, _ = self._prefill(ids, embeds)
         budget = min(params.max_tokens or self.ctx, self.ctx - len(self.cached))
         finish = "length"
         for _ in range(max(budget, 0)):

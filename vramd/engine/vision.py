@@ -30,12 +30,13 @@ from vramd.errors import ModelError, OutOfDeviceMemory
 
 
 class VisionEncoder:
-    def __init__(self, path: str, residency, name: str = "mmproj"):
+    def __init__(self, path: str, residency, name: str = "mmproj", resident: bool = False):
         from vramd.model.gguf_check import validate_gguf
         from vramd.model.mmproj import load_mmproj
 
         self.path = path
         self.residency = residency
+        self.resident = resident   # --mmproj-resident: stays on the device after an encode
         self.file = mf = validate_gguf(path)
         self.cfg, self.info = cfg, info = load_mmproj(mf)
         self._types = {n: mf.tensor(n).type for n in info.names}
@@ -140,7 +141,8 @@ class VisionEncoder:
             yield
         finally:
             self.ops.sync()
-            self._send_out()
+            if evicted or not self.resident:
+                self._send_out()
             if evicted:
                 res.restore(["weights"])
 

@@ -40,6 +40,8 @@ class ServeConfig:
     residency: str = "cache"
     wake_timeout: float = 60.0
     n_cpu_moe: str | None = None   # "auto" or a number >= 0 (see vramd/model/placement.py)
+    mmproj: str | None = None      # a vision encoder (projector) GGUF
+    mmproj_resident: bool = False  # keep it on the device instead of bringing it in per image
     pin: bool = False
     priority: int = 0
 

@@ -20,6 +20,7 @@ needs the GPU while cold goes warm first.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import os
 import queue
@@ -33,7 +34,7 @@ from typing import Any, Callable
 from vramd.arena.arbiter import Participant
 from vramd.arena.layout import Arena, default_base
 from vramd.arena.members import KINDS, Registry
-from vramd.errors import Interrupted, OutOfDeviceMemory, PeerError, UsageError, VramdError
+from vramd.errors import Interrupted, ModelError, OutOfDeviceMemory, PeerError, UsageError, VramdError
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
@@ -82,7 +83,7 @@ class Daemon:
         self.loaded = False
         self.stopping = False
         self.last_activity = time.monotonic()
-        self.device = self.residency = self.model = self.participant = self.engine = None
+        self.device = self.residency = self.model = self.participant = self.engine = self.encoder = None
         self.control = self.http = None
         # Residency calls come from the loop thread and, for evictions asked by
         # the token holder while we are parked, from a control thread.
@@ -114,6 +115,8 @@ class Daemon:
         on_host = self._expert_placement(mf, engine_cfg, scratch_layout(engine_cfg))
         self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf,
                                  scratch=scratch_layout(engine_cfg), host_tensors=on_host)
+        if cfg.mmproj:
+            self.encoder = self._load_encoder(mf, engine_cfg)
         for w in self.model.file.warnings:
             log.warning("%s: %s", cfg.model, w)
         if cfg.evict_state == "never" and self.model.kv is not None:
@@ -129,6 +132,19 @@ class Daemon:
         self.control = ControlServer(self.arena.control_dir / f"{self.name}.sock", self.handle_control)
         self.http = HttpServer(cfg.host, cfg.port, self.routes(), on_error=openai_api.error_body)
         self.participant.member.endpoint = self.http.url
+
+    def _load_encoder(self, mf, engine_cfg):
+        """The --mmproj vision encoder, in host memory until an image comes."""
+        from vramd.engine.runner import model_class
+        from vramd.engine.vision import VisionEncoder
+        if "embeds" not in inspect.signature(model_class(mf).forward).parameters:
+            raise ModelError(f"{self.cfg.mmproj}: images are not supported with {mf.architecture} models yet")
+        enc = VisionEncoder(self.cfg.mmproj, self.residency, name=f"{self.name}/mmproj",
+                            resident=self.cfg.mmproj_resident)
+        if enc.info.n_embd_text != engine_cfg.n_embd:
+            raise ModelError(f"{self.cfg.mmproj}: the projector makes {enc.info.n_embd_text}-wide embeddings; "
+                             f"{self.cfg.model} takes {engine_cfg.n_embd}")
+        return enc
 
     def _expert_placement(self, mf, engine_cfg, scratch) -> list[str]:
         """Expert tensors kept on the host for --n-cpu-moe (none without the flag or the experts)."""
@@ -503,7 +519,7 @@ class Daemon:
         cancelled = threading.Event()
 
         def work():
-            ids = self.engine.prompt_ids(req)
+            ids, embeds = self.engine.prompt(req)
             builder.prompt_tokens = len(ids)
             if req.echo:
                 builder.echo_text = req.prompt if isinstance(req.prompt, str) else self.engine.detokenize(ids)
@@ -512,7 +528,7 @@ class Daemon:
             def emit(piece):
                 events.put(("piece", piece))
                 return not cancelled.is_set()
-            return self.engine.generate(ids, req, emit)
+            return self.engine.generate(ids, req, emit, embeds)
 
         job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout)
         self.submit_nowait(job)
@@ -620,7 +636,7 @@ class Daemon:
             # A signal while we wait for the token gives up the wait.
             self._ensure_warm(None, cancel=lambda: bool(pending))
             from vramd.engine.runner import Engine
-            self.engine = Engine(self.model, self.residency, self.cfg.ctx)
+            self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder)
             self.loaded = True
             self.last_activity = time.monotonic()
             self._loop.start()
@@ -661,6 +677,8 @@ class Daemon:
             return
         if self.engine is not None:
             self.engine.close()
+        if self.encoder is not None:
+            self.encoder.close()
         if self.residency is not None:
             self.residency.close()
         if self.device is not None:

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 from vramd.errors import UsageError, VramdError
 
-MAX_BODY = 4 << 20
+MAX_BODY = 32 << 20          # images travel inside the JSON as base64
+MAX_IMAGES = 8
+MEDIA_MARKER = "<__vramd_media__>"   # where an image sits in a rendered chat prompt
 
 
 class NotFound(VramdError):
@@ -55,6 +57,7 @@ class GenerationRequest:
     logprobs: int | None = None     # completions: how many top logprobs; chat: top_logprobs
     echo: bool = False
     include_usage: bool = False
+    images: list[bytes] = field(default_factory=list)   # encoded PNG/JPEG, in prompt order
 
 
 def error_body(e: BaseException) -> tuple[int, dict]:
@@ -120,7 +123,7 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
         req.logprobs = None if lp is None else _number(body, "logprobs", 0, 0, 20, integer=True)
         req.echo = bool(body.get("echo", False))
     else:
-        req.messages = _messages(body.get("messages"))
+        req.messages, req.images = _messages(body.get("messages"))
         if body.get("logprobs"):
             req.logprobs = _number(body, "top_logprobs", 0, 0, 20, integer=True)
     return req
@@ -138,27 +141,54 @@ def _prompt(p):
     raise UsageError("'prompt' must be a string or a list of token ids (one prompt per request)")
 
 
-def _messages(m):
+def _messages(m) -> tuple[list[dict], list[bytes]]:
+    """Messages with their content as text (an image part becomes MEDIA_MARKER), and the images."""
     if not isinstance(m, list) or not m:
         raise UsageError("'messages' must be a non-empty list")
-    out = []
+    out, images = [], []
     for i, msg in enumerate(m):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise UsageError(f"messages[{i}] needs a 'role'")
         content = msg.get("content", "")
-        if isinstance(content, list):  # content parts: text only until images arrive
+        if isinstance(content, list):
             texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise UsageError(f"messages[{i}]: only text content parts are supported")
-                texts.append(part["text"])
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text" and isinstance(part.get("text"), str):
+                    texts.append(part["text"])
+                elif kind == "image_url":
+                    images.append(_image_bytes(part.get("image_url"), f"messages[{i}].content[{j}]"))
+                    texts.append(MEDIA_MARKER)
+                else:
+                    raise UsageError(f"messages[{i}].content[{j}]: only 'text' and 'image_url' parts are supported")
             content = "".join(texts)
         if content is None:
             content = ""
         if not isinstance(content, str):
-            raise UsageError(f"messages[{i}].content must be a string or a list of text parts")
+            raise UsageError(f"messages[{i}].content must be a string or a list of content parts")
         out.append({"role": msg["role"], "content": content})
-    return out
+    if len(images) > MAX_IMAGES:
+        raise UsageError(f"{len(images)} images in one request: at most {MAX_IMAGES}")
+    return out, images
+
+
+def _image_bytes(image_url, where: str) -> bytes:
+    """The bytes of a data: URI image; a URL to fetch is refused (the daemon fetches nothing)."""
+    import base64
+    import binascii
+    url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    if not isinstance(url, str):
+        raise UsageError(f"{where}: image_url needs a 'url'")
+    if not url.startswith("data:"):
+        raise UsageError(f"{where}: only data: URIs (base64 PNG or JPEG) are accepted; vramd fetches nothing "
+                         "from the network")
+    head, sep, data = url.partition(",")
+    if not sep or not head.endswith(";base64"):
+        raise UsageError(f"{where}: a data: URI must be base64 (data:image/png;base64,...)")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise UsageError(f"{where}: the data: URI is not valid base64") from None
 
 
 # -- responses --------------------------------------------------------------------

@@ -1,0 +1,85 @@
+"""`vramd serve --mmproj`: images through the OpenAI API, the encoder on the device only for an encode."""
+
+import base64
+import io
+
+import openai
+import pytest
+from PIL import Image
+
+from tests.engine.models import write_llama
+from tests.engine.models_vision import write_mmproj
+
+
+
+@pytest.fixture
+def files(tmp_path):
+    lm = write_llama(tmp_path / "lm.gguf", seed=8, n_embd=96, n_head=4, n_vocab=384, vocab="spm")
+    mm = write_mmproj(tmp_path / "mm.gguf", "mlp")      # 96-wide embeddings, as the model takes
+    return lm, mm
+
+
+def png_uri(seed: int) -> str:
+    img = Image.new("RGB", (40, 28), (seed * 40 % 256, 90, 200 - seed * 30 % 200))
+    img.putpixel((3, 4), (255, 255, 255))
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def client(d):
+    return openai.OpenAI(base_url=d.member().endpoint + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def ask(c, model, uri, text="what is this?"):
+    r = c.chat.completions.create(model=model, max_tokens=6, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}}, {"type": "text", "text": text}]}])
+    return r.choices[0].message.content, r.usage.prompt_tokens
+
+
+def encoder_device(d) -> int:
+    return d.member().breakdown["encoder"]["device"]
+
+
+def test_text_keeps_the_encoder_off_the_device_and_images_bring_it_in_just_in_time(arena, files, daemons):
+    lm, mm = files
+    d = daemons(arena, lm, "v", "--mmproj", str(mm), "--ctx", "128")
+    c = client(d)
+    assert d.member().breakdown["encoder"]["host"] > 0 and encoder_device(d) == 0
+    c.chat.completions.create(model="v", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
+    assert encoder_device(d) == 0                      # the text path never brought it in
+    text, n_prompt = ask(c, "v", png_uri(1))
+    assert n_prompt > 16                               # 16 image positions (a 4x4 patch grid) + the text
+    assert encoder_device(d) == 0                      # freed right after the encode
+    assert ask(c, "v", png_uri(1))[0] == text          # same image, same answer
+
+
+def test_an_image_request_under_a_tight_budget_answers_as_an_unconstrained_one(arena, files, daemons):
+    lm, mm = files
+    free = daemons(arena, lm, "free", "--mmproj", str(mm), "--ctx", "128")
+    want, _ = ask(client(free), "free", png_uri(3))
+    need = free.member().wants_bytes
+    enc = free.member().breakdown["encoder"]["host"]
+    assert free.stop() == 0
+    # Room for the model and its KV cache, not for the encoder beside them:
+    # the weights make room (no copy), the KV stays, the encoder leaves first.
+    tight = daemons(arena, lm, "tight", "--mmproj", str(mm), "--ctx", "128", "--vram-budget", str(need + enc // 2))
+    got, _ = ask(client(tight), "tight", png_uri(3))
+    assert got == want
+    assert encoder_device(tight) == 0
+
+
+def test_bad_images_are_400s_and_a_model_without_an_encoder_says_so(arena, files, daemons):
+    lm, mm = files
+    d = daemons(arena, lm, "v", "--mmproj", str(mm), "--ctx", "128")
+    c = client(d)
+    with pytest.raises(openai.BadRequestError, match="fetches nothing"):
+        ask(c, "v", "https://example.invalid/cat.png")
+    with pytest.raises(openai.BadRequestError, match="base64"):
+        ask(c, "v", "data:image/png;base64,@@@")
+    with pytest.raises(openai.BadRequestError):
+        ask(c, "v", "data:image/png;base64," + base64.b64encode(b"not an image at all").decode())
+    plain = daemons(arena, lm, "plain", "--ctx", "128")
+    with pytest.raises(openai.BadRequestError, match="--mmproj"):
+        ask(client(plain), "plain", png_uri(1))
+    assert ask(c, "v", png_uri(1))[1] > 16             # still serving images after the refusals
