@@ -290,3 +290,17 @@ def test_real_model_greedy_continuations_match_token_for_token(real, prompt):
             logits = model.forward([t], len(ids) + i)
     assert got == want, (tok.decode(got), tok.decode(want), (top2_margin(rows) / np.abs(rows).max()).round(4))
     assert REAL_PROMPTS[prompt] in tok.decode(got), tok.decode(got)
+
+
+def test_input_embeddings_stand_in_for_tokens_unscaled(build):
+    """An embedding given at a position (an image's) replaces the token there
+    and is not scaled by sqrt(n_embd): giving a token's scaled row reproduces
+    the token exactly, giving another token's scaled row is that token."""
+    model, ref, _res = build(weight_type="F32", seed=4)
+    prompt = [2, 17, 42, 99, 5]
+    scale = math.sqrt(ref.n_embd)
+    want = model.forward(prompt, 0, all_logits=True)
+    got = model.forward([2, 17, -5, 99, 5], 0, all_logits=True, embeds={2: ref.token_embd[42] * scale})
+    assert rel_err(got, want) < 1e-5
+    other = model.forward([2, 17, 7, 99, 5], 0, all_logits=True)
+    assert rel_err(model.forward(prompt, 0, all_logits=True, embeds={2: ref.token_embd[7] * scale}), other) < 1e-5

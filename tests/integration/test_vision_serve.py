@@ -83,3 +83,15 @@ def test_bad_images_are_400s_and_a_model_without_an_encoder_says_so(arena, files
     with pytest.raises(openai.BadRequestError, match="--mmproj"):
         ask(client(plain), "plain", png_uri(1))
     assert ask(c, "v", png_uri(1))[1] > 16             # still serving images after the refusals
+
+
+def test_a_gemma3_model_with_the_gemma3_projector_takes_images(arena, tmp_path, daemons):
+    from tests.engine.models_gemma3 import write_gemma3
+    lm = write_gemma3(tmp_path / "g.gguf", n_embd=96, seed=2)
+    mm = write_mmproj(tmp_path / "gm.gguf", "gemma3")     # 96-wide, pooled: 4 image positions
+    d = daemons(arena, lm, "g", "--mmproj", str(mm), "--ctx", "128")
+    c = client(d)
+    text, n_prompt = ask(c, "g", png_uri(4))
+    assert isinstance(text, str) and n_prompt > 4
+    assert ask(c, "g", png_uri(4))[0] == text
+    assert encoder_device(d) == 0

@@ -240,25 +240,31 @@ class Gemma3Model:
 
     # -- forward -------------------------------------------------------------
 
-    def forward(self, tokens: list[int], pos0: int, all_logits: bool = False) -> np.ndarray:
+    def forward(self, tokens: list[int], pos0: int, all_logits: bool = False,
+                embeds: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """Run `tokens` at positions pos0.. through the model; their K/V enter the cache.
 
         Returns the logits of the last token ([n_vocab]), or of every token
         ([n_tokens, n_vocab]) with all_logits (then chunks are at most
-        cfg.logit_rows(batch) tokens long).
+        cfg.logit_rows(batch) tokens long).  `embeds` maps indices into
+        `tokens` to input embeddings used there instead of the token table
+        (an image's, from the vision encoder); like llama.cpp, they are not
+        scaled by sqrt(n_embd) as token embeddings are.
         """
         if not tokens:
             raise ValueError("no tokens")
         if pos0 < 0 or pos0 + len(tokens) > self.ctx:
             raise ModelError(f"positions {pos0}..{pos0 + len(tokens) - 1} outside the context of {self.ctx}")
-        if len(tokens) == 1 and not all_logits:
+        if len(tokens) == 1 and not all_logits and not embeds:
             return self._decode(int(tokens[0]), pos0)
         step = self.cfg.logit_rows(self.batch) if all_logits else self.batch
         out = []
         for start in range(0, len(tokens), step):
             chunk = tokens[start:start + step]
             last = start + len(chunk) == len(tokens)
-            logits = self._chunk(chunk, pos0 + start, want_all=all_logits, want_last=last and not all_logits)
+            rows = {i - start: v for i, v in (embeds or {}).items() if start <= i < start + len(chunk)}
+            logits = self._chunk(chunk, pos0 + start, want_all=all_logits, want_last=last and not all_logits,
+                                 embeds=rows)
             if logits is not None:
                 out.append(logits)
         return np.concatenate(out, axis=0) if all_logits else out[-1]
@@ -317,11 +323,20 @@ class Gemma3Model:
             if cfg.softcap > 0:
                 ops.softcap(a["logits"], a["logits"], rows * V, cfg.softcap)
 
-    def _chunk(self, tokens: list[int], pos0: int, want_all: bool, want_last: bool) -> np.ndarray | None:
+    def _chunk(self, tokens: list[int], pos0: int, want_all: bool, want_last: bool,
+               embeds: dict[int, np.ndarray] | None = None) -> np.ndarray | None:
         cfg, ops, a = self.cfg, self.ops, self.act
         n, V = len(tokens), cfg.n_vocab
         ops.sync()  # the previous chunk is done with ids/pos
-        a["ids"].write(np.asarray(tokens, dtype=np.int32))
+        ids = np.asarray(tokens, dtype=np.int64)
+        for i, row in (embeds or {}).items():
+            # get_rows leaves the row of an id outside the table alone; the row
+            # goes in divided by sqrt(n_embd) so that the scale every row then
+            # gets leaves it as given (images are not scaled, as in llama.cpp).
+            ids[i] = -1
+            row = np.asarray(row, dtype=np.float32).reshape(cfg.n_embd) / np.float32(math.sqrt(cfg.n_embd))
+            a["x"].write(np.ascontiguousarray(row), 4 * i * cfg.n_embd)
+        a["ids"].write(ids.astype(np.int32))
         a["pos"].write(np.arange(pos0, pos0 + n, dtype=np.int32))
         with ops.batch():
             self._record(n, want_all, want_logits=want_all or want_last)

@@ -68,12 +68,19 @@ class Engine:
             raise UsageError("the chat template dropped or repeated an image")
         ids = encode_prompt(self.tokenizer, pieces[0])
         embeds: dict[int, object] = {}
+        # Vocabularies with image delimiters (Gemma 3's) get them around the
+        # image's embeddings, as llama.cpp's multimodal prompt does.
+        begin, end = self.tokenizer.token_id("<start_of_image>"), self.tokenizer.token_id("<end_of_image>")
         for n, (data, text) in enumerate(zip(req.images, pieces[1:])):
             rows = self.encoder.encode(preprocess_image(data, self.encoder.cfg, label=f"image {n}"))
             tag = zlib.crc32(data) % (1 << 24)
+            if begin is not None and end is not None:
+                ids.append(begin)
             for k, row in enumerate(rows):
                 embeds[len(ids)] = row
                 ids.append(-(2 + tag * 4096 + k))
+            if begin is not None and end is not None:
+                ids.append(end)
             ids += self.tokenizer.encode(text, add_special=False, parse_special=True)
         if len(ids) >= self.ctx:
             raise UsageError(f"the prompt has {len(ids)} tokens with its images; the context holds {self.ctx} (--ctx)")
