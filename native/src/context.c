@@ -138,7 +138,11 @@ static int reserve(vramd_ctx *ctx, uint64_t size, char *why, size_t whylen) {
                  budget / MiB, size / MiB);
         ok = 0;
     }
-    if (ok) ctx->reserved += size;
+    if (ok) {
+        ctx->reserved += size;
+        /* The peak is what a budget must hold: held plus reserved, at the moment of each reservation. */
+        if (dev + size > ctx->stats.device_peak) ctx->stats.device_peak = dev + size;
+    }
     pthread_mutex_unlock(&ctx->lock);
     return ok;
 }
@@ -741,6 +745,13 @@ int vramd_ctx_heap_usage(vramd_ctx *ctx, uint32_t heap, uint64_t *bytes) {
                           ctx->memprops.memoryHeapCount);
     pthread_mutex_lock(&ctx->lock);
     *bytes = ctx->heap_usage[heap];
+    pthread_mutex_unlock(&ctx->lock);
+    return VRAMD_OK;
+}
+
+int vramd_ctx_reset_peak(vramd_ctx *ctx) {
+    pthread_mutex_lock(&ctx->lock);
+    ctx->stats.device_peak = ctx->device_bytes + ctx->reserved;
     pthread_mutex_unlock(&ctx->lock);
     return VRAMD_OK;
 }

@@ -63,10 +63,13 @@ def test_an_image_request_under_a_tight_budget_answers_as_an_unconstrained_one(a
     assert free.stop() == 0
     # Room for the model and its KV cache, not for the encoder beside them:
     # the weights make room (no copy), the KV stays, the encoder leaves first.
-    tight = daemons(arena, lm, "tight", "--mmproj", str(mm), "--ctx", "128", "--vram-budget", str(need + enc // 2))
+    budget = need + enc // 2
+    tight = daemons(arena, lm, "tight", "--mmproj", str(mm), "--ctx", "128", "--vram-budget", str(budget))
     got, _ = ask(client(tight), "tight", png_uri(3))
     assert got == want
     assert encoder_device(tight) == 0
+    peak = tight.ask("status")["engine"]["image_peak_bytes"]
+    assert 0 < peak <= budget                      # at no step did the encode hold more than the budget
 
 
 def test_bad_images_are_400s_and_a_model_without_an_encoder_says_so(arena, files, daemons):

@@ -72,7 +72,12 @@ class Engine:
         # image's embeddings, as llama.cpp's multimodal prompt does.
         begin, end = self.tokenizer.token_id("<start_of_image>"), self.tokenizer.token_id("<end_of_image>")
         for n, (data, text) in enumerate(zip(req.images, pieces[1:])):
-            rows = self.encoder.encode(preprocess_image(data, self.encoder.cfg, label=f"image {n}"))
+            pixels = preprocess_image(data, self.encoder.cfg, label=f"image {n}")
+            self.encoder.residency.reset_peak()
+            rows = self.encoder.encode(pixels)
+            # What this process held on the device at most while encoding: the
+            # figure a --vram-budget must cover (status shows the last one).
+            self.stats["image_peak_bytes"] = self.encoder.residency.stats()["device_peak"]
             tag = zlib.crc32(data) % (1 << 24)
             if begin is not None and end is not None:
                 ids.append(begin)

@@ -252,6 +252,10 @@ class Residency:
     def drain(self) -> None:
         check(lib.vramd_ctx_drain(self._ctx))
 
+    def reset_peak(self) -> None:
+        """Start `stats()["device_peak"]` again from the bytes held now."""
+        check(lib.vramd_ctx_reset_peak(self._ctx))
+
     def stats(self) -> dict:
         s = ffi.new("vramd_stats*")
         check(lib.vramd_ctx_stats(self._ctx, s))

@@ -127,6 +127,7 @@ typedef struct {
     uint64_t evict_copy_ns;      /* device->host copy, submit to completion */
     uint64_t reclaim_pending;    /* blocks queued for the reclaimer now */
     uint64_t reclaim_free_ns;    /* total time the reclaimer spent in vkFreeMemory */
+    uint64_t device_peak;        /* most device bytes held (or reserved) at once since the last reset */
 } vramd_stats;
 
 const char *vramd_last_error(void);
@@ -143,6 +144,8 @@ int vramd_ctx_sync(vramd_ctx *ctx);
 /* Waits until the reclaimer has returned all released memory to the driver. */
 int vramd_ctx_drain(vramd_ctx *ctx);
 int vramd_ctx_stats(vramd_ctx *ctx, vramd_stats *out);
+/* Starts device_peak again from what is held now. */
+int vramd_ctx_reset_peak(vramd_ctx *ctx);
 
 /* Regions: create, add tensors, seal (lays out blocks, allocates the shadow).
  * A sealed region starts released: the first restore uploads it. */
