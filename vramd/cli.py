@@ -60,7 +60,7 @@ def status(arena_path, allow_shared_arena, as_json):
         arenas = [Arena.open(arena_path, create=False, allow_shared=True)]
     else:
         arenas = [Arena.open(p, create=False) for p in discover_arenas()]
-    reports = [arena_status(a) for a in arenas]
+    reports = [ask_daemons(arena_status(a)) for a in arenas]
     if as_json:
         out = reports[0] if len(reports) == 1 else {"arenas": reports}
         click.echo(json.dumps(out, indent=2))
@@ -72,6 +72,31 @@ def status(arena_path, allow_shared_arena, as_json):
         if i:
             click.echo()
         click.echo(render_status(report))
+
+
+def ask_daemons(report: dict) -> dict:
+    """Complete each daemon's row with what it says over its control socket now
+    (state, breakdown, configuration); a daemon that does not answer keeps its
+    published record and is marked `"daemon": null`."""
+    from vramd.server.control import request
+
+    for row in report["members"]:
+        path = row.pop("control", "")
+        if not path:
+            continue
+        try:
+            live = request(path, "status", wait=2.0)
+        except VramdError:
+            row["daemon"] = None
+            continue
+        row["state"] = live["state"]
+        row["device_bytes"] = {k: v["device"] for k, v in live["breakdown"].items()}
+        row["host_bytes"] = {k: v["host"] for k, v in live["breakdown"].items()}
+        row["device_total"] = sum(row["device_bytes"].values())
+        row["host_total"] = sum(row["host_bytes"].values())
+        row["daemon"] = {k: live.get(k) for k in ("endpoint", "residency", "evict_state", "ctx", "vram_budget",
+                                                   "evictions", "evicted_bytes", "engine")}
+    return report
 
 
 def human_bytes(n: int) -> str:
@@ -112,7 +137,8 @@ def render_status(r: dict) -> str:
     rows = [header]
     for m in r["members"]:
         d = m["device_bytes"]
-        state = m["state"] + (" pinned" if m.get("pinned") else "")
+        state = m["state"] + (" pinned" if m.get("pinned") else "") + \
+            (" (no answer)" if "daemon" in m and m["daemon"] is None else "")
         rows.append(("*" if m["holds_token"] else "", m["name"], str(m["pid"]), state,
                      human_bytes(m["device_total"]), human_bytes(d["weights"]), human_bytes(d["state"]),
                      human_bytes(d["encoder"]), human_bytes(d["scratch"]), human_bytes(m["host_total"]),

@@ -156,3 +156,19 @@ def test_a_qwen2_model_with_a_bpe_vocabulary_chats(arena, tmp_path, daemons):
     again = c.chat.completions.create(model="q", messages=[{"role": "user", "content": "hello, world"}],
                                       max_tokens=6, temperature=0, seed=3)
     assert isinstance(again.choices[0].message.content, str)
+
+
+def test_stop_strings_seed_and_sampling_through_the_api(arena, llamas, daemons):
+    d = daemons(arena, llamas[0], "a", "--ctx", "256")
+    c = client(d)
+    full, _ = greedy(c, "hello there", n=16)
+    cut = full[len(full) // 2:len(full) // 2 + 2]
+    assert cut
+    text, r = greedy(c, "hello there", n=16, stop=[cut])
+    assert text == full[:full.index(cut)] and r.choices[0].finish_reason == "stop"
+
+    def sampled(seed):
+        return c.completions.create(model="a", prompt="hello there", max_tokens=12, temperature=1.0, top_p=0.9,
+                                    seed=seed, extra_body={"top_k": 40, "min_p": 0.01}).choices[0].text
+    assert sampled(7) == sampled(7)                     # the same seed, the same draw
+    assert len({sampled(s) for s in range(6)}) > 1      # other seeds draw otherwise

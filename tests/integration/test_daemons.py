@@ -176,3 +176,26 @@ def test_control_socket_refuses_a_foreign_uid(arena, models, daemons):
     assert "permission denied" in reply, reply
     assert a.proc.poll() is None  # still serving
     assert a.ask("status")["state"] == "warm"
+
+
+def test_status_asks_each_daemon_over_its_control_socket(arena, models, daemons):
+    a = daemons(arena, models[0], "alpha", "--evict-state", "always")
+
+    def status():
+        r = subprocess.run([sys.executable, "-m", "vramd.cli", "status", "--json", "--arena", str(arena)],
+                           capture_output=True, text=True, env=daemon_env(), timeout=60)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["members"][0]
+
+    row = status()
+    assert row["daemon"]["endpoint"] == a.member().endpoint
+    assert row["daemon"]["evict_state"] == "always"    # configuration only the daemon knows
+    assert row["state"] == "warm" and row["device_total"] > 0
+    a.proc.send_signal(signal.SIGSTOP)                 # alive, but it cannot answer
+    try:
+        t0 = time.monotonic()
+        row = status()
+        assert row["daemon"] is None and row["state"] == "warm"   # its published record, marked
+        assert time.monotonic() - t0 < 30
+    finally:
+        a.proc.send_signal(signal.SIGCONT)

@@ -115,3 +115,18 @@ def test_port_in_use_is_a_clear_error_before_touching_the_gpu(tmp_path, models, 
     r = serve(str(models[1]), "--name", "beta", "--arena", str(arena), "--port", port)
     assert_one_line_error(r, 2, f"127.0.0.1:{port}", "--port")
     assert a.member().state == "warm" and a.member().switches == 1  # never asked to yield
+
+
+def test_bad_mmproj_and_n_cpu_moe_are_one_line_errors(tmp_path, models):
+    arena = str(tmp_path / "arena")
+    missing = tmp_path / "nope.gguf"
+    assert_one_line_error(serve(str(models[0]), "--arena", arena, "--port", "0", "--mmproj", str(missing)),
+                          7, str(missing))
+    # A language model is not a projector: refused at load, naming the file.
+    assert_one_line_error(serve(str(models[0]), "--arena", arena, "--port", "0", "--mmproj", str(models[1])),
+                          7, str(models[1]))
+    assert_one_line_error(serve(str(models[0]), "--arena", arena, "--port", "0", "--n-cpu-moe", "-1"),
+                          2, "--n-cpu-moe")
+    assert_one_line_error(serve(str(models[0]), "--arena", arena, "--port", "0", "--n-cpu-moe", "lots"),
+                          2, "--n-cpu-moe")
+    assert not (tmp_path / "arena" / "members").exists() or os.listdir(tmp_path / "arena" / "members") == []
