@@ -152,14 +152,7 @@ def write_model(path: str | os.PathLike, shape: LlamaShape, *, wtype: str = "F16
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
-    align = 32
-    data = -(-os.path.getsize(path) // align) * align
-    offsets, at = [], data
-    for _n, _d, nbytes, _t, _m in tensors:
-        offsets.append(at)
-        at = -(-(at + nbytes) // align) * align
-    end = offsets[-1] + tensors[-1][2]
-    os.truncate(path, end)
+    offsets = extend_to_data(path, [t[2] for t in tensors])
     if fill == "random":
         with open(path, "r+b") as f:
             for (_n, _d, nbytes, _t, make), off in zip(tensors, offsets):
@@ -168,6 +161,19 @@ def write_model(path: str | os.PathLike, shape: LlamaShape, *, wtype: str = "F16
     elif fill != "zeros":
         raise ValueError(f"fill {fill!r}: zeros or random")
     return path
+
+
+def extend_to_data(path: Path, sizes: list[int], align: int = 32) -> list[int]:
+    """Extend a GGUF whose header is written to its full size, the tensor data
+    a hole (zeros, no disk); return each tensor's data offset (gguf's layout:
+    every tensor aligned to `align` after the aligned end of the header)."""
+    at = -(-os.path.getsize(path) // align) * align
+    offsets = []
+    for nbytes in sizes:
+        offsets.append(at)
+        at = -(-(at + nbytes) // align) * align
+    os.truncate(path, offsets[-1] + sizes[-1])
+    return offsets
 
 
 def _byte_shape(dims, qtype, nbytes) -> tuple[int, ...]:
@@ -266,9 +272,5 @@ def write_moe_model(path: str | os.PathLike, shape: MoEShape, *, wtype: str = "Q
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
-    align = 32
-    at = -(-os.path.getsize(path) // align) * align
-    for _n, _d, nbytes, _t in tensors[:-1]:
-        at = -(-(at + nbytes) // align) * align
-    os.truncate(path, at + tensors[-1][2])
+    extend_to_data(path, [t[2] for t in tensors])
     return path

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vramd.engine.llama import MAX_BATCH
+from vramd.engine.llama import MAX_BATCH, metadata_getter
 from vramd.engine.ops import Ops, Weight, view
 from vramd.errors import ModelError
 from vramd.gpu.kernels import HostBuffer
@@ -112,15 +112,7 @@ class Gemma3Config:
             raise ModelError(f"{mf.path}: architecture {arch!r} is not {ARCH!r}")
         md = mf.metadata
 
-        def get(key, default=None, kind=int):
-            v = md.get(f"{arch}.{key}", default)
-            if v is None:
-                raise ModelError(f"{mf.path}: missing {arch}.{key}")
-            if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a positive integer")
-            if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a number")
-            return v
+        get = metadata_getter(mf)
 
         n_layer, n_embd, n_head = get("block_count"), get("embedding_length"), get("attention.head_count")
         n_head_kv = get("attention.head_count_kv", n_head)
@@ -352,7 +344,7 @@ class Gemma3Model:
         before; ends with x updated and h = next_norm(x)."""
         cfg, ops, a, w = self.cfg, self.ops, self.act, self.weights
         p = f"blk.{i}."
-        E, Q, KV, F, hd = cfg.n_embd, cfg.q_width, cfg.kv_width, cfg.n_ff, cfg.head_dim
+        E, KV, F, hd = cfg.n_embd, cfg.kv_width, cfg.n_ff, cfg.head_dim
         swa = cfg.swa_layers[i]
         with ops.parallel():   # independent ops: one barrier after each group
             ops.matvec(self._weight(p + "attn_q.weight"), a["h"], a["q"], n)

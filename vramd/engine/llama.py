@@ -38,6 +38,23 @@ ARCHITECTURES = {"llama": False, "qwen2": True}   # architecture -> NeoX RoPE or
 MAX_BATCH = 256                                   # tokens per prefill chunk
 
 
+def metadata_getter(mf):
+    """get(key, default=None, kind=int): `<architecture>.<key>` from the metadata, checked:
+    missing (and no default) or of the wrong kind is a ModelError naming the file and key."""
+    arch, md = mf.architecture, mf.metadata
+
+    def get(key, default=None, kind=int):
+        v = md.get(f"{arch}.{key}", default)
+        if v is None:
+            raise ModelError(f"{mf.path}: missing {arch}.{key}")
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a positive integer")
+        if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a number")
+        return v
+    return get
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     arch: str
@@ -63,15 +80,7 @@ class LlamaConfig:
                              f"(supported: {', '.join(ARCHITECTURES)})")
         md = mf.metadata
 
-        def get(key, default=None, kind=int):
-            v = md.get(f"{arch}.{key}", default)
-            if v is None:
-                raise ModelError(f"{mf.path}: missing {arch}.{key}")
-            if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a positive integer")
-            if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a number")
-            return v
+        get = metadata_getter(mf)
 
         n_embd, n_head = get("embedding_length"), get("attention.head_count")
         n_head_kv = get("attention.head_count_kv", n_head)
@@ -120,7 +129,7 @@ class LlamaModel:
 
     def __init__(self, loaded, residency, ctx: int, scratch_region, batch: int = MAX_BATCH):
         self.file = mf = loaded.file
-        self.cfg = cfg = LlamaConfig.from_model(mf)
+        self.cfg = LlamaConfig.from_model(mf)
         self.ctx, self.batch = ctx, batch
         self.ops = Ops(residency)
         self.residency = residency

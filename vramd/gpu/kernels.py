@@ -40,7 +40,8 @@ class Kernel:
     def __init__(self, residency, name: str, n_buffers: int, push_bytes: int):
         self.residency = residency
         dev = residency.device
-        vk, ffi = self.vk, self.ffi = dev.vk, dev.ffi
+        vk = self.vk = dev.vk
+        self.ffi = dev.ffi
         self.dev = dev.device
         self.name = name
         self.n_buffers, self.push_bytes = n_buffers, push_bytes
@@ -252,7 +253,7 @@ class Batch:
         return b
 
     def _new_set(self, set_layout):
-        vk, ffi = self.vk, self.ffi
+        vk = self.vk
         if self._sets_left == 0:
             if self._pool_index == len(self._pools):
                 n = self._SETS_PER_POOL
