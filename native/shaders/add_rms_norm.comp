@@ -3,17 +3,23 @@
 // GPU time of their own):
 //   x[t] += a[t];  y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w
 // per token row (rows of `width` floats, contiguous).  One work group per
-// row; each thread adds, squares and later scales the same elements, so a
-// and y may be the same buffer (the layer's h: the addend, then the norm).
-// x must not alias a or y.
+// row (rms_row.glsl); each thread adds, squares and later scales the same
+// elements, so a and y may be the same buffer (the layer's h: the addend,
+// then the norm).  x must not alias a or y.
 #version 450
+#extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 #define WG 256u
+#define ADD_ADDEND
 
 layout(std430, set = 0, binding = 0) buffer X { float x[]; };
+layout(std430, set = 0, binding = 0) buffer X4 { vec4 x4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer A { float a[]; };
+layout(std430, set = 0, binding = 1) readonly buffer A4 { vec4 a4[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Weight { float w[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Weight4 { vec4 w4[]; };
 layout(std430, set = 0, binding = 3) buffer Output { float y[]; };
+layout(std430, set = 0, binding = 3) buffer Output4 { vec4 y4[]; };
 
 layout(push_constant) uniform Params {
     uint width;
@@ -26,31 +32,13 @@ layout(push_constant) uniform Params {
     uint pad;
 } p;
 
-shared float red[WG];
+#include "rms_row.glsl"
 
 void main() {
     uint t = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     if (t >= p.n_tokens) {
         return;
     }
-    uint lid = gl_LocalInvocationID.x;
-    uint xb = p.x_off + t * p.width, ab = p.a_off + t * p.width, yb = p.y_off + t * p.width;
-    float s = 0.0;
-    for (uint c = lid; c < p.width; c += WG) {
-        float v = x[xb + c] + a[ab + c];
-        x[xb + c] = v;
-        s += v * v;
-    }
-    red[lid] = s;
-    barrier();
-    for (uint k = WG / 2u; k > 0u; k >>= 1) {
-        if (lid < k) {
-            red[lid] += red[lid + k];
-        }
-        barrier();
-    }
-    float inv = inversesqrt(red[0] / float(p.width) + p.eps);
-    for (uint c = lid; c < p.width; c += WG) {
-        y[yb + c] = x[xb + c] * inv * w[p.w_off + c];
-    }
+    uint o = t * p.width;
+    rms_row(p.width, p.eps, p.x_off + o, p.a_off + o, p.w_off, p.y_off + o);
 }

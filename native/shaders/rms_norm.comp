@@ -1,13 +1,17 @@
 // RMSNorm per token row: y = x / sqrt(mean(x^2) + eps) * w (w: f32 [width]).
-// One work group per row; a shared-memory tree sums the squares.  x and y
-// may be the same buffer (each thread reads its elements before writing them).
+// One work group per row (rms_row.glsl).  x and y may be the same buffer
+// (each thread reads its elements before writing them).
 #version 450
+#extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 #define WG 256u
 
 layout(std430, set = 0, binding = 0) readonly buffer Input { float x[]; };
+layout(std430, set = 0, binding = 0) readonly buffer Input4 { vec4 x4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Weight { float w[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Weight4 { vec4 w4[]; };
 layout(std430, set = 0, binding = 2) buffer Output { float y[]; };
+layout(std430, set = 0, binding = 2) buffer Output4 { vec4 y4[]; };
 
 layout(push_constant) uniform Params {
     uint width;
@@ -20,31 +24,12 @@ layout(push_constant) uniform Params {
     uint y_stride;
 } p;
 
-shared float red[WG];
+#include "rms_row.glsl"
 
 void main() {
     uint t = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     if (t >= p.n_tokens) {
         return;
     }
-    uint lid = gl_LocalInvocationID.x;
-    uint xb = p.x_off + t * p.x_stride;
-    float s = 0.0;
-    for (uint c = lid; c < p.width; c += WG) {
-        float v = x[xb + c];
-        s += v * v;
-    }
-    red[lid] = s;
-    barrier();
-    for (uint k = WG / 2u; k > 0u; k >>= 1) {
-        if (lid < k) {
-            red[lid] += red[lid + k];
-        }
-        barrier();
-    }
-    float inv = inversesqrt(red[0] / float(p.width) + p.eps);
-    uint yb = p.y_off + t * p.y_stride;
-    for (uint c = lid; c < p.width; c += WG) {
-        y[yb + c] = x[xb + c] * inv * w[p.w_off + c];
-    }
+    rms_row(p.width, p.eps, p.x_off + t * p.x_stride, 0u, p.w_off, p.y_off + t * p.y_stride);
 }

@@ -116,7 +116,7 @@ def test_get_rows(ops, bufs, rng, qtype):
     assert np.all(out[:, cols:] == -5)
 
 
-@pytest.mark.parametrize("n_tokens,width", [(1, 4096), (3, 1000)])
+@pytest.mark.parametrize("n_tokens,width", [(1, 4096), (3, 1000), (2, 5000), (2, 301)])
 def test_rms_norm(ops, bufs, rng, n_tokens, width):
     x = rng.standard_normal((n_tokens, width)).astype(np.float32) * 3
     w = rng.standard_normal(width).astype(np.float32)
