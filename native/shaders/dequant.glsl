@@ -8,16 +8,40 @@
 // whose low nibbles are elements 0..15 and high nibbles 16..31, value
 // (q - 8) * d (18 bytes).  Byte offsets of f16/bf16 values are even.
 
-uint w_u8(uint b) { return (w[b >> 2] >> ((b & 3u) << 3)) & 0xFFu; }
-uint w_u16(uint b) { return (w[b >> 2] >> ((b & 2u) << 3)) & 0xFFFFu; }
+//
+// Every weight word is read through WREAD(i) (word i of the weights): the
+// includer may define it first to read elsewhere; matvec.glsl's staged form
+// reads a chunk of rows it copied into shared memory.  Default: w[i].
+#ifndef WREAD
+#define WREAD(i) w[i]
+#endif
+
+uint w_u8(uint b) { return (WREAD(b >> 2) >> ((b & 3u) << 3)) & 0xFFu; }
+uint w_u16(uint b) { return (WREAD(b >> 2) >> ((b & 2u) << 3)) & 0xFFFFu; }
 float w_f16(uint b) { return unpackHalf2x16(w_u16(b)).x; }
 float w_bf16(uint b) { return uintBitsToFloat(w_u16(b) << 16); }
-float w_f32(uint b) { return uintBitsToFloat(w[b >> 2]); }
+float w_f32(uint b) { return uintBitsToFloat(WREAD(b >> 2)); }
 // Four bytes starting at an even byte offset.
 uint w_u32a2(uint b) {
     uint i = b >> 2;
-    return (b & 2u) == 0u ? w[i] : ((w[i] >> 16) | (w[i + 1u] << 16));
+    return (b & 2u) == 0u ? WREAD(i) : ((WREAD(i) >> 16) | (WREAD(i + 1u) << 16));
 }
+
+#if defined(NR) && defined(RPW)  // included by matvec.glsl: helpers of its mv_unit hook
+vec4 xvec4(uint i);  // x[i .. i+3] (i a multiple of 4): defined by matvec.glsl after this include
+
+// Nibbles of a quant word: bytes k = 0..3, low (elements 4i+k) and high.
+vec4 nib_lo(uint q) { return vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u); }
+vec4 nib_hi(uint q) { return vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, q >> 28); }
+// Bit `s` of each byte of h, as 0/16 (the 5th bit of Q5 types).
+vec4 bit5(uint h, uint s) {
+    return vec4((h >> s) & 1u, (h >> (s + 8u)) & 1u, (h >> (s + 16u)) & 1u, (h >> (s + 24u)) & 1u) * 16.0;
+}
+// Bits 32k + s, 32k + s + 1, ... of a 32-bit mask word (Q5_0/Q5_1 qh) as 0/16.
+vec4 bit5w(uint h, uint s) {
+    return vec4((h >> s) & 1u, (h >> (s + 1u)) & 1u, (h >> (s + 2u)) & 1u, (h >> (s + 3u)) & 1u) * 16.0;
+}
+#endif
 
 #if defined(TYPE_F32)
 #define ROW_BYTES(cols) ((cols) * 4u)
@@ -29,7 +53,7 @@ float elem(uint rowb, uint c) { return w_f16(rowb + 2u * c); }
 #define ROW_BYTES(cols) ((cols) * 2u)
 float elem(uint rowb, uint c) { return w_bf16(rowb + 2u * c); }
 #elif defined(TYPE_Q8_0)
-#define QUANT 1
+#define BLOCK_ELEMS 32u
 #define BLOCK_BYTES 34u
 #define ROW_BYTES(cols) ((cols) / 32u * 34u)
 float elem(uint rowb, uint c) {
@@ -38,7 +62,7 @@ float elem(uint rowb, uint c) {
     return w_f16(b) * float(q);
 }
 #elif defined(TYPE_Q4_0)
-#define QUANT 1
+#define BLOCK_ELEMS 32u
 #define BLOCK_BYTES 18u
 #define ROW_BYTES(cols) ((cols) / 32u * 18u)
 float elem(uint rowb, uint c) {
@@ -53,4 +77,44 @@ float elem(uint rowb, uint c) {
 #include "dequant_k.glsl"  // the same interface (ROW_BYTES, elem) for these types
 #else
 #error "define one TYPE_<name>"
+#endif
+
+#if defined(NR) && defined(RPW) && (defined(TYPE_Q8_0) || defined(TYPE_Q4_0))
+// matvec.glsl's hook for these types: one 32-element block, read as the
+// aligned words that cover it.  A block at byte b: if b is a multiple of 4,
+// word 0 holds the scale then two quant bytes, and quant word i (quants
+// 4i..4i+3) is (wd[i] >> 16) | (wd[i+1] << 16); if b is 2 mod 4, the scale
+// is wd[0]'s high half and quant word i is wd[i+1].  Every word is loaded
+// before any is used (memory latency).
+#define MV_UNIT 32u
+float mv_unit(uint rowb, uint u, uint xb) {
+    uint b = rowb + u * BLOCK_BYTES;
+#if defined(TYPE_Q8_0)
+    const uint NW = 9u;   // words covering 34 bytes at an even offset
+#else
+    const uint NW = 5u;   // 18 bytes
+#endif
+    uint wd[NW];
+    [[unroll]] for (uint i = 0u; i < NW; i++) {
+        wd[i] = WREAD((b >> 2) + i);
+    }
+    bool odd = (b & 2u) != 0u;
+    float d = unpackHalf2x16(odd ? (wd[0] >> 16) : wd[0]).x;
+    uint c = xb + (u << 5);
+    float s = 0.0;
+#if defined(TYPE_Q8_0)
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        int q = int(odd ? wd[i + 1u] : ((wd[i] >> 16) | (wd[i + 1u] << 16)));
+        vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
+                      bitfieldExtract(q, 24, 8));
+        s += dot(v, xvec4(c + 4u * i));
+    }
+#else  // Q4_0: quant word i holds elements 4i..4i+3 (low nibbles) and 16+4i.. (high)
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uint q = odd ? wd[i + 1u] : ((wd[i] >> 16) | (wd[i + 1u] << 16));
+        s += dot(nib_lo(q) - 8.0, xvec4(c + 4u * i)) + dot(nib_hi(q) - 8.0, xvec4(c + 16u + 4u * i));
+    }
+#endif
+    return d * s;
+}
 #endif

@@ -4,9 +4,8 @@
 // and `float elem(uint rowb, uint c)` (element c of the row whose first byte
 // is rowb), on top of dequant.glsl's byte readers (w_u8, w_f16, w_u32a2).
 //
-// QUANT is deliberately left undefined: matvec.glsl's QUANT path decodes
-// Q8_0/Q4_0 words inline, so these types take its generic per-element path
-// (elem).  BLOCK_ELEMS / BLOCK_BYTES name the block for any faster path.
+// BLOCK_ELEMS / BLOCK_BYTES name the block (matvec.glsl's staged form
+// copies whole blocks).
 //
 // Included by matvec.glsl (recognized by its NR and RPW), these types also
 // define MV_UNIT and mv_unit() (matvec.glsl's faster hook): a lane decodes a
@@ -133,20 +132,7 @@ float elem(uint rowb, uint c) {
 #error "dequant_k.glsl: define one of TYPE_Q4_1, TYPE_Q5_0, TYPE_Q5_1, TYPE_Q4_K, TYPE_Q5_K, TYPE_Q6_K"
 #endif
 
-#if defined(NR) && defined(RPW)  // included by matvec.glsl: the MV_UNIT hook
-vec4 xvec4(uint i);  // x[i .. i+3] (i a multiple of 4): defined by matvec.glsl after this include
-
-// Nibbles of a quant word: bytes k = 0..3, low (elements 4i+k) and high.
-vec4 nib_lo(uint q) { return vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u); }
-vec4 nib_hi(uint q) { return vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, q >> 28); }
-// Bit `s` of each byte of h, as 0/16 (the 5th bit of Q5 types).
-vec4 bit5(uint h, uint s) {
-    return vec4((h >> s) & 1u, (h >> (s + 8u)) & 1u, (h >> (s + 16u)) & 1u, (h >> (s + 24u)) & 1u) * 16.0;
-}
-// Bits 32k + s, 32k + s + 1, ... of a 32-bit mask word (Q5_0/Q5_1 qh) as 0/16.
-vec4 bit5w(uint h, uint s) {
-    return vec4((h >> s) & 1u, (h >> (s + 1u)) & 1u, (h >> (s + 2u)) & 1u, (h >> (s + 3u)) & 1u) * 16.0;
-}
+#if defined(NR) && defined(RPW)  // included by matvec.glsl: the MV_UNIT hook (helpers in dequant.glsl)
 
 #if defined(TYPE_Q4_1) || defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
 #define MV_UNIT 32u
@@ -211,12 +197,12 @@ float mv_unit(uint rowb, uint u, uint xb) {
     if ((rowb & 3u) == 0u) {
         uint wb = b >> 2;
         [[unroll]] for (uint i = 0u; i < 4u; i++) {
-            hd[i] = w[wb + i];
+            hd[i] = WREAD(wb + i);
         }
         [[unroll]] for (uint i = 0u; i < 8u; i++) {
-            qw[i] = w[wb + QS / 4u + 8u * j + i];
+            qw[i] = WREAD(wb + QS / 4u + 8u * j + i);
 #if defined(TYPE_Q5_K)
-            hw[i] = w[wb + 4u + i];
+            hw[i] = WREAD(wb + 4u + i);
 #endif
         }
     } else {

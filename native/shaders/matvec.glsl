@@ -17,19 +17,29 @@
 // Loads.  F16/BF16/F32 rows are read 16 bytes (a uvec4) per lane and x 16
 // bytes per vec4 when the dispatch allows it (rows and x 16-byte aligned,
 // decided once per dispatch, so the branch is uniform); otherwise one
-// 4-byte word at a time.  Q8_0 (34-byte blocks) and Q4_0 (18) are read a
-// whole block per lane, as the aligned words that cover it (blocks sit at
-// 2 mod 4 every other one; the quant words are reassembled with shifts).
-// All loads of a loop trip are issued before any is used (memory latency).
+// 4-byte word at a time.  All loads of a loop trip are issued before any is
+// used (memory latency).
 //
-// Other types (the interface a type in dequant*.glsl uses): a type defines
-// ROW_BYTES(cols) and `float elem(uint rowb, uint c)` (one element); that
-// alone works (the generic path below, one element per lane at a time).  A
-// faster form: also define MV_UNIT (elements per unit, e.g. a block or a
-// part of one; cols is a multiple of it) and
+// Quantized types (the interface a type in dequant*.glsl uses): a type
+// defines ROW_BYTES(cols) and `float elem(uint rowb, uint c)` (one element);
+// that alone works (the generic path below, one element per lane at a
+// time).  The fast form: also define MV_UNIT (elements per unit, a block or
+// a part of one; cols is a multiple of it) and
 //     float mv_unit(uint rowb, uint u, uint xb)
-// returning sum_e W[row, u * MV_UNIT + e] * x[xb + u * MV_UNIT + e]; lanes
-// stride over the units of a row.  mv_unit reads x through x[] or xvec4().
+// returning sum_e W[row, u * MV_UNIT + e] * x[xb + u * MV_UNIT + e], reading
+// weight words through WREAD (dequant.glsl); lanes stride over the units.
+//
+// Staged (MV_STAGED, the matvec_s_<type> kernels; Ops uses them when rows
+// start on 16 bytes and are a multiple of 16 bytes long, i.e. nearly
+// always).  Quant blocks are 18-210 bytes, so a lane decoding a block reads
+// words 18-210 bytes from its neighbours' and each warp-wide load touches
+// ~9-32 cache lines for 128 useful bytes: on the H200 that capped Q8_0 at
+// ~1.5 TB/s and Q4_K at ~0.46 TB/s while F16's 16-byte coalesced loads
+// reached 3.7.  Here a subgroup first copies a chunk of whole blocks of its
+// NR rows into shared memory with coalesced uvec4 loads (LU in flight per
+// lane per row), then decodes from there with mv_unit (WREAD = the staged
+// word); a chunk is a whole number of blocks whose bytes are a multiple of
+// 16, at most STG_ROW uvec4s a row, and a row's chunks are balanced.
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
@@ -38,7 +48,6 @@ layout(local_size_x = 128) in;
 #define NR 2u     // rows a subgroup computes together (they share x loads)
 #define RPW 8u    // rows per work group (Ops: _MATVEC_ROWS)
 #define UNROLL 4u // vector loads in flight per row per lane (float types)
-#define BU 2u     // blocks in flight per row per lane (Q8_0, Q4_0)
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, set = 0, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
@@ -56,6 +65,17 @@ layout(push_constant) uniform Params {
     uint y_off;     // float offset of Y[0, row 0] in binding 2
     uint y_stride;  // floats from Y[t, 0] to Y[t + 1, 0]
 } p;
+
+#ifdef MV_STAGED
+// Only the first RPW / NR subgroups work (see main), so the stage is cut in
+// that many parts: 32 KiB in all (lavapipe's limit; NVIDIA's is 48 KiB).
+#define STG_VEC4 2048u
+#define STG_ROW (STG_VEC4 / RPW)  // uvec4s of one row's chunk (4 KiB)
+#define LU 8u                      // uvec4 loads in flight per lane per row
+shared uvec4 stg[STG_VEC4];
+uint stg_word(uint i) { return stg[i >> 2][i & 3u]; }
+#define WREAD(i) stg_word(i)
+#endif
 
 #include "dequant.glsl"
 
@@ -138,63 +158,6 @@ void dot_rows(uint rowb[NR], uint xb, uint lane, uint sg, inout float acc[NR]) {
             acc[k] += elem(rowb[k], p.cols - 1u) * x[xb + p.cols - 1u];
         }
     }
-#elif defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
-    // One block per lane: the words covering it.  A block at byte b: if b is
-    // a multiple of 4, word 0 holds the scale then two quant bytes, and quant
-    // word i (quants 4i..4i+3) is (wd[i] >> 16) | (wd[i+1] << 16); if b is 2
-    // mod 4, the scale is wd[0]'s high half and quant word i is wd[i+1].
-#if defined(TYPE_Q8_0)
-    const uint NW = 9u;   // words covering 34 bytes at an even offset
-#else
-    const uint NW = 5u;   // 18 bytes
-#endif
-    uint nb = p.cols >> 5;
-    for (uint b0 = lane; b0 < nb; b0 += BU * sg) {
-        // The words of BU blocks per row first (clamped: unconditional), then
-        // the arithmetic block by block.
-        uint wd[BU][NR][NW];
-        [[unroll]] for (uint bu = 0u; bu < BU; bu++) {
-            uint blk = min(b0 + bu * sg, nb - 1u);
-            [[unroll]] for (uint k = 0u; k < NR; k++) {
-                uint wi = (rowb[k] + blk * BLOCK_BYTES) >> 2;
-                [[unroll]] for (uint i = 0u; i < NW; i++) {
-                    wd[bu][k][i] = w[wi + i];
-                }
-            }
-        }
-        [[unroll]] for (uint bu = 0u; bu < BU; bu++) {
-            uint blk = b0 + bu * sg;
-            if (blk >= nb) {
-                break;
-            }
-            uint c = xb + (blk << 5);
-            vec4 xs[8];  // Q4_0: 0..3 are elements 0..15 (low nibbles), 4..7 16..31 (high)
-            [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                xs[i] = xvec4(c + 4u * i);
-            }
-            [[unroll]] for (uint k = 0u; k < NR; k++) {
-                bool odd = ((rowb[k] + blk * BLOCK_BYTES) & 2u) != 0u;
-                float d = unpackHalf2x16(odd ? (wd[bu][k][0] >> 16) : wd[bu][k][0]).x;
-                float s = 0.0;
-#if defined(TYPE_Q8_0)
-                [[unroll]] for (uint i = 0u; i < 8u; i++) {
-                    int q = int(odd ? wd[bu][k][i + 1u] : ((wd[bu][k][i] >> 16) | (wd[bu][k][i + 1u] << 16)));
-                    vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
-                                  bitfieldExtract(q, 24, 8));
-                    s += dot(v, xs[i]);
-                }
-#else  // Q4_0: quant word i holds elements 4i..4i+3 (low nibbles) and 16+4i.. (high)
-                [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                    uint q = odd ? wd[bu][k][i + 1u] : ((wd[bu][k][i] >> 16) | (wd[bu][k][i + 1u] << 16));
-                    vec4 lo = vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u) - 8.0;
-                    vec4 hi = vec4((q >> 4) & 15u, (q >> 12) & 15u, (q >> 20) & 15u, (q >> 28) & 15u) - 8.0;
-                    s += dot(lo, xs[i]) + dot(hi, xs[i + 4u]);
-                }
-#endif
-                acc[k] += d * s;
-            }
-        }
-    }
 #elif defined(MV_UNIT)
     uint nu = p.cols / MV_UNIT;
     for (uint u = lane; u < nu; u += sg) {
@@ -213,6 +176,50 @@ void dot_rows(uint rowb[NR], uint xb, uint lane, uint sg, inout float acc[NR]) {
     }
 #endif
 }
+
+#ifdef MV_STAGED
+// dot_rows for staged kernels: subgroup g (< RPW / NR) owns stg[g * NR *
+// STG_ROW ...].  Everything but the lane indices is subgroup-uniform.
+void dot_rows_staged(uint rowb[NR], uint xb, uint lane, uint sg, uint g, inout float acc[NR]) {
+    const uint gran = 16u >> min(findLSB(BLOCK_BYTES), 4);  // blocks whose bytes are a multiple of 16
+    uint nb = p.cols / BLOCK_ELEMS;
+    uint cap = (STG_ROW * 16u) / (gran * BLOCK_BYTES) * gran;  // blocks a chunk may hold
+    uint nch = (nb + cap - 1u) / cap;
+    uint per = ((nb + nch - 1u) / nch + gran - 1u) / gran * gran;  // blocks per chunk, balanced
+    uint base = g * NR * STG_ROW;
+    for (uint b0 = 0u; b0 < nb; b0 += per) {
+        uint n = min(per, nb - b0);
+        uint nv = n * BLOCK_BYTES / 16u;  // a multiple of 16 bytes: whole granules, or the row's end
+        subgroupBarrier();  // every lane is done reading the previous chunk
+        for (uint i0 = 0u; i0 < nv; i0 += LU * sg) {
+            uvec4 t[NR][LU];
+            [[unroll]] for (uint k = 0u; k < NR; k++) {
+                uint v0 = (rowb[k] + b0 * BLOCK_BYTES) >> 4;
+                [[unroll]] for (uint u = 0u; u < LU; u++) {
+                    t[k][u] = w4[v0 + min(i0 + u * sg + lane, nv - 1u)];  // clamped: unconditional
+                }
+            }
+            [[unroll]] for (uint k = 0u; k < NR; k++) {
+                [[unroll]] for (uint u = 0u; u < LU; u++) {
+                    uint i = i0 + u * sg + lane;
+                    if (i < nv) {
+                        stg[base + k * STG_ROW + i] = t[k][u];
+                    }
+                }
+            }
+        }
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        uint nu = n * (BLOCK_ELEMS / MV_UNIT);
+        uint xc = xb + b0 * BLOCK_ELEMS;
+        for (uint u = lane; u < nu; u += sg) {
+            [[unroll]] for (uint k = 0u; k < NR; k++) {
+                acc[k] += mv_unit((base + k * STG_ROW) << 4, u, xc);
+            }
+        }
+    }
+}
+#endif
 
 void main() {
     uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
@@ -235,7 +242,11 @@ void main() {
             rowb[k] = p.w_off + min(r0 + k, p.rows - 1u) * rb;  // past the end: recompute the last row
             acc[k] = 0.0;
         }
+#ifdef MV_STAGED
+        dot_rows_staged(rowb, xb, lane, sg, g, acc);
+#else
         dot_rows(rowb, xb, lane, sg, acc);
+#endif
         [[unroll]] for (uint k = 0u; k < NR; k++) {
             float s = subgroupAdd(acc[k]);
             if (lane == 0u && r0 + k < p.rows) {

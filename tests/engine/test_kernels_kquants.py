@@ -131,6 +131,19 @@ def test_matvec_alignments(ops, bufs, rng, qtype, x_off, w_off, n_tokens):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("cols", [2048, 14336], ids=["one-chunk", "chunks"])
+@pytest.mark.parametrize("x_off,n_tokens", [(0, 1), (1, 2)], ids=["x-aligned", "x-unaligned"])
+def test_matvec_staged(ops, bufs, rng, qtype, cols, x_off, n_tokens):
+    """Rows a multiple of 16 bytes long, on 16 bytes: decode's matvec_s_<type>
+    (blocks staged through shared memory, matvec.glsl).  14336 columns take
+    several chunks a row, the last one shorter (Q6_K: 16, 16, 16, 8 blocks)."""
+    raw, w = blocks(rng, qtype, 11, cols)
+    assert raw.shape[1] % 16 == 0
+    run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens, x_off, 0)
+    assert f"matvec_s_{qtype.name.lower()}" in ops._kernels  # the staged kernel is the one that ran
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_get_rows_synthetic(ops, bufs, rng, qtype):
     raw, table = blocks(rng, qtype, 51, _cols(qtype))
     run_get_rows(ops, bufs, qtype, raw, table, [0, 50, 7, 7, 23, 1])

@@ -6,6 +6,8 @@ the other ones: rows and x 16-byte aligned, read as uvec4/vec4.  Here both,
 on the same data: every row count around the work group's 8 rows (2 per
 subgroup), x aligned or not per token (x_stride), the weight rows aligned or
 not (a view starting 8 bytes into its tensor), several tokens (work-group z).
+Q8_0 and Q4_0 rows of 512 columns are 544 and 288 bytes: aligned, they take
+the staged kernels (matvec_s_<type>), 8 bytes off, the direct ones.
 """
 import numpy as np
 import pytest
