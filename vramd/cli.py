@@ -258,7 +258,15 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
 @click.option("--idle-sleep", type=float, default=None,
               help="Release the GPU after this many idle seconds; negative: never [-1].")
 @click.option("--vram-budget", default=None, help="Device bytes the arena's members may use together, e.g. 12GiB.")
-@click.option("--host", default=None, help="HTTP address [127.0.0.1].")
+@click.option("--host", default=None, help="HTTP address [127.0.0.1]; another address needs an API key to be safe.")
+@click.option("--api-key", default=None, envvar="VRAMD_API_KEY", show_envvar=True,
+              help="Require `Authorization: Bearer KEY` on every route but /health (prefer the env var or "
+                   "--api-key-file: arguments show in ps).")
+@click.option("--api-key-file", default=None, type=click.Path(dir_okay=False),
+              help="Read the API key from this file (not readable by other users).")
+@click.option("--max-request-bytes", default=None, help="Largest request body, e.g. 32MiB [32MiB].")
+@click.option("--request-timeout", type=float, default=None,
+              help="Seconds a client may take to send a request, or to take a reply [30].")
 @click.option("--port", type=int, default=None, help="HTTP port; 0 picks a free one [8080].")
 @click.option("--quantum", type=float, default=None, help="Minimum seconds to hold the GPU before yielding [0.25].")
 @click.option("--max-hold", type=float, default=None, help="Seconds after which a busy holder yields between "
@@ -286,6 +294,11 @@ def serve(model, config_file, **flags):
     from vramd.server.daemon import serve as run_daemon
     if flags.get("vram_budget") is not None:
         flags["vram_budget"] = config_mod.parse_size(flags["vram_budget"], "--vram-budget")
+    if flags.get("max_request_bytes") is not None:
+        flags["max_request_bytes"] = config_mod.parse_size(flags["max_request_bytes"], "--max-request-bytes")
+    if flags.get("api_key_file") is not None and \
+            click.get_current_context().get_parameter_source("api_key") == click.core.ParameterSource.ENVIRONMENT:
+        flags["api_key"] = None  # --api-key-file on the command line beats VRAMD_API_KEY
     flags["model"] = model
     cfg = config_mod.build(config_file, flags)
     logging.basicConfig(level=logging.INFO, format="vramd[%(process)d] %(levelname)s %(message)s")

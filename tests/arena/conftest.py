@@ -23,11 +23,13 @@ def arena_dir(tmp_path):
 class Peer:
     """A participant process (tests/arena/peerproc.py) scripted over a pipe."""
 
-    def __init__(self, arena: Path, name: str, quantum: float = 0.0, warden: bool = True):
+    def __init__(self, arena: Path, name: str, quantum: float = 0.0, warden: bool = True,
+                 ring_interval: float | None = None):
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        interval = [] if ring_interval is None else [str(ring_interval)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.arena.peerproc", str(arena), name, str(quantum),
-             "warden" if warden else "nowarden"],
+             "warden" if warden else "nowarden", *interval],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
         self.name = name
         self._lines = start_line_reader(self.proc.stdout)

@@ -6,6 +6,7 @@ Tests start several of these against one arena and script them:
     idle               idle(); prints `cold <monotonic>` if it yielded, else `still`
     serve [seconds]    wait until a yield is due, then yield; prints `cold <t>` or `nobody`
     rewarm [seconds]   like serve, then ensure_warm() at once; prints `rewarm <cold t> <warm t>`
+    hold <seconds>     for that long: yield whenever due, then warm again; prints `held <yield t>...`
     busy <rounds>      loop: warm, a critical section checked against the others, idle
     cold               go_cold(); prints `cold <t>`
     state              prints the state
@@ -50,8 +51,9 @@ def main():
     arena_path, name = sys.argv[1], sys.argv[2]
     quantum = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
     start_warden = (sys.argv[4] != "nowarden") if len(sys.argv) > 4 else True
+    ring_interval = {"ring_interval": float(sys.argv[5])} if len(sys.argv) > 5 else {}
     arena = Arena.open(arena_path)
-    p = Participant(arena, name, quantum=quantum, max_hold=max(quantum, 5.0))
+    p = Participant(arena, name, quantum=quantum, max_hold=max(quantum, 5.0), **ring_interval)
     started = False
     if start_warden:
         p.start()
@@ -82,6 +84,13 @@ def main():
                 say("rewarm", cold_at, time.monotonic())
             else:
                 say("nobody")
+        elif cmd == "hold":
+            end, times = time.monotonic() + float(args[0]), []
+            while (left := end - time.monotonic()) > 0:
+                if p.wait_yield_due(left) and p.idle():
+                    times.append(time.monotonic())
+                    p.ensure_warm()
+            say("held", *times)
         elif cmd == "busy":
             rounds, hold = int(args[0]), float(args[1])
             marker = os.path.join(arena_path, "inside")

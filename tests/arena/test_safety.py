@@ -136,3 +136,87 @@ def test_token_fd_is_not_inherited_by_exec(arena_dir):
     t = Token(arena.token_path)
     assert t.try_acquire()
     assert fcntl.fcntl(t._fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+
+
+def test_planted_tickets_neither_block_nor_count(arena_dir):
+    from vramd.arena.queue import Queue
+    arena = Arena.open(arena_dir)
+    q = Queue(arena.queue_dir)
+    victim = arena_dir / "victim"
+    victim.write_text("precious")
+    # Ticket-shaped names ahead of everyone: a symlink (to a file nobody
+    # holds), a FIFO, a directory.  None is a live ticket, none blocks.
+    (arena.queue_dir / "0000000000000001-1").symlink_to(victim)
+    os.mkfifo(arena.queue_dir / "0000000000000002-1")
+    (arena.queue_dir / "0000000000000003-1").mkdir()
+    t0 = time.monotonic()
+    ticket = q.take()
+    try:
+        assert q.live() == [(ticket.number, os.getpid())]
+        assert q.wait_turn(ticket, timeout=5)
+    finally:
+        q.done(ticket)
+    assert time.monotonic() - t0 < 5
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "dir"])
+def test_planted_ticket_issue_lock_is_refused(arena_dir, plant):
+    from vramd.arena.queue import Queue
+    arena = Arena.open(arena_dir)
+    lock = arena.queue_dir / ".issue.lock"
+    {"symlink": lambda: lock.symlink_to(arena_dir / "token.lock"), "fifo": lambda: os.mkfifo(lock),
+     "dir": lambda: lock.mkdir()}[plant]()
+    t0 = time.monotonic()
+    with pytest.raises(ArenaError, match=r"\.issue\.lock: .*(symlink|not a regular file|directory)"):
+        Queue(arena.queue_dir).take()
+    assert time.monotonic() - t0 < 5
+
+
+def test_planted_hard_link_at_our_ring_name_keeps_its_target(arena_dir):
+    arena = Arena.open(arena_dir)
+    victim = arena_dir / "victim"
+    victim.write_text("precious")
+    mine = arena.doorbell_dir / str(os.getpid())
+    os.link(victim, mine)
+    doorbell.ring(arena.doorbell_dir)
+    assert victim.read_text() == "precious"      # not truncated, not written
+    assert mine.read_text() == "1" and os.stat(mine).st_nlink == 1
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "dir"])
+def test_planted_control_files_are_refused(arena_dir, plant):
+    from vramd.errors import PeerError
+    from vramd.server.control import ControlServer
+    arena = Arena.open(arena_dir)
+    victim = arena_dir / "victim"
+    victim.write_text("precious")
+    for name in ("d.lock", "d.sock"):
+        target = arena.control_dir / name
+        {"symlink": lambda: target.symlink_to(victim), "fifo": lambda: os.mkfifo(target),
+         "dir": lambda: target.mkdir()}[plant]()
+        t0 = time.monotonic()
+        with pytest.raises((ArenaError, PeerError), match=rf"{name}: .*(symlink|not a regular file|directory|"
+                                                          "not a socket)"):
+            ControlServer(arena.control_dir / "d.sock", lambda r: {"ok": True})
+        assert time.monotonic() - t0 < 5
+        if target.is_dir() and not target.is_symlink():
+            target.rmdir()
+        else:
+            target.unlink()
+    assert victim.read_text() == "precious" and oct(victim.stat().st_mode & 0o777) != "0o660"
+
+
+def test_system_arena_init_does_not_follow_a_planted_symlink(tmp_path):
+    if os.getuid() != 0:
+        pytest.fail("arena init changes groups: run the suite as root (CI does)")
+    victim = tmp_path / "victim-dir"
+    victim.mkdir(mode=0o700)
+    arena = tmp_path / "sys"
+    arena.mkdir(mode=0o755)
+    (arena / "members").symlink_to(victim)
+    from vramd.arena.layout import init_system_arena
+    with pytest.raises(ArenaError, match="members: exists and is not a directory"):
+        init_system_arena(arena, "daemon", None)
+    st = os.stat(victim)
+    assert oct(st.st_mode & 0o7777) == "0o700" and st.st_gid == 0  # no chmod, no chgrp through the link

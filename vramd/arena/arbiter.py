@@ -12,8 +12,11 @@ and `idle()` at each idle point.  Rules it keeps:
 - it yields only at points the caller marks: `idle()` (nothing to do) or
   `checkpoint()` (between two requests while more wait), never mid-compute;
 - a ring is honoured only after the holder has held for `quantum` seconds, so
-  two busy peers cannot thrash; a holder that never idles yields at a
-  checkpoint once it has held for `max_hold` seconds while someone waits;
+  two busy peers cannot thrash; a ring from a pid that is not waiting for
+  the token counts at most once per `ring_interval` per pid (doorbell.RingGate),
+  so a flooding ringer gets a bounded number of yields and delays nobody
+  else; a holder that never idles yields at a checkpoint once it has held
+  for `max_hold` seconds while someone waits;
 - waiters are served in arrival order (tickets, see queue.py), and a holder
   that yields queues behind them; a waiter that knows only flock (llama.cpp)
   is not barged either: after yielding to one, we let it take the token
@@ -62,7 +65,8 @@ class Participant:
                  breakdown: BreakdownFn | None = None,
                  on_yield_request: Callable[[], None] | None = None,
                  on_ring_while_cold: Callable[[set[int]], None] | None = None,
-                 quantum: float = DEFAULT_QUANTUM, max_hold: float = DEFAULT_MAX_HOLD):
+                 quantum: float = DEFAULT_QUANTUM, max_hold: float = DEFAULT_MAX_HOLD,
+                 ring_interval: float = doorbell.UNPROVEN_RING_INTERVAL):
         if quantum < 0 or max_hold < quantum:
             raise ValueError("need 0 <= quantum <= max_hold")
         self.arena = arena
@@ -70,6 +74,9 @@ class Participant:
         self.token = Token(arena.token_path)
         self.queue = Queue(arena.queue_dir)
         self.registry = Registry(arena.members_dir)
+        # Which rings count: a pid waiting for the token always; any other
+        # ringer at most once per ring_interval (a flood is rate-limited per pid).
+        self.ring_gate = doorbell.RingGate(arena.doorbell_dir, ring_interval)
         self.quantum = quantum
         self.max_hold = max_hold
         self._restore = restore
@@ -366,6 +373,18 @@ class Participant:
         ticketed = {pid for _n, pid in self.queue.live()}
         return blocked - ticketed - {self.pid}
 
+    def _waiting_pids(self) -> set[int]:
+        """Pids the kernel shows waiting for the token: blocked in flock on it, or
+        holding a live ticket; while we are cold, its holder too (a peer that rang
+        and got it).  What makes a ring proven (doorbell.RingGate)."""
+        entries = [e for e in proclocks.locks_on(self.token.key()) if e.kind == "FLOCK"]
+        pids = {e.pid for e in entries if e.waiting or not self.token.held}
+        try:
+            pids |= {pid for _n, pid in self.queue.live()}
+        except Exception:  # a queue we may not list: flock waiters still count
+            pass
+        return pids - {self.pid}
+
     def _someone_waiting(self) -> bool:
         """Anyone queued, blocked on the token, or ringing since we took it?"""
         if any(pid != self.pid for _n, pid in self.queue.live()):
@@ -374,29 +393,31 @@ class Participant:
             return True
         rings = doorbell.scan(self.arena.doorbell_dir).rings
         since = self._warm_since_wall - RING_CLOCK_SLACK
-        return any(pid != self.pid and mtime >= since for pid, mtime in rings.items())
+        fresh = {pid for pid, mtime in rings.items() if pid != self.pid and mtime >= since}
+        return bool(fresh) and bool(self.ring_gate.admit(fresh, self._waiting_pids))
 
     def _warden_loop(self) -> None:
         watcher = self._watcher
         while not self._stop.is_set():
-            rang = watcher.wait(None)
+            rang = watcher.wait(self.ring_gate.next_check())
             if self._stop.is_set():
                 return
             if watcher.gone:
                 log.error("%s: the doorbell directory %s was removed; rings are no longer heard",
                           self.member.name, self.arena.doorbell_dir)
                 return
-            if not self.token.held:
-                # Nothing to yield; a parked holder of device memory may
-                # still have to make room (see on_ring_while_cold).
-                if rang and self._on_ring_while_cold is not None:
-                    self._on_ring_while_cold(rang)
-                continue
             try:
+                if not self.token.held:
+                    # Nothing to yield; a parked holder of device memory may
+                    # still have to make room (see on_ring_while_cold).
+                    admitted = self.ring_gate.admit(rang or (), self._waiting_pids)
+                    if admitted and self._on_ring_while_cold is not None:
+                        self._on_ring_while_cold(admitted)
+                    continue
                 if rang is None:
                     wanted = self._someone_waiting()
                 else:
-                    wanted = bool(rang)
+                    wanted = bool(self.ring_gate.admit(rang, self._waiting_pids))
             except Exception as e:  # a vanished file mid-scan: look again next ring
                 log.warning("%s: doorbell rescan failed: %s", self.member.name, e)
                 continue

@@ -21,9 +21,11 @@ import errno
 import os
 import select
 import stat
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterable
 
 import psutil
 from inotify_simple import INotify, flags
@@ -33,21 +35,22 @@ from vramd.errors import ArenaError
 
 # Longest decimal pid Linux can hand out (pid_max <= 2^22).
 _MAX_PID_DIGITS = 7
-_WATCH_MASK = flags.CLOSE_WRITE | flags.MOVED_TO | flags.DELETE_SELF | flags.ONLYDIR
+_WATCH_MASK = flags.CLOSE_WRITE | flags.MOVED_TO | flags.DELETE_SELF | flags.ONLYDIR | flags.DONT_FOLLOW
 
 
 def ring(doorbell_dir: Path, pid: int | None = None) -> Path:
     """Ring as `pid` (default: this process): create, write and close doorbell/<pid>.
 
-    The name is ours, so something else planted under it (a symlink, FIFO or
-    empty directory) is removed once and the ring retried.
+    The name is ours, so something else planted under it (a symlink, FIFO,
+    directory, a hard link to another file, or a file of another user) is
+    removed once and the ring retried.  The file is checked before it is
+    truncated, so a planted hard link never costs its target its contents.
     """
     pid = os.getpid() if pid is None else pid
     path = Path(doorbell_dir) / str(pid)
     for attempt in (1, 2):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                         | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)
         except FileNotFoundError:
             raise ArenaError(f"{doorbell_dir}: doorbell directory is missing") from None
         except OSError as e:
@@ -56,12 +59,19 @@ def ring(doorbell_dir: Path, pid: int | None = None) -> Path:
                 continue
             raise ArenaError(f"{path}: cannot ring: {describe_open_error(e)}") from None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ArenaError(f"{path}: ring file is not a regular file (remove it)")
-            os.write(fd, b"1")
+            st = os.fstat(fd)
+            ours = stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
+            if ours:
+                os.ftruncate(fd, 0)
+                os.write(fd, b"1")
         finally:
             os.close(fd)
-        return path
+        if ours:
+            return path
+        if attempt == 1 and _remove_planted(path):
+            continue
+        raise ArenaError(f"{path}: cannot ring: the ring file is not a regular file of ours "
+                         "(a hard link, or another user's); remove it")
     raise AssertionError("unreachable")
 
 
@@ -156,6 +166,131 @@ def remove_ring(doorbell_dir: Path, pid: int | None = None) -> None:
         os.unlink(Path(doorbell_dir) / str(os.getpid() if pid is None else pid))
     except FileNotFoundError:
         pass
+
+
+# An unproven ring (see RingGate) from one pid is acted on at most once per
+# this many seconds; how often a deferred ring is looked at again meanwhile.
+UNPROVEN_RING_INTERVAL = 1.0
+PROOF_POLL = 0.05
+
+
+def ring_owner_plausible(path: Path, pid: int) -> bool:
+    """Was doorbell/<pid> written by pid's own user (or root)?
+
+    The file's owner is whoever created it; a ring naming another user's
+    process is forged (a ringer spreading its flood over names not its own).
+    """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return True  # /proc mounted hidepid: the process is alive but not ours to see
+    return st.st_uid in (0, owner)
+
+
+class RingGate:
+    """Which rings to act on: a per-ringer rate limit on the doorbell.
+
+    A ring from a pid the kernel shows waiting for the token (blocked in
+    flock on it, holding a live ticket, or holding the token when we are
+    cold) is *proven* and always acted on.  Any other ring (a script's
+    `echo 1 > doorbell/$$`, `vramd ring`, a flood) is *unproven*: acted on at
+    most once per `interval` seconds per ringing pid.  Further rings from
+    that pid meanwhile are deferred, not dropped: acted on when its interval
+    ends (if it rang again after the last one acted on) or as soon as it is
+    proven.  Accounting is per pid, so a flooding pid never delays another
+    pid's ring.  An unproven ring whose file belongs to a user other than the
+    pid's (or root) is forged and ignored.
+
+    `admit()` is called by one thread at a time (the warden, or the holder
+    right after it went warm); a lock keeps that true.
+    """
+
+    def __init__(self, doorbell_dir: Path, interval: float = UNPROVEN_RING_INTERVAL):
+        self.dir = Path(doorbell_dir)
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._acted: dict[int, tuple[float, float]] = {}   # pid -> (monotonic, wall) of the last unproven ring acted on
+        self._deferred: set[int] = set()
+        self._last_proof = 0.0
+        self.forged = 0       # counters, for tests and logs
+        self.deferrals = 0
+
+    def admit(self, rang: Iterable[int], waiting: Callable[[], set[int]]) -> set[int]:
+        """The pids, among `rang` and those deferred earlier, whose ring to act on now.
+
+        `waiting()` names the pids the kernel shows waiting for the token;
+        it is asked only when some ring would otherwise be deferred.
+        """
+        with self._lock:
+            now = time.monotonic()
+            out: set[int] = set()
+            proven: set[int] | None = None
+            due_deferred = {pid for pid in self._deferred if now - self._acted[pid][0] >= self.interval}
+            poll = bool(self._deferred) and now - self._last_proof >= PROOF_POLL
+            for pid in set(rang) | due_deferred | (self._deferred if poll else set()):
+                path = self.dir / str(pid)
+                if not pid_alive(pid):
+                    self._forget(pid)
+                    continue
+                acted = self._acted.get(pid)
+                if acted is None or now - acted[0] >= self.interval:
+                    if pid in self._deferred and not _rang_after(path, acted[1]):
+                        self._forget(pid)  # nothing new since the ring we acted on
+                        continue
+                    if not ring_owner_plausible(path, pid):
+                        if proven is None:
+                            proven, self._last_proof = waiting(), now
+                        if pid not in proven:
+                            self.forged += 1
+                            self._deferred.discard(pid)
+                            continue
+                    self._acted[pid] = (now, time.time())
+                    self._deferred.discard(pid)
+                    out.add(pid)
+                    continue
+                # Acted on lately: only a proof lets it through now.  A pid
+                # deferred already waits for the next poll (a flood costs no
+                # proof per ring); a new one is checked at once.
+                if pid not in self._deferred or poll:
+                    if proven is None:
+                        proven, self._last_proof = waiting(), now
+                    if pid in proven:
+                        self._deferred.discard(pid)
+                        out.add(pid)
+                        continue
+                if pid not in self._deferred:
+                    self.deferrals += 1
+                    self._deferred.add(pid)
+            if len(self._acted) > 4096:
+                self._acted = {p: t for p, t in self._acted.items()
+                               if p in self._deferred or now - t[0] < self.interval}
+            return out
+
+    def _forget(self, pid: int) -> None:
+        self._deferred.discard(pid)
+
+    def next_check(self) -> float | None:
+        """Seconds until deferred rings need another look (None: nothing deferred)."""
+        with self._lock:
+            if not self._deferred:
+                return None
+            now = time.monotonic()
+            due = min(self._acted[p][0] + self.interval for p in self._deferred) - now
+            return max(0.0, min(PROOF_POLL, due))
+
+
+def _rang_after(path: Path, wall: float) -> bool:
+    """Was the ring file written again after wall time `wall`?"""
+    try:
+        return os.lstat(path).st_mtime > wall
+    except OSError:
+        return False
 
 
 class Watcher:

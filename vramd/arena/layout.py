@@ -307,7 +307,11 @@ def init_system_arena(path: Path, group: str, ring_group: str | None) -> Arena:
     try:
         os.makedirs(path, mode=0o755, exist_ok=True)
         check_dir(path, allow_shared=False, what="arena")
-        os.chmod(path, 0o755)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, 0o755)
+        finally:
+            os.close(fd)
         _make_group_dir(path / MEMBERS, gid, 0o2770)
         _make_group_dir(path / QUEUE, gid, 0o2770)
         _make_group_dir(path / CONTROL, gid, 0o2770)
@@ -332,8 +336,16 @@ def _make_group_dir(path: Path, gid: int, mode: int) -> None:
         os.mkdir(path, mode)
     except FileExistsError:
         pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise ArenaError(f"{path}: exists and is not a directory (remove it)")
-    os.chown(path, -1, gid)
-    os.chmod(path, mode)  # mkdir's mode is filtered by umask; chmod is not
+    # Change the directory through an fd opened without following links, so
+    # nothing swapped in after the check gets root's chown and chmod.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ArenaError(f"{path}: exists and is not a directory (remove it)") from None
+        raise
+    try:
+        os.fchown(fd, -1, gid)
+        os.fchmod(fd, mode)  # mkdir's mode is filtered by umask; chmod is not
+    finally:
+        os.close(fd)

@@ -25,16 +25,18 @@ the arbiter handles them with /proc/locks.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import math
 import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from vramd.arena.layout import describe_open_error
+from vramd.arena.layout import describe_open_error, require_regular
 from vramd.arena.token import flock_wait
 from vramd.errors import ArenaError
 
@@ -85,15 +87,19 @@ class Queue:
         return out
 
     def _probe(self, name: str) -> bool | None:
-        """True: live ticket.  False: stale (removed now).  None: already gone."""
+        """True: live ticket.  False: stale (removed now).  None: gone, or not a ticket."""
         path = self.dir / name
         try:
             fd = os.open(path, _OPEN_RO)
         except FileNotFoundError:
             return None
-        except OSError:
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return None  # a planted symlink is nobody's ticket
             return True  # unreadable: assume a live foreign-uid waiter, never remove
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None  # a planted FIFO or directory is nobody's ticket
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -149,9 +155,15 @@ class Queue:
     def _open_issue_lock(self) -> int:
         path = self.dir / ISSUE_LOCK
         try:
-            return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)
         except OSError as e:
             raise ArenaError(f"{path}: {describe_open_error(e)}") from None
+        try:
+            require_regular(fd, path, "ticket issue lock")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def wait_turn(self, ticket: Ticket, timeout: float | None = None,
                   cancel: Callable[[], bool] | None = None) -> bool:
@@ -171,7 +183,7 @@ class Queue:
                 return False
             path = self.dir / predecessor
             try:
-                fd = flock_wait(lambda: os.open(path, _OPEN_RO), fcntl.LOCK_SH, left, cancel)
+                fd = flock_wait(lambda: _open_ticket(path), fcntl.LOCK_SH, left, cancel)
             except FileNotFoundError:
                 continue  # it got the token meanwhile
             except OSError:
@@ -188,6 +200,15 @@ class Queue:
         fd, ticket.fd = ticket.fd, None
         if fd is not None:
             os.close(fd)
+
+
+def _open_ticket(path: Path) -> int:
+    """Open a ticket to wait on it: never through a symlink, never a FIFO or directory."""
+    fd = os.open(path, _OPEN_RO)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileNotFoundError(errno.ENOENT, "not a ticket", str(path))  # look again: it is nobody's
+    return fd
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -7,9 +7,11 @@ UsageError naming the file and the key, never a traceback.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from vramd.errors import UsageError
@@ -44,6 +46,12 @@ class ServeConfig:
     mmproj_resident: bool = False  # keep it on the device instead of bringing it in per image
     pin: bool = False
     priority: int = 0
+    # HTTP: a key every route but /health requires (`Authorization: Bearer KEY`),
+    # given as is (--api-key, VRAMD_API_KEY, `api_key`) or read from a file.
+    api_key: str | None = field(default=None, repr=False)
+    api_key_file: str | None = None
+    max_request_bytes: int = 32 << 20      # request bodies (images travel as base64)
+    request_timeout: float = 30.0          # seconds to send a whole request, or to take a reply
 
     def check(self, where: str = "flags") -> "ServeConfig":
         if not self.model:
@@ -69,7 +77,54 @@ class ServeConfig:
             raise UsageError(f"{where}: port {self.port}: must be 0..65535")
         if self.quantum < 0 or self.max_hold < self.quantum:
             raise UsageError(f"{where}: need 0 <= quantum <= max_hold")
+        if not 1024 <= self.max_request_bytes <= 1 << 30:
+            raise UsageError(f"{where}: max_request_bytes {self.max_request_bytes}: between 1KiB and 1GiB")
+        if not 0 < self.request_timeout <= 3600:
+            raise UsageError(f"{where}: request_timeout {self.request_timeout}: seconds, more than 0, at most 3600")
+        if self.api_key is not None and self.api_key_file is not None:
+            raise UsageError(f"{where}: give an API key or an API key file, not both")
+        if self.api_key_file is not None:
+            self.api_key = read_api_key_file(Path(self.api_key_file))
+        if self.api_key is not None:
+            check_api_key(self.api_key, f"{where}: api_key")
         return self
+
+
+MAX_API_KEY = 1024
+
+
+def check_api_key(key: str, what: str) -> None:
+    """Printable ASCII, no spaces: what fits an `Authorization: Bearer` header as is."""
+    if not key:
+        raise UsageError(f"{what}: the API key is empty")
+    if len(key) > MAX_API_KEY or not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        raise UsageError(f"{what}: the API key must be 1 to {MAX_API_KEY} printable ASCII characters, no spaces")
+
+
+def read_api_key_file(path: Path) -> str:
+    """The key in `path` (surrounding whitespace dropped): a small regular file other users cannot read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot open the API key file: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{path}: the API key file is not a regular file")
+        if st.st_mode & 0o007:
+            raise UsageError(f"{path}: the API key file is open to other users (mode {stat.S_IMODE(st.st_mode):04o}); "
+                             "chmod o-rwx it")
+        if st.st_size > MAX_API_KEY + 64:
+            raise UsageError(f"{path}: the API key file is {st.st_size} bytes; a key is at most {MAX_API_KEY}")
+        data = os.read(fd, MAX_API_KEY + 65)
+    finally:
+        os.close(fd)
+    try:
+        key = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: the API key must be printable ASCII") from None
+    check_api_key(key, str(path))
+    return key
 
 
 def parse_size(value, what: str) -> int:
@@ -98,6 +153,12 @@ def load_toml(path: Path) -> dict:
         raise UsageError(f"{path}: not valid TOML: {e}") from None
     except OSError as e:
         raise UsageError(f"{path}: cannot read: {e.strerror}") from None
+    if "api_key" in raw or "api-key" in raw:
+        # A key in the config file is only as secret as the file.
+        mode = os.stat(path).st_mode
+        if mode & 0o007:
+            raise UsageError(f"{path}: holds api_key but other users can read it (mode {stat.S_IMODE(mode):04o}); "
+                             "chmod o-rwx it, or use api_key_file")
     out = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
@@ -109,7 +170,7 @@ def load_toml(path: Path) -> dict:
 
 def coerce(name: str, value, what: str):
     kind = _TYPES[name]
-    if name == "vram_budget":
+    if name in ("vram_budget", "max_request_bytes"):
         return parse_size(value, what)
     if "bool" in kind:
         if not isinstance(value, bool):
@@ -134,6 +195,11 @@ def coerce(name: str, value, what: str):
 def build(config_file: Path | None, flags: dict) -> ServeConfig:
     """The file's values, then every flag the user actually gave."""
     values = load_toml(config_file) if config_file else {}
-    values.update({k: v for k, v in flags.items() if v is not None})
+    given = {k: v for k, v in flags.items() if v is not None}
+    # A key source on the command line replaces the file's, of either kind.
+    if "api_key" in given or "api_key_file" in given:
+        values.pop("api_key", None)
+        values.pop("api_key_file", None)
+    values.update(given)
     where = str(config_file) if config_file else "flags"
     return ServeConfig(**values).check(where)

@@ -5,8 +5,11 @@ Replies:  {"ok": true, ...} or {"ok": false, "error": "...", "code": <exit code>
 
 Who may connect: the socket file is mode 0660 in a directory of the arena,
 and every connection's SO_PEERCRED is checked: the same uid, root, or a
-process in the arena's group (a system arena is group-shared).  Others get a
-refusal and are logged.  The CLI's `status`, `yield` and `wake` are thin
+process in the control directory's group when that directory grants its
+group access (a system arena is group-shared; a private 0700 arena shares
+with nobody, whatever its group).  Others get a refusal and are logged.
+The socket is bound in a fresh private directory, given its mode there, and
+renamed into place, so nothing swapped in at its path gets the chmod.  The CLI's `status`, `yield` and `wake` are thin
 clients of this (`request()` below).
 """
 
@@ -16,12 +19,15 @@ import json
 import logging
 import os
 import socket
+import stat
 import struct
+import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
 
-from vramd.errors import PeerError, Timeout, VramdError
+from vramd.arena.layout import describe_open_error, require_regular
+from vramd.errors import ArenaError, PeerError, Timeout, VramdError
 
 log = logging.getLogger("vramd.control")
 
@@ -35,9 +41,13 @@ def _lock_name(path: Path) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)
     except OSError as e:
-        raise PeerError(f"{path}: cannot open: {e.strerror}") from None
+        raise PeerError(f"{path}: cannot open: {describe_open_error(e)}") from None
     try:
+        require_regular(fd, path, "control name lock")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ArenaError:
+        os.close(fd)
+        raise
     except BlockingIOError:
         os.close(fd)
         raise PeerError(f"{path.with_suffix('')}: another daemon with this name runs in this arena; "
@@ -67,9 +77,12 @@ def process_groups(pid: int) -> set[int]:
     return groups
 
 
-def allowed(pid: int, uid: int, gid: int, arena_gid: int) -> bool:
+def allowed(pid: int, uid: int, gid: int, arena_gid: int | None) -> bool:
+    """Root, our own uid, or (when the directory is group-shared) its group."""
     if uid in (0, os.getuid()):
         return True
+    if arena_gid is None:
+        return False
     return gid == arena_gid or arena_gid in process_groups(pid)
 
 
@@ -79,17 +92,17 @@ class ControlServer:
     def __init__(self, path: Path, handle: Callable[[dict], dict]):
         self.path = Path(path)
         self.handle = handle
-        self.arena_gid = os.stat(self.path.parent).st_gid
+        parent = os.stat(self.path.parent)
+        # The directory's group counts only if the directory lets its group in.
+        self.arena_gid = parent.st_gid if parent.st_mode & stat.S_IRWXG else None
         # The name is ours for as long as we live: a flock on <name>.lock, so
         # two daemons starting with one name at once cannot both bind it.
         self._name_lock = _lock_name(self.path.with_suffix(".lock"))
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             self._remove_stale()
-            self._sock.bind(str(self.path))
-            os.chmod(self.path, 0o660)
+            self._inode = self._bind()
             self._sock.listen(16)
-            self._inode = os.lstat(self.path).st_ino
         except BaseException:
             self._sock.close()
             os.close(self._name_lock)
@@ -97,16 +110,32 @@ class ControlServer:
         self._stop = False
         self._thread = threading.Thread(target=self._serve, name="vramd-control", daemon=True)
 
+    def _bind(self) -> int:
+        """Bind in a private directory, chmod there, rename into place; the inode."""
+        tmpdir = tempfile.mkdtemp(prefix=".b", dir=self.path.parent)  # 0700, ours
+        tmp = os.path.join(tmpdir, "s")
+        try:
+            self._sock.bind(tmp)
+            os.chmod(tmp, 0o660)
+            inode = os.lstat(tmp).st_ino
+            os.rename(tmp, self.path)
+            return inode
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            os.rmdir(tmpdir)
+
     def _remove_stale(self) -> None:
         """A socket left by a SIGKILLed daemon of the same name blocks bind: remove it
         if nobody answers on it (a live daemon with our name was refused earlier)."""
         try:
-            if not self.path.is_socket():
-                if self.path.exists() or self.path.is_symlink():
-                    raise PeerError(f"{self.path}: exists and is not a socket (remove it)")
-                return
-        except OSError:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
             return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise PeerError(f"{self.path}: exists and is not a socket (remove it)")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             probe.connect(str(self.path))
@@ -198,7 +227,10 @@ def request(path: str | Path, cmd: str, *, wait: float = 30.0, **args) -> dict:
             raise PeerError(f"{path}: no daemon answers (is it running? see `vramd status`)") from None
         except PermissionError:
             raise PeerError(f"{path}: permission denied (not the daemon's user or the arena's group)") from None
-        sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+        try:
+            sock.sendall(json.dumps({"cmd": cmd, **args}).encode() + b"\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused (peer credentials) before it read us: its reply is still there to read
         data = b""
         while not data.endswith(b"\n"):
             chunk = sock.recv(65536)

@@ -130,7 +130,9 @@ class Daemon:
         member.control = str(self.arena.control_dir / f"{self.name}.sock")
         member.pinned, member.priority, member.budget = cfg.pin, cfg.priority, self._budget()
         self.control = ControlServer(self.arena.control_dir / f"{self.name}.sock", self.handle_control)
-        self.http = HttpServer(cfg.host, cfg.port, self.routes(), on_error=openai_api.error_body)
+        self.http = HttpServer(cfg.host, cfg.port, self.routes(), on_error=openai_api.error_body,
+                               api_key=cfg.api_key, max_request_bytes=cfg.max_request_bytes,
+                               request_timeout=cfg.request_timeout)
         self.participant.member.endpoint = self.http.url
 
     def _load_encoder(self, mf, engine_cfg):

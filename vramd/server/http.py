@@ -2,15 +2,34 @@
 
 Bound to --host:--port (127.0.0.1 by default), a thread per connection.
 Routes are `(method, path) -> fn(exchange)`; an `Exchange` reads the body
-(capped) and writes a JSON reply or a server-sent-event stream.  Handlers
-never touch the GPU: generation is a job on the daemon's loop thread.
+and writes a JSON reply or a server-sent-event stream.  Handlers never touch
+the GPU: generation is a job on the daemon's loop thread.
+
+What a client may not do:
+
+- use any route but /health without `Authorization: Bearer <key>` when the
+  daemon has an API key (401, compared in constant time);
+- send a body without Content-Length (chunked is not supported: 411), with
+  a malformed one (400), or larger than --max-request-bytes (413); the
+  body is never read before these checks pass;
+- send a request head (request line and headers) over MAX_HEAD bytes (431);
+- take longer than --request-timeout seconds to send a request, head and
+  body (a slowloris client: the connection is closed), or leave a reply
+  unread for that long;
+- open more than MAX_CONNECTIONS connections at once (503, closed).
 """
 
 from __future__ import annotations
 
+import hmac
+import http.client
+import ipaddress
 import json
 import logging
+import socket
 import threading
+import time
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -18,7 +37,94 @@ from vramd.errors import UsageError
 
 log = logging.getLogger("vramd.http")
 
-MAX_BODY = 8 << 20
+DEFAULT_MAX_REQUEST = 32 << 20    # images travel inside the JSON as base64
+DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds to send a whole request (or to take a reply)
+MAX_HEAD = 64 << 10               # request line and headers together
+MAX_CONNECTIONS = 64
+OPEN_PATHS = frozenset({"/health"})   # answered without the API key (systemd, load-balancer probes)
+
+
+class Refused(Exception):
+    """A request refused before its route runs: status, one-line message, OpenAI error code."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.code, self.headers = status, code, headers or {}
+
+
+def error_payload(message: str, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+
+
+class _RequestReader:
+    """A connection's rfile: each request must arrive whole within a deadline, its head capped.
+
+    Reads straight from the socket, re-arming the socket timeout with what
+    is left of the deadline before every recv, so a client that trickles a
+    byte at a time cannot keep the thread past the deadline.
+    """
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.buf = bytearray()
+        self.deadline: float | None = None
+        self.head_left: int | None = None
+
+    def begin(self, timeout: float) -> None:
+        """A new request starts: its deadline, and the head's byte budget."""
+        self.deadline = time.monotonic() + timeout
+        self.head_left = MAX_HEAD
+
+    def end_head(self) -> None:
+        self.head_left = None
+
+    def _fill(self) -> bool:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request did not arrive in time")
+            self.sock.settimeout(left)
+        chunk = self.sock.recv(1 << 16)
+        if not chunk:
+            return False
+        self.buf += chunk
+        return True
+
+    def readline(self, limit: int = -1) -> bytes:
+        if self.head_left is not None:
+            cap = self.head_left + 1
+            limit = cap if limit < 0 else min(limit, cap)
+        start = 0
+        while True:
+            i = self.buf.find(b"\n", start)
+            if i >= 0 and (limit < 0 or i < limit):
+                n = i + 1
+                break
+            if limit >= 0 and len(self.buf) >= limit:
+                n = limit
+                break
+            start = len(self.buf)
+            if not self._fill():
+                n = len(self.buf)
+                break
+        line = bytes(self.buf[:n])
+        del self.buf[:n]
+        if self.head_left is not None:
+            self.head_left -= len(line)
+            if self.head_left < 0:
+                raise http.client.LineTooLong(f"request head over {MAX_HEAD} bytes")
+        return line
+
+    def read(self, n: int = -1) -> bytes:
+        while (n < 0 or len(self.buf) < n) and self._fill():
+            pass
+        n = len(self.buf) if n < 0 else min(n, len(self.buf))
+        data = bytes(self.buf[:n])
+        del self.buf[:n]
+        return data
+
+    def close(self) -> None:
+        pass  # the socket belongs to the server
 
 
 class ClientGone(Exception):
@@ -32,19 +138,29 @@ class Exchange:
         self.h = handler
         self.path = handler.path.split("?", 1)[0]
         self.streaming = False
+        self.length: int | None = None   # the body's Content-Length, checked (POST)
 
     def body(self) -> bytes:
+        """The request body, read once; its length was checked against the limit before."""
+        n = self.length or 0
         try:
-            n = int(self.h.headers.get("Content-Length", "0"))
-        except ValueError:
-            raise UsageError("bad Content-Length") from None
-        if n < 0 or n > MAX_BODY:
-            raise UsageError(f"request body of {n} bytes: at most {MAX_BODY}")
-        return self.h.rfile.read(n) if n else b""
+            data = self.h.rfile.read(n) if n else b""
+        except TimeoutError:
+            self.h.close_connection = True
+            raise Refused(408, f"the request body did not arrive within {self.h.request_timeout:g} s") from None
+        finally:
+            self.length = 0
+            self.h.connection.settimeout(self.h.request_timeout)  # from now on: how long a reply may wait
+        if len(data) < n:
+            self.h.close_connection = True
+            raise Refused(400, f"the request body ended after {len(data)} of {n} bytes")
+        return data
 
-    def reply(self, status: int, payload, ctype: str = "application/json") -> None:
+    def reply(self, status: int, payload, ctype: str = "application/json", headers: dict | None = None) -> None:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self.h.send_response(status)
+        for k, v in (headers or {}).items():
+            self.h.send_header(k, v)
         self.h.send_header("Content-Type", ctype)
         self.h.send_header("Content-Length", str(len(body)))
         self.h.end_headers()
@@ -76,15 +192,137 @@ class Exchange:
 Route = Callable[[Exchange], None]
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "vramd"
     routes: dict[tuple[str, str], Route] = {}
     on_error: Callable[[BaseException], tuple[int, dict]] = None
+    api_key: bytes | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = _RequestReader(self.connection)
+
+    def handle_one_request(self) -> None:
+        """http.server's, with a deadline and a byte budget on the request head."""
+        self.command, self.request_version, self.requestline = None, "HTTP/1.0", ""
+        try:
+            self.rfile.begin(self.request_timeout)
+            self.raw_requestline = self.rfile.readline()
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():
+                return
+            self.rfile.end_head()
+            self.connection.settimeout(self.request_timeout)
+            handler = getattr(self, "do_" + self.command, None)
+            if handler is None:
+                self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"unsupported method {self.command!r}")
+                return
+            handler()
+            self.wfile.flush()
+        except http.client.LineTooLong as e:  # the request line itself (header lines: parse_request)
+            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, str(e))
+        except TimeoutError:
+            log.info("%s: request not received within %g s (or its reply not taken): connection closed",
+                     self.address_string(), self.request_timeout)
+            self.close_connection = True
+        except (ConnectionError, OSError) as e:
+            log.debug("%s: connection failed: %s", self.address_string(), e)
+            self.close_connection = True
+
+    def send_error(self, code, message=None, explain=None) -> None:
+        """http.server's own refusals (malformed request, head too large), as OpenAI-shaped JSON."""
+        self.close_connection = True
+        text = message or HTTPStatus(code).phrase
+        if explain and explain != text:
+            text = f"{text}: {explain}"
+        body = json.dumps(error_payload(text)).encode()
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except OSError:
+            pass
+
+    def _refuse(self, ex: "Exchange", r: Refused) -> None:
+        if ex.length:
+            self.close_connection = True  # its body stays unread
+        body = json.dumps(error_payload(str(r), r.code)).encode()
+        self.send_response(r.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in r.headers.items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        try:
+            self.end_headers()
+            ex._write(body)
+        except (ClientGone, OSError):
+            self.close_connection = True
+
+    def _check_key(self, path: str) -> None:
+        if self.api_key is None or path in OPEN_PATHS:
+            return
+        scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise Refused(401, "missing API key: send the header 'Authorization: Bearer <key>'",
+                          "invalid_api_key", {"WWW-Authenticate": 'Bearer realm="vramd"'})
+        try:
+            given_bytes = given.strip().encode("latin-1")
+        except UnicodeEncodeError:
+            given_bytes = b""
+        if not hmac.compare_digest(given_bytes, self.api_key):
+            raise Refused(401, "incorrect API key", "invalid_api_key",
+                          {"WWW-Authenticate": 'Bearer realm="vramd", error="invalid_token"'})
+
+    def _check_length(self, ex: "Exchange") -> None:
+        """A POST's body: Content-Length given once, sane, within the limit; no chunked bodies."""
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise Refused(411, "chunked (Transfer-Encoding) request bodies are not supported: send Content-Length")
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            self.close_connection = True
+            raise Refused(411, "Content-Length required")
+        value = values[0].strip()
+        if len(set(v.strip() for v in values)) != 1 or not value.isascii() or not value.isdigit() or len(value) > 18:
+            self.close_connection = True
+            raise Refused(400, f"bad Content-Length: {', '.join(values)[:40]!r}")
+        n = int(value)
+        if n > self.max_request_bytes:
+            self.close_connection = True
+            raise Refused(413, f"request body of {n} bytes: this daemon takes at most {self.max_request_bytes} "
+                               "(--max-request-bytes)", "request_too_large")
+        ex.length = n
 
     def _dispatch(self, method: str) -> None:
         ex = Exchange(self)
+        try:
+            self._check_key(ex.path)
+            if method == "POST":
+                self._check_length(ex)
+        except Refused as r:
+            self._refuse(ex, r)
+            return
         route = self.routes.get((method, ex.path))
         if route is None:
+            if ex.length:
+                self.close_connection = True
             known = any(path == ex.path for _m, path in self.routes)
             status = 405 if known else 404
             ex.reply(status, {"error": {"message": f"{method} {ex.path}: no such route", "type": "not_found_error",
@@ -92,6 +330,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             route(ex)
+        except Refused as r:
+            if not ex.streaming:
+                self._refuse(ex, r)
         except ClientGone:
             log.info("%s %s: client went away", method, ex.path)
         except Exception as e:
@@ -99,9 +340,13 @@ class _Handler(BaseHTTPRequestHandler):
                 log.exception("%s %s failed", method, ex.path)
             if ex.streaming:
                 return  # headers are gone; the stream just ends
+            if ex.length:
+                self.close_connection = True  # the route failed before reading its body
             status, payload = type(self).on_error(e)
+            # A refusal that may pass (device memory others hold, OutOfDeviceMemory) says when to retry.
+            retry = getattr(e, "retry_after", None)
             try:
-                ex.reply(status, payload)
+                ex.reply(status, payload, headers={"Retry-After": str(retry)} if retry else None)
             except ClientGone:
                 pass
 
@@ -123,17 +368,57 @@ def json_route(fn: Callable[[], tuple[int, dict]]) -> Route:
     return route
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most MAX_CONNECTIONS at once."""
+
+    daemon_threads = True
+    request_queue_size = MAX_CONNECTIONS  # listen backlog: a burst is accepted, not SYN-dropped
+
+    def __init__(self, *args, **kw):
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kw)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            body = json.dumps(error_payload(f"more than {MAX_CONNECTIONS} connections at once; try again")).encode()
+            try:
+                request.setblocking(False)
+                request.send(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class HttpServer:
     def __init__(self, host: str, port: int, routes: dict[tuple[str, str], Route],
-                 on_error: Callable[[BaseException], tuple[int, dict]]):
-        handler = type("Handler", (_Handler,), {"routes": routes, "on_error": staticmethod(on_error)})
+                 on_error: Callable[[BaseException], tuple[int, dict]], *, api_key: str | None = None,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST, request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
+        handler = type("Handler", (_Handler,), {
+            "routes": routes, "on_error": staticmethod(on_error),
+            "api_key": api_key.encode() if api_key else None,
+            "max_request_bytes": max_request_bytes, "request_timeout": request_timeout})
         try:
-            self.server = ThreadingHTTPServer((host, port), handler)
+            self.server = _Server((host, port), handler)
         except OSError as e:
             raise UsageError(f"cannot serve HTTP on {host}:{port}: {e.strerror} "
                              "(another daemon there? give each its own --port)") from None
-        self.server.daemon_threads = True
         self.host, self.port = self.server.server_address[:2]
+        if not api_key and not _loopback(self.host):
+            log.warning("HTTP on %s without --api-key: anyone who can reach port %d can use this model",
+                        self.host, self.port)
         self._thread = threading.Thread(target=self.server.serve_forever, name="vramd-http", daemon=True)
 
     @property

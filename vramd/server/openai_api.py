@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 from vramd.errors import UsageError, VramdError
 
-MAX_BODY = 32 << 20          # images travel inside the JSON as base64
 MAX_IMAGES = 8
 MEDIA_MARKER = "<__vramd_media__>"   # where an image sits in a rendered chat prompt
 
@@ -79,12 +78,12 @@ def _number(body: dict, key: str, default, lo=None, hi=None, integer=False):
 
 def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationRequest:
     """Validate a request body; every problem is a UsageError (400) or NotFound (404)."""
-    if len(raw) > MAX_BODY:
-        raise UsageError(f"request body over {MAX_BODY} bytes")
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as e:
         raise UsageError(f"request body is not JSON: {e}") from None
+    except RecursionError:
+        raise UsageError("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise UsageError("request body must be a JSON object")
     model = body.get("model")
