@@ -220,4 +220,17 @@ def test_request_limits_refuse_oversize_chunked_and_slow_requests(arena, llama, 
         t.join(60)
     assert len(cut_after) == 8 and max(cut_after) < 10, cut_after
     assert get(endpoint(d) + "/health")[0] == 200
+
+    # At most 64 connections at once: the next is told so (503) and closed.
+    held = [socket.create_connection((host, int(port))) for _ in range(64)]
+    try:
+        reply = raw(d, b"GET /health HTTP/1.1\r\n\r\n")
+        assert status_of(reply) == 503 and "more than 64 connections" in error_of(reply)["message"]
+    finally:
+        for s in held:
+            s.close()
+    wait_until_ok = time.monotonic() + 10
+    while get(endpoint(d) + "/health")[0] != 200:
+        assert time.monotonic() < wait_until_ok
+        time.sleep(0.1)
     assert d.proc.poll() is None
