@@ -95,7 +95,7 @@ def ask_daemons(report: dict) -> dict:
         row["device_total"] = sum(row["device_bytes"].values())
         row["host_total"] = sum(row["host_bytes"].values())
         row["daemon"] = {k: live.get(k) for k in ("endpoint", "residency", "evict_state", "ctx", "vram_budget",
-                                                   "evictions", "evicted_bytes", "engine")}
+                                                   "evictions", "evicted_bytes", "engine", "device_memory")}
     return report
 
 
@@ -147,6 +147,11 @@ def render_status(r: dict) -> str:
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     lines.append("(* holds the token)")
+    for m in r["members"]:
+        dm = (m.get("daemon") or {}).get("device_memory") or {}
+        if dm.get("foreign_since") is not None:
+            lines.append(f"foreign {m['name']}: {human_bytes(dm['foreign'])} of device memory taken outside the arena "
+                         f"while it held the token ({human_bytes(dm['free'])} free): a GPU user that ignores the token")
     return "\n".join(lines)
 
 

@@ -53,11 +53,16 @@ class DeviceError(VramdError):
     exit_code = 5
 
 
+class InjectedFault(DeviceError):
+    """A failpoint's `raise` (vramd/failpoints.py, tests only): a step failed on purpose."""
+
+
 class OutOfDeviceMemory(DeviceError):
     """A device allocation did not fit; nothing was lost, the model stays cold."""
 
     exit_code = 6
     http_status = 503
+    retry_after = 5  # seconds, the HTTP Retry-After of the 503: memory held by others may come back
 
 
 class ModelError(VramdError):

@@ -173,7 +173,23 @@ struct vramd_region {
     uint32_t n_blocks;
     void *shadow_base;          /* mmap of the whole shadow when imported */
     uint64_t shadow_bytes, bytes;
+    /* The shadow's standing: valid while it holds a complete copy (as
+     * loaded, or as of the last completed eviction: generation counts
+     * those); cleared while an eviction copy is in flight and left cleared
+     * if one fails mid-copy (the region then stays resident: its device
+     * copy is the only good one, and a restore refuses the shadow). */
+    int shadow_valid;
+    uint64_t shadow_generation;
 };
+
+/* Failpoints (native/src/failpoint.c): the names are vramd/failpoints.py's.
+ * Unarmed, VRAMD_FAILPOINT costs one load and a branch predicted not taken;
+ * armed, it may SIGKILL the process or return an error status. */
+enum { VRAMD_FP_RESTORE_MID, VRAMD_FP_EVICT_MID, VRAMD_FP_EVICT_COPIED, VRAMD_FP_RELEASE_MID, VRAMD_FP_COUNT };
+extern int vramd_fp_armed;
+int vramd_failpoint_hit(int id);
+#define VRAMD_FAILPOINT(id) \
+    (__builtin_expect(__atomic_load_n(&vramd_fp_armed, __ATOMIC_RELAXED) != 0, 0) ? vramd_failpoint_hit(id) : VRAMD_OK)
 
 /* errors */
 int vramd_fail(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

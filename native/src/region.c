@@ -187,6 +187,7 @@ int vramd_region_seal(vramd_region *r) {
         }
     }
     r->sealed = 1;
+    r->shadow_valid = has_shadow(r);
     return VRAMD_OK;
 }
 
@@ -211,6 +212,8 @@ int vramd_region_info_get(vramd_region *r, vramd_region_info *out) {
     out->bytes = r->bytes;
     out->device_bytes = device_held(r);
     out->host_bytes = r->shadow_bytes;
+    out->shadow_generation = r->shadow_generation;
+    out->shadow_valid = (uint32_t)r->shadow_valid;
     return VRAMD_OK;
 }
 
@@ -308,7 +311,14 @@ static int take_block(alloc_job *j, uint32_t i, uint64_t *wait_ns) {
  * (small: see the ramp in vramd_region_seal) block exists. */
 static int restore_list(vramd_ctx *ctx, vramd_region **rs, uint32_t n) {
     uint32_t total = 0;
-    for (uint32_t i = 0; i < n; i++) total += rs[i]->n_blocks;
+    for (uint32_t i = 0; i < n; i++) {
+        /* Never upload a shadow an eviction left half-written (that region
+         * stayed resident, so this is a caller's error, but a cheap check). */
+        if (has_shadow(rs[i]) && !rs[i]->shadow_valid)
+            return vramd_fail(VRAMD_ERR_USAGE, "region '%s': its shadow is incomplete (an eviction failed "
+                              "mid-copy); its device copy is the only good one", rs[i]->name);
+        total += rs[i]->n_blocks;
+    }
     vramd_block **blocks = malloc(total * sizeof *blocks);
     uint8_t *ready = calloc(total, 1);
     vramd_region **owner = malloc(total * sizeof *owner);
@@ -344,6 +354,8 @@ static int restore_list(vramd_ctx *ctx, vramd_region **rs, uint32_t n) {
     ctx->stats.restore_stall_ns = 0;
     int rc = VRAMD_OK;
     for (uint32_t i = 0; i < total && !rc; i++) {
+        /* Half the blocks are uploading, the rest not yet allocated. */
+        if (total > 1 && i == total / 2 && (rc = VRAMD_FAILPOINT(VRAMD_FP_RESTORE_MID))) break;
         if (take_block(&job, i, &t_wait)) {
             rc = job.fail_rc ? job.fail_rc : VRAMD_ERR_DEVICE;
             break;
@@ -442,8 +454,14 @@ static int release_list(vramd_ctx *ctx, vramd_region **rs, uint32_t n) {
     if (rc) return rc;
 
     /* State: one submission with every block's device->host copy, so the
-     * engine streams at the link rate; only then is device memory freed. */
+     * engine streams at the link rate; only then is device memory freed.
+     * The shadow is marked incomplete while the copy runs and complete (a
+     * new generation) once it is done, so it is always either the previous
+     * complete copy or the new one, never a mix that anyone would use. */
     uint64_t evict_bytes = 0;
+    uint32_t state_blocks = 0, recorded = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (rs[i]->kind == VRAMD_KIND_STATE) state_blocks += rs[i]->n_blocks;
     vramd_slot *s = NULL;
     for (uint32_t i = 0; i < n; i++) {
         vramd_region *r = rs[i];
@@ -453,6 +471,9 @@ static int release_list(vramd_ctx *ctx, vramd_region **rs, uint32_t n) {
             VkBufferCopy c = {.srcOffset = 0, .dstOffset = 0, .size = r->blocks[b].size};
             ctx->vk.vkCmdCopyBuffer(s->cmd, r->blocks[b].dev.buffer, r->blocks[b].shadow_buffer, 1, &c);
             evict_bytes += r->blocks[b].size;
+            /* Half the copies recorded, nothing submitted: the slot is
+             * simply reset by its next user. */
+            if (++recorded == (state_blocks + 1) / 2 && (rc = VRAMD_FAILPOINT(VRAMD_FP_EVICT_MID))) return rc;
         }
     }
     if (s) {
@@ -461,16 +482,35 @@ static int release_list(vramd_ctx *ctx, vramd_region **rs, uint32_t n) {
                               .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
         ctx->vk.vkCmdPipelineBarrier(s->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb,
                                      0, NULL, 0, NULL);
+        for (uint32_t i = 0; i < n; i++)
+            if (rs[i]->kind == VRAMD_KIND_STATE) rs[i]->shadow_valid = 0;
         uint64_t t1 = vramd_now_ns();
         rc = vramd_submit_transfer(ctx, s);
-        if (!rc) rc = vramd_wait_transfers(ctx);
+        if (rc) {
+            /* A failed vkQueueSubmit leaves the resources it names untouched
+             * (Vulkan spec): the shadows are still the previous copy. */
+            for (uint32_t i = 0; i < n; i++)
+                if (rs[i]->kind == VRAMD_KIND_STATE) rs[i]->shadow_valid = 1;
+            return rc;
+        }
+        rc = vramd_wait_transfers(ctx);
         ctx->stats.evict_copy_ns = vramd_now_ns() - t1;
         ctx->stats.evict_bytes = evict_bytes;
-        /* A failed copy keeps the state resident: the device copy is still
-         * the only good one. */
+        /* A failed copy keeps the state resident and its shadow marked
+         * incomplete: the device copy is still the only good one. */
         if (rc) return rc;
+        for (uint32_t i = 0; i < n; i++)
+            if (rs[i]->kind == VRAMD_KIND_STATE) {
+                rs[i]->shadow_valid = 1;
+                rs[i]->shadow_generation++;
+            }
+        /* Copied, nothing freed: device and shadow both hold the state. */
+        if ((rc = VRAMD_FAILPOINT(VRAMD_FP_EVICT_COPIED))) return rc;
     }
+    /* Region by region: a failure between two leaves each one either fully
+     * released or fully resident. */
     for (uint32_t i = 0; i < n; i++) {
+        if (n > 1 && i == n / 2 && (rc = VRAMD_FAILPOINT(VRAMD_FP_RELEASE_MID))) return rc;
         for (uint32_t b = 0; b < rs[i]->n_blocks; b++)
             if (rs[i]->blocks[b].dev.memory) vramd_bury(ctx, &rs[i]->blocks[b].dev);
         rs[i]->resident = 0;

@@ -41,6 +41,7 @@ from vramd.arena.members import Member, Registry, empty_breakdown, process_start
 from vramd.arena.queue import Queue
 from vramd.arena.token import Token
 from vramd.errors import Interrupted, Timeout
+from vramd.failpoints import failpoint
 
 log = logging.getLogger("vramd.arbiter")
 
@@ -166,15 +167,29 @@ class Participant:
             doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
             self._publish_unheld()
             raise
-        # A yield flag left by a warden decision that raced our last go_cold
-        # belongs to the previous hold: start this one clean.
-        self._yield_wanted.clear()
-        self._warm_since_wall = time.time()
-        doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
+        # From here we hold the token: whatever fails before we are warm
+        # (the restore, or anything around it) drops it again.
+        restored = False
         try:
+            failpoint("warm.after_token")
+            # A yield flag left by a warden decision that raced our last go_cold
+            # belongs to the previous hold: start this one clean.
+            self._yield_wanted.clear()
+            self._warm_since_wall = time.time()
+            doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
             moved = self._restore() if self._restore else None
+            restored = True
+            failpoint("warm.restored")
         except BaseException:
             try:
+                if restored and self._release is not None:
+                    # Restored, then failed: go cold as a yield would (what our
+                    # release policy keeps stays, parked and published).
+                    try:
+                        self._release()
+                    except Exception as e:
+                        log.error("%s: releasing after a failed warm-up failed: %s", self.member.name, e)
+                doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
                 self._publish_unheld()  # before the token goes: the next holder reads it
             finally:
                 self.token.release()
@@ -198,6 +213,7 @@ class Participant:
                 self._raise_not_acquired(timeout, cancel)
             # First in line: ask whoever holds the token to yield.
             doorbell.ring(self.arena.doorbell_dir, self.pid)
+            failpoint("warm.before_token")
             if not self._acquire_ringing(deadline, cancel):
                 self._raise_not_acquired(timeout, cancel)
         finally:
@@ -334,6 +350,7 @@ class Participant:
         finally:
             # Whatever failed above, the token is released: a process that
             # believes it is cold must never keep the GPU from its peers.
+            foreign: set[int] = set()
             try:
                 foreign = self._foreign_waiters()
                 if reason == "yield":
@@ -344,12 +361,13 @@ class Participant:
                 self.member.last_used = time.time()
                 self._publish_unheld()
             except Exception as e:
-                foreign = set()
                 log.error("%s: publishing our record failed while going cold: %s", self.member.name, e)
+            try:
+                failpoint("cold.before_unlock")
             finally:
                 self.token.release()
                 self._yield_wanted.clear()
-            self._foreign_at_release = foreign
+                self._foreign_at_release = foreign
             log.debug("%s: cold (%s)", self.member.name, reason)
 
     def _device_bytes(self) -> int:

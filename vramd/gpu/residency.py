@@ -20,6 +20,7 @@ import contextlib
 
 import numpy as np
 
+from vramd import failpoints
 from vramd.errors import DeviceError, OutOfDeviceMemory, UsageError
 
 try:
@@ -27,6 +28,19 @@ try:
 except ImportError as e:  # pragma: no cover - only on a broken install
     raise DeviceError("the native residency core is not built: run `pip install -e .` "
                       f"(needs gcc and the Vulkan headers, Debian libvulkan-dev): {e}") from e
+
+
+def _arm_native_failpoint(name: str, action: int, at: int) -> None:
+    check(lib.vramd_failpoint_arm(name.encode(), action, at))
+
+
+def native_failpoints() -> list[str]:
+    """The failpoint names the native core knows (vramd/failpoints.py lists them too)."""
+    names = []
+    while (p := lib.vramd_failpoint_name(len(names))) != ffi.NULL:
+        names.append(ffi.string(p).decode())
+    return names
+
 
 KINDS = ("weights", "state", "encoder", "scratch")
 _KIND_INDEX = {k: i for i, k in enumerate(KINDS)}
@@ -52,6 +66,9 @@ def kind_mask(kinds) -> int:
             raise UsageError(f"unknown region kind {k!r}: one of {', '.join(KINDS)}")
         mask |= 1 << _KIND_INDEX[k]
     return mask
+
+
+failpoints.register_native(_arm_native_failpoint)
 
 
 class Tensor:
@@ -140,7 +157,10 @@ class Region:
         check(lib.vramd_region_info_get(self._r, i))
         return {"kind": KINDS[i.kind], "resident": bool(i.resident), "evict": bool(i.evict),
                 "tensors": int(i.n_tensors), "blocks": int(i.n_blocks), "bytes": int(i.bytes),
-                "device": int(i.device_bytes), "host": int(i.host_bytes)}
+                "device": int(i.device_bytes), "host": int(i.host_bytes),
+                # The shadow is the last complete copy (a state region's generation counts the
+                # evictions completed into it); not valid only after an eviction failed mid-copy.
+                "shadow_generation": int(i.shadow_generation), "shadow_valid": bool(i.shadow_valid)}
 
     @property
     def resident(self) -> bool:

@@ -46,6 +46,11 @@ log = logging.getLogger("vramd.daemon")
 
 # A waiter for the GPU that gets no token in this long is told so (503).
 DEFAULT_WAKE_TIMEOUT = 60.0
+# While holding the token, device memory is looked at this often for foreign users (memview.ForeignWatch).
+VRAM_WATCH_INTERVAL = 5.0
+# A restore that the device memory does not hold is looked at again this many times, 0.1 s apart:
+# a driver's budget may lag the frees parked peers just made for us.
+ROOM_CHECKS = 5
 
 
 @dataclass
@@ -93,6 +98,9 @@ class Daemon:
         self._loop: threading.Thread | None = None
         self.started = time.time()
         self._release_everything = False  # set for idle sleep, shutdown, an operator's --release
+        self.vram_watch = None
+        self._vram_lock = threading.Lock()
+        self._vram_sampled = 0.0
 
     # -- set-up ------------------------------------------------------------
 
@@ -126,6 +134,8 @@ class Daemon:
             restore=self._restore, release=self._release, breakdown=self.residency.breakdown,
             on_yield_request=self.poke, on_ring_while_cold=self._ring_while_parked,
             quantum=cfg.quantum, max_hold=cfg.max_hold)
+        from vramd.gpu.memview import ForeignWatch
+        self.vram_watch = ForeignWatch(self.name)
         member = self.participant.member
         member.control = str(self.arena.control_dir / f"{self.name}.sock")
         member.pinned, member.priority, member.budget = cfg.pin, cfg.priority, self._budget()
@@ -204,6 +214,8 @@ class Daemon:
                 raise OutOfDeviceMemory(f"{self.name}: the device budget ({self._budget()} B) is used up by "
                                         "other members' resident buffers")
             self.residency.set_device_limit(room)
+            if need:
+                self._check_device_memory(need)
             try:
                 self.residency.restore(["weights", "state"])
             except OutOfDeviceMemory:
@@ -241,6 +253,43 @@ class Daemon:
         systemd.status("parked: keeps its buffers on the device until a peer needs the room" if parked
                        else "cold: device buffers released")
         return moved
+
+    # -- device memory as the machine sees it (vramd/gpu/memview.py) --------------
+
+    def sample_device_memory(self) -> dict:
+        """Free device memory and what others hold, now; the watchdog looks at it."""
+        from vramd.gpu import memview
+        with self._vram_lock:
+            view = memview.sample(self.device, self.residency)
+            report = self.vram_watch.observe(view, self._others_device_bytes(), self.participant.holds_token)
+            self._vram_sampled = time.monotonic()
+        return report
+
+    def _check_device_memory(self, need: int) -> None:
+        """Refuse a restore the device cannot hold (memory others took): cold, nothing lost, a 503."""
+        for attempt in range(ROOM_CHECKS):
+            report = self.sample_device_memory()
+            if report["free"] >= need:
+                return
+            if attempt + 1 < ROOM_CHECKS:
+                time.sleep(0.1)
+        from vramd.gpu.memview import mib
+        self.metrics.count("restore_failures")
+        msg = (f"{self.name}: not restored: the device has {mib(report['free'])} free and {mib(need)} are needed "
+               f"({report['bound']})")
+        if report["outside_arena"]:
+            msg += (f"; {mib(report['outside_arena'])} are held outside the arena "
+                    "by processes that are not vramd members")
+        log.warning("%s", msg)
+        raise OutOfDeviceMemory(msg + "; the model stays cold with nothing lost: retry when the memory is back")
+
+    def _watch_device_memory(self) -> None:
+        """The loop's periodic look while it holds the token (a foreign user is logged by the watch)."""
+        if self.participant.holds_token and time.monotonic() - self._vram_sampled >= VRAM_WATCH_INTERVAL:
+            try:
+                self.sample_device_memory()
+            except Exception as e:  # a look that fails must not stop the loop
+                log.warning("%s: looking at device memory failed: %s", self.name, e)
 
     def _should_evict_state(self) -> bool:
         policy = self.cfg.evict_state
@@ -378,6 +427,7 @@ class Daemon:
                 return
             if job is not None and job.kind != "poke":
                 self._run(job)
+            self._watch_device_memory()
             try:
                 if job is None or self.jobs.empty():
                     self._idle_point()
@@ -595,11 +645,22 @@ class Daemon:
                 "residency": self.cfg.residency, "pinned": self.cfg.pin, "priority": self.cfg.priority,
                 "evictions": self.metrics.evictions, "evicted_bytes": self.metrics.evicted_bytes,
                 "engine": dict(self.engine.stats) if self.engine else None,
-                "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url}
+                "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url,
+                "device_memory": self._device_memory_status()}
+
+    def _device_memory_status(self) -> dict | None:
+        """A fresh look (status is how an operator asks); the last one if looking fails."""
+        try:
+            return self.sample_device_memory()
+        except Exception as e:
+            log.warning("%s: looking at device memory failed: %s", self.name, e)
+            return self.vram_watch.last if self.vram_watch else None
 
     def render_metrics(self) -> str:
+        from vramd.server.metrics import render_device_memory
         return self.metrics.render(self.name, self.participant.state, self.participant.holds_token,
-                                   self.participant.member.yields, self.residency.breakdown())
+                                   self.participant.member.yields, self.residency.breakdown()) + \
+            render_device_memory(self.name, self.vram_watch.last if self.vram_watch else None)
 
     # -- life and death -------------------------------------------------------------
 
@@ -639,6 +700,7 @@ class Daemon:
             self._ensure_warm(None, cancel=lambda: bool(pending))
             from vramd.engine.runner import Engine
             self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder)
+            self.sample_device_memory()   # while we hold the token: the watchdog's baseline
             self.loaded = True
             self.last_activity = time.monotonic()
             self._loop.start()

@@ -98,5 +98,26 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
+def render_device_memory(name: str, report: dict | None) -> str:
+    """Device memory as the machine sees it (vramd/gpu/memview.py), from the daemon's last look."""
+    if not report:
+        return ""
+    label = f'name="{_escape(name)}",source="{_escape(report["source"])}"'
+    lines = ["# HELP vramd_device_free_bytes Device memory this daemon may still allocate, at its last look.",
+             "# TYPE vramd_device_free_bytes gauge",
+             f"vramd_device_free_bytes{{{label}}} {report['free']}"]
+    if report.get("outside_arena") is not None:
+        lines += ["# HELP vramd_device_outside_arena_bytes Device memory held by processes that are not vramd "
+                  "members, at the last look.",
+                  "# TYPE vramd_device_outside_arena_bytes gauge",
+                  f"vramd_device_outside_arena_bytes{{{label}}} {report['outside_arena']}"]
+    if report.get("foreign") is not None:
+        lines += ["# HELP vramd_device_foreign_bytes Device memory taken outside the arena since this daemon "
+                  "started, seen while it held the token (a GPU user that ignores the token).",
+                  "# TYPE vramd_device_foreign_bytes gauge",
+                  f"vramd_device_foreign_bytes{{{label}}} {report['foreign']}"]
+    return "\n".join(lines) + "\n"
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -105,6 +105,10 @@ typedef struct {
     uint64_t bytes;              /* sum of block sizes (tensors, alignment included) */
     uint64_t device_bytes;       /* device memory held now */
     uint64_t host_bytes;         /* host shadow held */
+    uint64_t shadow_generation;  /* state: evictions completed into the shadow (0: as loaded) */
+    uint32_t shadow_valid;       /* 1: the shadow holds a complete copy; 0: no shadow (scratch), or an
+                                    eviction failed mid-copy and the device copy is the only good one */
+    uint32_t reserved2;
 } vramd_region_info;
 
 typedef struct {
@@ -190,6 +194,16 @@ int vramd_submit_compute(vramd_ctx *ctx, uint64_t command_buffer);
  * in bytes per second are written to gbps[0..3] as h2d_median, d2h_median,
  * h2d_best, d2h_best (GB/s). */
 int vramd_link_probe(vramd_ctx *ctx, uint64_t nbytes, uint32_t reps, double *gbps);
+/* Failpoints: fault injection for tests.  vramd/failpoints.py arms them
+ * from $VRAMD_FAILPOINTS (docs/architecture.md lists every name); unarmed,
+ * each costs one predictable branch.  KILL sends the process SIGKILL, RAISE
+ * makes the call fail with VRAMD_ERR_DEVICE ("failpoint NAME: injected
+ * fault"), LOG prints "vramd: failpoint NAME reached" on stderr at every hit. */
+enum { VRAMD_FP_OFF = 0, VRAMD_FP_KILL = 1, VRAMD_FP_RAISE = 2, VRAMD_FP_LOG = 3 };
+/* Arms `name` to act on its `at`-th hit from now (0 or 1: the first). */
+int vramd_failpoint_arm(const char *name, int action, uint32_t at);
+/* The native failpoints' names by index from 0; NULL past the last. */
+const char *vramd_failpoint_name(uint32_t index);
 /* CDEF END */
 
 #ifdef __cplusplus
