@@ -4,7 +4,9 @@ Owns: `VisionEncoder`, built from an mmproj GGUF (checked by
 vramd/model/mmproj.py): its tensors go into a residency `encoder` region —
 kept in host memory, brought to the device just in time for an encode and
 released right after — and its activations into a `scratch` region freed
-after each encode.  `encode(pixels)` runs inside `session()`:
+after each encode.  `last_phases` holds the times of the last encode's
+restore, graph and release (vramd bench encode reports them).
+`encode(pixels)` runs inside `session()`:
 if the encoder (and its activations) do not fit next to the language model, the backbone
 weights are released first (no copy: their shadow is read-only), the KV
 cache stays, and the encoder is freed before the weights come back, so the
@@ -20,6 +22,7 @@ then the LLaVA MLP projector or Gemma 3's pool + RMSNorm + projection.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
@@ -38,6 +41,10 @@ class VisionEncoder:
         self.path = path
         self.residency = residency
         self.resident = resident   # --mmproj-resident: stays on the device after an encode
+        # The benchmark's: wait for the upload to finish before the graph, so
+        # restore and encode are timed apart (serving overlaps the two).
+        self.wait_for_restore = False
+        self.last_phases: dict = {}
         self.file = mf = validate_gguf(path)
         self.cfg, self.info = cfg, info = load_mmproj(mf)
         self._types = {n: mf.tensor(n).type for n in info.names}
@@ -105,13 +112,16 @@ class VisionEncoder:
         s = self.cfg.image_size
         if pixels.shape != (3, s, s):
             raise ModelError(f"{self.path}: an image must be preprocessed to 3 x {s} x {s}, got {pixels.shape}")
-        with self.session():
+        with self.session() as phases:
+            t0 = time.perf_counter()
             self.act.tensors["img"].write(np.ascontiguousarray(pixels, dtype=np.float32))
             self._graph()
             failpoint("encode.mid")   # the graph is submitted and running
             self.ops.sync()
-            return self.act.tensors["y"].read(np.float32, 0, 4 * self.n_tokens * self.info.n_embd_text) \
+            out = self.act.tensors["y"].read(np.float32, 0, 4 * self.n_tokens * self.info.n_embd_text) \
                 .reshape(self.n_tokens, self.info.n_embd_text).copy()
+            phases["encode_s"] = time.perf_counter() - t0
+            return out
 
     @contextlib.contextmanager
     def session(self):
@@ -121,20 +131,27 @@ class VisionEncoder:
         shadow is read-only) while the KV cache stays; on the way back the
         encoder is freed before the weights return, so the peak stays within
         the budget.  If even that does not fit: the weights come back, the
-        error goes up, and text requests go on as before."""
+        error goes up, and text requests go on as before.
+
+        Yields `last_phases`: restore_s (bringing it in, weights' release
+        included), restore_bytes (what the upload copied: 0 when resident),
+        evicted_weights; release_s (sending it out and the weights back) is
+        added on the way out."""
         res = self.residency
+        phases = self.last_phases = {"evicted_weights": False}
+        t0 = time.perf_counter()
         evicted = False
         try:
-            self._bring_in()
+            copied = self._bring_in()
         except OutOfDeviceMemory:
             self._send_out()
             if not any(r.kind == "weights" and r.resident for r in res.regions):
                 raise
             res.release(["weights"])
             res.drain()
-            evicted = True
+            evicted = phases["evicted_weights"] = True
             try:
-                self._bring_in()
+                copied = self._bring_in()
             except BaseException:  # whatever failed, the encoder leaves and the weights come back
                 self._send_out()
                 res.restore(["weights"])
@@ -142,18 +159,29 @@ class VisionEncoder:
         except BaseException:
             self._send_out()   # a failure other than "does not fit": the encoder does not stay either
             raise
+        if self.wait_for_restore:
+            res.sync()
+        phases["restore_s"] = time.perf_counter() - t0
+        phases["restore_bytes"] = copied
         try:
-            yield
+            yield phases
         finally:
+            t0 = time.perf_counter()
             self.ops.sync()
             if evicted or not self.resident:
                 self._send_out()
             if evicted:
                 res.restore(["weights"])
+            phases["release_s"] = time.perf_counter() - t0
 
-    def _bring_in(self) -> None:
+    def _bring_in(self) -> int:
+        """Returns the bytes the encoder's upload copied (0: it was resident)."""
+        was_resident = self.region.resident
         self.region.restore()
+        # Read now: allocating the scratch below is a restore too, of no bytes.
+        copied = 0 if was_resident else self.residency.stats()["restore_bytes"]
         self.act.tensors["x"].buffer()   # scratch is allocated on first use: use it now, inside the plan
+        return copied
 
     def _send_out(self) -> None:
         self.act.release()
