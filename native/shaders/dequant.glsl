@@ -8,23 +8,15 @@
 // whose low nibbles are elements 0..15 and high nibbles 16..31, value
 // (q - 8) * d (18 bytes).  Byte offsets of f16/bf16 values are even.
 
-//
-// Every weight word is read through WREAD(i) (word i of the weights): the
-// includer may define it first to read elsewhere; matvec.glsl's staged form
-// reads a chunk of rows it copied into shared memory.  Default: w[i].
-#ifndef WREAD
-#define WREAD(i) w[i]
-#endif
-
-uint w_u8(uint b) { return (WREAD(b >> 2) >> ((b & 3u) << 3)) & 0xFFu; }
-uint w_u16(uint b) { return (WREAD(b >> 2) >> ((b & 2u) << 3)) & 0xFFFFu; }
+uint w_u8(uint b) { return (w[b >> 2] >> ((b & 3u) << 3)) & 0xFFu; }
+uint w_u16(uint b) { return (w[b >> 2] >> ((b & 2u) << 3)) & 0xFFFFu; }
 float w_f16(uint b) { return unpackHalf2x16(w_u16(b)).x; }
 float w_bf16(uint b) { return uintBitsToFloat(w_u16(b) << 16); }
-float w_f32(uint b) { return uintBitsToFloat(WREAD(b >> 2)); }
+float w_f32(uint b) { return uintBitsToFloat(w[b >> 2]); }
 // Four bytes starting at an even byte offset.
 uint w_u32a2(uint b) {
     uint i = b >> 2;
-    return (b & 2u) == 0u ? WREAD(i) : ((WREAD(i) >> 16) | (WREAD(i + 1u) << 16));
+    return (b & 2u) == 0u ? w[i] : ((w[i] >> 16) | (w[i + 1u] << 16));
 }
 
 #if defined(NR) && defined(RPW)  // included by matvec.glsl: helpers of its mv_unit hook
@@ -96,7 +88,7 @@ float mv_unit(uint rowb, uint u, uint xb) {
 #endif
     uint wd[NW];
     [[unroll]] for (uint i = 0u; i < NW; i++) {
-        wd[i] = WREAD((b >> 2) + i);
+        wd[i] = w[(b >> 2) + i];
     }
     bool odd = (b & 2u) != 0u;
     float d = unpackHalf2x16(odd ? (wd[0] >> 16) : wd[0]).x;
@@ -116,5 +108,29 @@ float mv_unit(uint rowb, uint u, uint xb) {
     }
 #endif
     return d * s;
+}
+#endif
+
+#if defined(MV_WORDS) && defined(TYPE_Q8_0)
+// matvec.glsl's word-per-thread hook: quant word j (int8 elements 4j..4j+3)
+// of a block.  Blocks sit at 0 or 2 mod 4, alternately, so neighbouring
+// threads disagree: both covering words are loaded (adjacent, one line) and
+// the word picked with a shift instead of a branch.
+#define MW_WPB 8u
+#define MW_WU 4u
+struct MwX { vec4 xa; };
+MwX mw_x(uint blk, uint j, uint xb) {
+    return MwX(xvec4(xb + (blk << 5) + 4u * j));
+}
+float mw_dot(uint rowb, uint blk, uint j, MwX xv) {
+    uint b = rowb + blk * 34u;
+    uint o = b + 2u + 4u * j, i = o >> 2;
+    uint lo = w[i], hi = w[i + 1u], dw = w[b >> 2];
+    uint sh = (o & 2u) << 3;  // 0 or 16
+    int q = int(sh == 0u ? lo : (lo >> 16) | (hi << 16));
+    float d = unpackHalf2x16((b & 2u) == 0u ? dw : dw >> 16).x;
+    vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
+                  bitfieldExtract(q, 24, 8));
+    return d * dot(v, xv.xa);
 }
 #endif

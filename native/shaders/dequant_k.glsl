@@ -4,8 +4,7 @@
 // and `float elem(uint rowb, uint c)` (element c of the row whose first byte
 // is rowb), on top of dequant.glsl's byte readers (w_u8, w_f16, w_u32a2).
 //
-// BLOCK_ELEMS / BLOCK_BYTES name the block (matvec.glsl's staged form
-// copies whole blocks).
+// BLOCK_ELEMS / BLOCK_BYTES name the block.
 //
 // Included by matvec.glsl (recognized by its NR and RPW), these types also
 // define MV_UNIT and mv_unit() (matvec.glsl's faster hook): a lane decodes a
@@ -197,12 +196,12 @@ float mv_unit(uint rowb, uint u, uint xb) {
     if ((rowb & 3u) == 0u) {
         uint wb = b >> 2;
         [[unroll]] for (uint i = 0u; i < 4u; i++) {
-            hd[i] = WREAD(wb + i);
+            hd[i] = w[wb + i];
         }
         [[unroll]] for (uint i = 0u; i < 8u; i++) {
-            qw[i] = WREAD(wb + QS / 4u + 8u * j + i);
+            qw[i] = w[wb + QS / 4u + 8u * j + i];
 #if defined(TYPE_Q5_K)
-            hw[i] = WREAD(wb + 4u + i);
+            hw[i] = w[wb + 4u + i];
 #endif
         }
     } else {
@@ -263,6 +262,72 @@ float mv_unit(uint rowb, uint u, uint xb) {
         s += float(ka) * sa + float(kb) * sbb;
     }
     return d * s;
+}
+#endif
+
+#if defined(MV_WORDS) && defined(TYPE_Q4_K)
+// matvec.glsl's hook: unit j (0..7) of a block is qs bytes 16j .. 16j+15,
+// half h = j % 2 of 32-byte group g = j / 2: low nibbles are elements
+// 64g + 16h + 0..15 (sub-block 2g), high ones 32 further (2g + 1).  The
+// kernel runs only on rows that start on 16 bytes, and 144-byte blocks keep
+// that: the header and the unit are one uvec4 load each.
+#define MW_WPB 8u
+#define MW_WU 1u
+struct MwX { vec4 lo[4]; vec4 hi[4]; float slo; float shi; };
+MwX mw_x(uint blk, uint j, uint xb) {
+    uint c = xb + (blk << 8) + ((j >> 1) << 6) + ((j & 1u) << 4);
+    MwX v;
+    v.slo = 0.0;
+    v.shi = 0.0;
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        v.lo[i] = xvec4(c + 4u * i);
+        v.hi[i] = xvec4(c + 32u + 4u * i);
+        v.slo += dot(v.lo[i], vec4(1.0));
+        v.shi += dot(v.hi[i], vec4(1.0));
+    }
+    return v;
+}
+float mw_dot(uint rowb, uint blk, uint j, MwX xv) {
+    uint b4 = (rowb >> 4) + blk * 9u;  // 144 bytes = 9 uvec4s
+    uvec4 hd = w4[b4], q = w4[b4 + 1u + j];
+    uint g = j >> 1;
+    vec2 dm = unpackHalf2x16(hd.x);
+    float sc0, mn0, sc1, mn1;
+    k4_sm(hd.y, hd.z, hd.w, 2u * g, sc0, mn0);
+    k4_sm(hd.y, hd.z, hd.w, 2u * g + 1u, sc1, mn1);
+    float sl = dot(nib_lo(q.x), xv.lo[0]) + dot(nib_lo(q.y), xv.lo[1]) + dot(nib_lo(q.z), xv.lo[2])
+             + dot(nib_lo(q.w), xv.lo[3]);
+    float sh = dot(nib_hi(q.x), xv.hi[0]) + dot(nib_hi(q.y), xv.hi[1]) + dot(nib_hi(q.z), xv.hi[2])
+             + dot(nib_hi(q.w), xv.hi[3]);
+    return dm.x * (sc0 * sl + sc1 * sh) - dm.y * (mn0 * xv.slo + mn1 * xv.shi);
+}
+#elif defined(MV_WORDS) && defined(TYPE_Q6_K)
+// matvec.glsl's word-per-lane hook: ql word j (0..31) of a block: half
+// n = j / 16, bytes l = 4(j % 16) .. +3 of the half's 64 ql bytes; with
+// lo = l / 32 and m = l % 32, low nibbles are group lo (elements 32 lo + m
+// of the half), high ones group lo + 2 (64 further); their upper two bits
+// are bits 2 lo and 2 lo + 4 of qh[32n + m ..]; scales one per 16 elements.
+#define MW_WPB 32u
+#define MW_WU 2u
+struct MwX { vec4 xa; vec4 xh; };
+MwX mw_x(uint blk, uint j, uint xb) {
+    uint l = 4u * (j & 15u);
+    uint c = xb + (blk << 8) + ((j >> 4) << 7) + ((l >> 5) << 5) + (l & 31u);
+    return MwX(xvec4(c), xvec4(c + 64u));
+}
+float mw_dot(uint rowb, uint blk, uint j, MwX xv) {
+    vec4 xa = xv.xa, xh = xv.xh;
+    uint b = rowb + blk * 210u;
+    uint n = j >> 4, l = 4u * (j & 15u);
+    uint lo = l >> 5, m = l & 31u;
+    uint q = w_u32a2(b + (n << 6) + l);
+    uint h = w_u32a2(b + 128u + (n << 5) + m);
+    uint sa = 2u * lo, sb = 2u * lo + 4u;
+    vec4 va = nib_lo(q) + 16.0 * vec4((h >> sa) & 3u, (h >> (sa + 8u)) & 3u, (h >> (sa + 16u)) & 3u, (h >> (sa + 24u)) & 3u);
+    vec4 vb = nib_hi(q) + 16.0 * vec4((h >> sb) & 3u, (h >> (sb + 8u)) & 3u, (h >> (sb + 16u)) & 3u, (h >> (sb + 24u)) & 3u);
+    uint sc = b + 192u + (n << 3) + 2u * lo + (m >> 4);
+    int ka = int(w_u8(sc) << 24) >> 24, kb = int(w_u8(sc + 4u) << 24) >> 24;
+    return w_f16(b + 208u) * (float(ka) * dot(va - 32.0, xa) + float(kb) * dot(vb - 32.0, xh));
 }
 #endif
 #endif  // matvec.glsl

@@ -26,27 +26,43 @@
 // time).  The fast form: also define MV_UNIT (elements per unit, a block or
 // a part of one; cols is a multiple of it) and
 //     float mv_unit(uint rowb, uint u, uint xb)
-// returning sum_e W[row, u * MV_UNIT + e] * x[xb + u * MV_UNIT + e], reading
-// weight words through WREAD (dequant.glsl); lanes stride over the units.
+// returning sum_e W[row, u * MV_UNIT + e] * x[xb + u * MV_UNIT + e]; lanes
+// stride over the units of a row.  mv_unit reads x through x[] or xvec4().
 //
-// Staged (MV_STAGED, the matvec_s_<type> kernels; Ops uses them when rows
-// start on 16 bytes and are a multiple of 16 bytes long, i.e. nearly
-// always).  Quant blocks are 18-210 bytes, so a lane decoding a block reads
-// words 18-210 bytes from its neighbours' and each warp-wide load touches
-// ~9-32 cache lines for 128 useful bytes: on the H200 that capped Q8_0 at
-// ~1.5 TB/s and Q4_K at ~0.46 TB/s while F16's 16-byte coalesced loads
-// reached 3.7.  Here a subgroup first copies a chunk of whole blocks of its
-// NR rows into shared memory with coalesced uvec4 loads (LU in flight per
-// lane per row), then decodes from there with mv_unit (WREAD = the staged
-// word); a chunk is a whole number of blocks whose bytes are a multiple of
-// 16, at most STG_ROW uvec4s a row, and a row's chunks are balanced.
+// A word per lane (MV_WORDS, the matvec_w_<type> kernels for Q8_0, Q4_K and
+// Q6_K; Ops uses them when rows start on 16 bytes and are a multiple of 16
+// bytes long, i.e. nearly always).  Quant blocks are 34-210 bytes: a lane
+// decoding a whole block (mv_unit) reads words a block apart from its
+// neighbours', so each warp-wide load touches ~9-32 cache lines for 128
+// useful bytes, and x (4 bytes an element) is read again for each row: on
+// the H200 that held Q8_0 to 1.5 TB/s and Q4_K to 0.46 while F16's 16-byte
+// coalesced loads reached 3.7.  Here lane l takes quant word l of the row
+// (4 int8 or 8 nibbles: neighbouring lanes, neighbouring words: one warp
+// load reads 128 contiguous bytes), the block header is the same for 8-32
+// neighbouring lanes (one broadcast), and the x values a word multiplies
+// are loaded once for NR = 4 rows; a work group's 128 threads share a row.
+// Q4_K goes further: a thread takes 16 bytes of quants (32 elements), one
+// uvec4 load, with the block header (one uvec4, the same for 8 threads).
+// The type defines MW_WPB (units of a thread per block: a quant word, or
+// 16 bytes for Q4_K), MW_WU (units a thread has in flight: enough to cover
+// the latency, few enough that 4096-column rows waste none), a struct MwX (the x values a unit multiplies, and
+// anything derived from x alone, e.g. their sum) and
+//     MwX mw_x(uint blk, uint j, uint xb)
+//     float mw_dot(uint rowb, uint blk, uint j, MwX xv)
+// unit j of block blk: its x values, and that unit of the row at byte
+// rowb dotted with them, scales applied.
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 layout(local_size_x = 128) in;
 #define WG 128u
-#define NR 2u     // rows a subgroup computes together (they share x loads)
-#define RPW 8u    // rows per work group (Ops: _MATVEC_ROWS)
+#ifdef MV_WORDS
+#define NR 4u     // rows a work group computes together (they share x loads)
+#define RPW 4u    // rows per work group (Ops: _MATVEC_ROWS_W)
+#else
+#define NR 2u
+#define RPW 8u    // (Ops: _MATVEC_ROWS)
+#endif
 #define UNROLL 4u // vector loads in flight per row per lane (float types)
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
@@ -65,17 +81,6 @@ layout(push_constant) uniform Params {
     uint y_off;     // float offset of Y[0, row 0] in binding 2
     uint y_stride;  // floats from Y[t, 0] to Y[t + 1, 0]
 } p;
-
-#ifdef MV_STAGED
-// Only the first RPW / NR subgroups work (see main), so the stage is cut in
-// that many parts: 32 KiB in all (lavapipe's limit; NVIDIA's is 48 KiB).
-#define STG_VEC4 2048u
-#define STG_ROW (STG_VEC4 / RPW)  // uvec4s of one row's chunk (4 KiB)
-#define LU 8u                      // uvec4 loads in flight per lane per row
-shared uvec4 stg[STG_VEC4];
-uint stg_word(uint i) { return stg[i >> 2][i & 3u]; }
-#define WREAD(i) stg_word(i)
-#endif
 
 #include "dequant.glsl"
 
@@ -177,51 +182,67 @@ void dot_rows(uint rowb[NR], uint xb, uint lane, uint sg, inout float acc[NR]) {
 #endif
 }
 
-#ifdef MV_STAGED
-// dot_rows for staged kernels: subgroup g (< RPW / NR) owns stg[g * NR *
-// STG_ROW ...].  Everything but the lane indices is subgroup-uniform.
-void dot_rows_staged(uint rowb[NR], uint xb, uint lane, uint sg, uint g, inout float acc[NR]) {
-    const uint gran = 16u >> min(findLSB(BLOCK_BYTES), 4);  // blocks whose bytes are a multiple of 16
-    uint nb = p.cols / BLOCK_ELEMS;
-    uint cap = (STG_ROW * 16u) / (gran * BLOCK_BYTES) * gran;  // blocks a chunk may hold
-    uint nch = (nb + cap - 1u) / cap;
-    uint per = ((nb + nch - 1u) / nch + gran - 1u) / gran * gran;  // blocks per chunk, balanced
-    uint base = g * NR * STG_ROW;
-    for (uint b0 = 0u; b0 < nb; b0 += per) {
-        uint n = min(per, nb - b0);
-        uint nv = n * BLOCK_BYTES / 16u;  // a multiple of 16 bytes: whole granules, or the row's end
-        subgroupBarrier();  // every lane is done reading the previous chunk
-        for (uint i0 = 0u; i0 < nv; i0 += LU * sg) {
-            uvec4 t[NR][LU];
+#ifdef MV_WORDS
+shared float part[NR][WG];  // per-subgroup sums (at most WG subgroups)
+
+// main for matvec_w_<type>: the whole work group on NR rows, its threads
+// striding over their units, MW_WU units a trip, all loads of a trip
+// before any arithmetic (branch-free: a word past the end is recomputed and
+// counted as 0).  Splitting a row over 128 threads rather than one
+// subgroup keeps short matrices (1024 x 4096: 256 groups) from leaving the
+// GPU waiting on a few long chains of loads.  Subgroup sums meet in shared
+// memory.
+void matvec_words() {
+    uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint t = gl_WorkGroupID.z;
+    uint xb = p.x_off + t * p.x_stride;
+    x_aligned = (xb & 3u) == 0u;
+    uint r0 = wg * RPW;
+    if (r0 >= p.rows) {
+        return;  // the whole group: uniform
+    }
+    uint rowb[NR];
+    float acc[NR];
+    [[unroll]] for (uint k = 0u; k < NR; k++) {
+        rowb[k] = p.w_off + min(r0 + k, p.rows - 1u) * ROW_BYTES(p.cols);  // past the end: the last row again
+        acc[k] = 0.0;
+    }
+    uint nw = (p.cols / BLOCK_ELEMS) * MW_WPB;
+    for (uint w0 = gl_LocalInvocationID.x; w0 < nw; w0 += MW_WU * WG) {
+        [[unroll]] for (uint u = 0u; u < MW_WU; u++) {
+            uint wi = w0 + u * WG;
+            float keep = wi < nw ? 1.0 : 0.0;
+            wi = min(wi, nw - 1u);
+            uint blk = wi / MW_WPB, j = wi % MW_WPB;
+            MwX xv = mw_x(blk, j, xb);
             [[unroll]] for (uint k = 0u; k < NR; k++) {
-                uint v0 = (rowb[k] + b0 * BLOCK_BYTES) >> 4;
-                [[unroll]] for (uint u = 0u; u < LU; u++) {
-                    t[k][u] = w4[v0 + min(i0 + u * sg + lane, nv - 1u)];  // clamped: unconditional
-                }
-            }
-            [[unroll]] for (uint k = 0u; k < NR; k++) {
-                [[unroll]] for (uint u = 0u; u < LU; u++) {
-                    uint i = i0 + u * sg + lane;
-                    if (i < nv) {
-                        stg[base + k * STG_ROW + i] = t[k][u];
-                    }
-                }
-            }
-        }
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        uint nu = n * (BLOCK_ELEMS / MV_UNIT);
-        uint xc = xb + b0 * BLOCK_ELEMS;
-        for (uint u = lane; u < nu; u += sg) {
-            [[unroll]] for (uint k = 0u; k < NR; k++) {
-                acc[k] += mv_unit((base + k * STG_ROW) << 4, u, xc);
+                acc[k] += keep * mw_dot(rowb[k], blk, j, xv);
             }
         }
+    }
+    [[unroll]] for (uint k = 0u; k < NR; k++) {
+        float s = subgroupAdd(acc[k]);
+        if (subgroupElect()) {
+            part[k][gl_SubgroupID] = s;
+        }
+    }
+    barrier();
+    uint k = gl_LocalInvocationID.x;
+    if (k < NR && r0 + k < p.rows) {
+        float s = 0.0;
+        for (uint i = 0u; i < gl_NumSubgroups; i++) {
+            s += part[k][i];
+        }
+        y[p.y_off + t * p.y_stride + r0 + k] = s;
     }
 }
 #endif
 
 void main() {
+#ifdef MV_WORDS
+    matvec_words();
+    return;
+#endif
     uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint t = gl_WorkGroupID.z;
     uint xb = p.x_off + t * p.x_stride;
@@ -242,11 +263,7 @@ void main() {
             rowb[k] = p.w_off + min(r0 + k, p.rows - 1u) * rb;  // past the end: recompute the last row
             acc[k] = 0.0;
         }
-#ifdef MV_STAGED
-        dot_rows_staged(rowb, xb, lane, sg, g, acc);
-#else
         dot_rows(rowb, xb, lane, sg, acc);
-#endif
         [[unroll]] for (uint k = 0u; k < NR; k++) {
             float s = subgroupAdd(acc[k]);
             if (lane == 0u && r0 + k < p.rows) {

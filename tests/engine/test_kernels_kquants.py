@@ -130,17 +130,17 @@ def test_matvec_alignments(ops, bufs, rng, qtype, x_off, w_off, n_tokens):
     run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens, x_off, w_off)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("cols", [2048, 14336], ids=["one-chunk", "chunks"])
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [11, 16, 37])
+@pytest.mark.parametrize("cols", [2048, 14336])
 @pytest.mark.parametrize("x_off,n_tokens", [(0, 1), (1, 2)], ids=["x-aligned", "x-unaligned"])
-def test_matvec_staged(ops, bufs, rng, qtype, cols, x_off, n_tokens):
-    """Rows a multiple of 16 bytes long, on 16 bytes: decode's matvec_s_<type>
-    (blocks staged through shared memory, matvec.glsl).  14336 columns take
-    several chunks a row, the last one shorter (Q6_K: 16, 16, 16, 8 blocks)."""
-    raw, w = blocks(rng, qtype, 11, cols)
+def test_matvec_words(ops, bufs, rng, qtype, rows, cols, x_off, n_tokens):
+    """Rows a multiple of 16 bytes long, on 16 bytes: decode's matvec_w_<type>
+    (a quant word per thread, 4 rows a work group: matvec.glsl)."""
+    raw, w = blocks(rng, qtype, rows, cols)
     assert raw.shape[1] % 16 == 0
     run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens, x_off, 0)
-    assert f"matvec_s_{qtype.name.lower()}" in ops._kernels  # the staged kernel is the one that ran
+    assert f"matvec_w_{qtype.name.lower()}" in ops._kernels  # the word-per-lane kernel is the one that ran
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

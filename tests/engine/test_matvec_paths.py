@@ -6,8 +6,8 @@ the other ones: rows and x 16-byte aligned, read as uvec4/vec4.  Here both,
 on the same data: every row count around the work group's 8 rows (2 per
 subgroup), x aligned or not per token (x_stride), the weight rows aligned or
 not (a view starting 8 bytes into its tensor), several tokens (work-group z).
-Q8_0 and Q4_0 rows of 512 columns are 544 and 288 bytes: aligned, they take
-the staged kernels (matvec_s_<type>), 8 bytes off, the direct ones.
+Q8_0 rows of 512 columns are 544 bytes: aligned, they take matvec_w_q8_0
+(a quant word per lane), 8 bytes off, matvec_q8_0.
 """
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 37])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 17, 37])
 @pytest.mark.parametrize("x_pad", [0, 4, 1], ids=["x-aligned", "x-stride-aligned", "x-unaligned"])
 @pytest.mark.parametrize("w_skip", [0, 8], ids=["w-aligned", "w-plus-8"])
 def test_matvec_paths(ops, bufs, rng, qtype, rows, x_pad, w_skip):

@@ -64,8 +64,9 @@ _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm
 
 _MATMUL_ROWS, _MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
 _MATVEC_ROWS = 8          # rows per matvec_<type> work group (RPW in matvec.glsl)
-# quantized types with a staged matvec (matvec_s_<type>: blocks copied to shared memory first)
-_STAGED_TYPES = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"}
+# types with a word-per-lane decode matvec (matvec_w_<type>, matvec.glsl's MV_WORDS)
+_WORD_TYPES = {"q8_0", "q4_k", "q6_k"}
+_MATVEC_ROWS_W = 4        # rows per matvec_w_<type> work group (RPW there)
 _MATMUL_FROM = 4          # n_tokens from which the tiled form is used (matvec_<type> below)
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
@@ -353,12 +354,13 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
         k = self._kernel(("matmul_" if tiled else "matvec_") + w.suffix, "matvec")
-        staged = not tiled and w.suffix in _STAGED_TYPES and w.row_bytes % 16 == 0
+        words = not tiled and w.suffix in _WORD_TYPES and w.row_bytes % 16 == 0
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
-            if staged and wo % 16 == 0:  # matvec.glsl's MV_STAGED form: rows on 16 bytes
-                k = self._kernel("matvec_s_" + w.suffix, "matvec")
+            per_group = _MATMUL_ROWS if tiled else _MATVEC_ROWS
+            if words and wo % 16 == 0:  # matvec.glsl's MV_WORDS form: rows on 16 bytes
+                k, per_group = self._kernel("matvec_w_" + w.suffix, "matvec"), _MATVEC_ROWS_W
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
-            gx, gy = grid(-(-n // (_MATMUL_ROWS if tiled else _MATVEC_ROWS)), self.max_groups)
+            gx, gy = grid(-(-n // per_group), self.max_groups)
             self._dispatch(k, [wv, xv, yv], push, (gx, gy, gz), label=f"{k.name} {w.rows}x{w.cols}",
                            nbytes=n * w.row_bytes)
 

@@ -1,7 +1,0 @@
-// matvec with Q4_0 weights, staged through shared memory (decode, rows
-// 16-byte aligned): see matvec.glsl.
-#version 450
-#extension GL_GOOGLE_include_directive : require
-#define TYPE_Q4_0
-#define MV_STAGED
-#include "matvec.glsl"

@@ -1,0 +1,7 @@
+// matvec with Q6_K weights, a quant word per lane (decode, rows 16-byte
+// aligned): see matvec.glsl.
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#define TYPE_Q6_K
+#define MV_WORDS
+#include "matvec.glsl"
