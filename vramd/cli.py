@@ -364,7 +364,7 @@ def plan(model, n_cpu_moe, vram_budget, ctx, as_json):
     if as_json:
         click.echo(json.dumps(p.to_json(), indent=2))
         return
-    width = max(len(t["name"]) for t in p.tensors)
+    width = max((len(t["name"]) for t in p.tensors), default=0)  # a file may hold no tensors
     for t in p.tensors:
         click.echo(f"{t['name']:<{width}}  {t['placement']:6s}  {human_bytes(t['bytes']):>10}")
     click.echo(f"\n--n-cpu-moe {p.n_cpu_moe:g}: device {human_bytes(p.device_bytes)} (weights "

@@ -34,6 +34,10 @@ from vramd.errors import ModelError, UsageError
 
 MAX_OUTPUT_CHARS = 16 << 20       # far above any context window's worth of text
 MAX_REPEAT_CHARS = 1 << 20        # "x" * n and [..] * n inside a template
+# A template's source: compiling costs ~10 us a character on a slow core, so a file's
+# 16 MiB string would take minutes at load; real templates are a few KiB (the longest
+# known, with tool-calling sections, tens of KiB).
+MAX_TEMPLATE_CHARS = 1 << 18
 
 # --- default templates (used when the file carries none) --------------------------------
 
@@ -183,12 +187,18 @@ class ChatTemplate:
         self.name = name                      # "file", or the default's name
         self.bos_token = bos_token
         self.eos_token = eos_token
+        if len(source) > MAX_TEMPLATE_CHARS:
+            raise ModelError(f"the chat template has {len(source)} characters, more than the "
+                             f"limit {MAX_TEMPLATE_CHARS}")
         try:
             self._template = _environment().from_string(source)
         except TemplateError as exc:
             where = f" (line {exc.lineno})" if getattr(exc, "lineno", None) else ""
             raise ModelError(f"the chat template does not compile{where}: "
                              f"{_one_line(exc)}") from None
+        except RecursionError:  # Jinja's parser and Python's compiler recurse on nesting
+            raise ModelError("the chat template does not compile: expressions or blocks "
+                             "nested too deeply") from None
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any], tokenizer) -> "ChatTemplate":

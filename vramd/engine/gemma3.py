@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vramd.engine.llama import MAX_BATCH, metadata_getter
+from vramd.engine.llama import MAX_BATCH, metadata_getter, rope_scale_factor, shown, vocab_size
 from vramd.engine.ops import Ops, Weight, view
 from vramd.errors import ModelError
 from vramd.gpu.kernels import HostBuffer
@@ -124,11 +124,11 @@ class Gemma3Config:
             raise ModelError(f"{mf.path}: {n_head} heads are not a multiple of {n_head_kv} KV heads")
         scaling = md.get(f"{arch}.rope.scaling.type", "linear")
         if scaling not in ("none", "linear"):
-            raise ModelError(f"{mf.path}: RoPE scaling {scaling!r} is not supported (none, linear)")
-        factor = md.get(f"{arch}.rope.scaling.factor", md.get(f"{arch}.rope.scale_linear", 0.0)) or 0.0
+            raise ModelError(f"{mf.path}: RoPE scaling {shown(scaling)} is not supported (none, linear)")
+        factor = rope_scale_factor(mf)
         window = md.get(f"{arch}.attention.sliding_window", 0) or 0
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-            raise ModelError(f"{mf.path}: {arch}.attention.sliding_window = {window!r} is not a size")
+            raise ModelError(f"{mf.path}: {arch}.attention.sliding_window = {shown(window)} is not a size")
         swa = tuple(window > 0 and i % SWA_PATTERN < SWA_PATTERN - 1 for i in range(n_layer))
         softcap = float(get("final_logit_softcapping", 0.0, kind=float))
         if softcap < 0:
@@ -136,14 +136,12 @@ class Gemma3Config:
         # llama.cpp: 1/sqrt(n_embd / n_head) for the 27B (62 layers), else 1/sqrt(head_dim_k).
         attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_k)
         names = {t.name for t in mf.tensors}
-        if "token_embd.weight" not in names:
-            raise ModelError(f"{mf.path}: no token_embd.weight")
-        emb = mf.tensor("token_embd.weight")
+        n_vocab = vocab_size(mf)
         n_rot = get("rope.dimension_count", head_k)
         if n_rot % 2 or n_rot > head_k:
             raise ModelError(f"{mf.path}: rope.dimension_count {n_rot} does not fit head_dim {head_k}")
         return cls(arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-                   head_dim=head_k, n_ff=get("feed_forward_length"), n_vocab=emb.shape[1],
+                   head_dim=head_k, n_ff=get("feed_forward_length"), n_vocab=n_vocab,
                    eps=float(get("attention.layer_norm_rms_epsilon", kind=float)), n_rot=n_rot,
                    rope_base=float(get("rope.freq_base", 10000.0, kind=float)),
                    rope_scale=1.0 / factor if factor and scaling == "linear" else 1.0,

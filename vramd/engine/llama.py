@@ -38,21 +38,61 @@ ARCHITECTURES = {"llama": False, "qwen2": True}   # architecture -> NeoX RoPE or
 MAX_BATCH = 256                                   # tokens per prefill chunk
 
 
+# Upper bound of every integer hyper-parameter read through metadata_getter: far above
+# real models (the widest FFNs are ~10^5), and low enough that no buffer size
+# computed from a few of them (KV cache, scratch) can overflow 64 bits.
+MAX_HPARAM = 1 << 20
+_MAX_HPARAM_BY_KEY = {"block_count": 1 << 12}   # as vramd.model.gguf_check bounds it
+
+
+def shown(value) -> str:
+    """repr(value), cut short: a metadata value in a one-line error."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def metadata_getter(mf):
     """get(key, default=None, kind=int): `<architecture>.<key>` from the metadata, checked:
-    missing (and no default) or of the wrong kind is a ModelError naming the file and key."""
+    missing (and no default), of the wrong kind, an integer outside 1..MAX_HPARAM or a
+    number that is not finite is a ModelError naming the file and key."""
     arch, md = mf.architecture, mf.metadata
 
     def get(key, default=None, kind=int):
         v = md.get(f"{arch}.{key}", default)
         if v is None:
             raise ModelError(f"{mf.path}: missing {arch}.{key}")
-        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-            raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a positive integer")
-        if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is not a number")
+        if kind is int:
+            limit = _MAX_HPARAM_BY_KEY.get(key, MAX_HPARAM)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= limit:
+                raise ModelError(f"{mf.path}: {arch}.{key} = {shown(v)} is not a positive integer "
+                                 f"(1..{limit})")
+        if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise ModelError(f"{mf.path}: {arch}.{key} = {shown(v)} is not a finite number")
         return v
     return get
+
+
+def vocab_size(mf) -> int:
+    """n_vocab: the columns of token_embd.weight ([n_embd, n_vocab] in ggml order)."""
+    if not any(t.name == "token_embd.weight" for t in mf.tensors):
+        raise ModelError(f"{mf.path}: no token_embd.weight")
+    shape = mf.tensor("token_embd.weight").shape
+    if len(shape) != 2:
+        raise ModelError(f"{mf.path}: token_embd.weight has shape {list(shape)}, expected [n_embd, n_vocab]")
+    return shape[1]
+
+
+def rope_scale_factor(mf, keys=("rope.scaling.factor", "rope.scale_linear")) -> float:
+    """The first of `keys` present (`<architecture>.` prefixed): a linear RoPE
+    scaling factor, checked to be a finite number >= 0; 0.0 when none is."""
+    for key in keys:
+        v = mf.metadata.get(f"{mf.architecture}.{key}")
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ModelError(f"{mf.path}: {mf.architecture}.{key} = {shown(v)} is not a finite number >= 0")
+        return float(v)
+    return 0.0
 
 
 @dataclass(frozen=True)
@@ -92,17 +132,15 @@ class LlamaConfig:
             raise ModelError(f"{mf.path}: {n_head} heads are not a multiple of {n_head_kv} KV heads")
         scaling = md.get(f"{arch}.rope.scaling.type", "linear")
         if scaling not in ("none", "linear"):
-            raise ModelError(f"{mf.path}: RoPE scaling {scaling!r} is not supported (none, linear)")
-        factor = md.get(f"{arch}.rope.scaling.factor", md.get(f"{arch}.rope.scale_linear", 0.0)) or 0.0
+            raise ModelError(f"{mf.path}: RoPE scaling {shown(scaling)} is not supported (none, linear)")
+        factor = rope_scale_factor(mf)
         names = {t.name for t in mf.tensors}
-        emb = mf.tensor("token_embd.weight") if "token_embd.weight" in names else None
-        if emb is None:
-            raise ModelError(f"{mf.path}: no token_embd.weight")
+        n_vocab = vocab_size(mf)
         return cls(arch=arch, n_layer=get("block_count"), n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-                   head_dim=head_k, n_ff=get("feed_forward_length"), n_vocab=emb.shape[1],
+                   head_dim=head_k, n_ff=get("feed_forward_length"), n_vocab=n_vocab,
                    eps=float(get("attention.layer_norm_rms_epsilon", kind=float)),
                    n_rot=get("rope.dimension_count", head_k),
-                   rope_base=float(md.get(f"{arch}.rope.freq_base", 10000.0)),
+                   rope_base=float(get("rope.freq_base", 10000.0, kind=float)),
                    rope_scale=1.0 / factor if factor else 1.0, neox=ARCHITECTURES[arch],
                    tied_output="output.weight" not in names)
 

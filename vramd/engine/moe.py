@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vramd.engine.llama import metadata_getter, rope_scale_factor, vocab_size
 from vramd.engine.ops import Ops, Weight, row_bytes, view
 from vramd.errors import ModelError
 
@@ -70,11 +71,7 @@ class MoEConfig:
         if arch not in MOE_ARCHITECTURES or not cls.is_moe(mf):
             raise ModelError(f"{mf.path}: not a supported mixture-of-experts model ({arch})")
 
-        def get(key, default=None):
-            v = md.get(f"{arch}.{key}", default)
-            if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                raise ModelError(f"{mf.path}: {arch}.{key} = {v!r} is missing or not positive")
-            return v
+        get = metadata_getter(mf)     # integers in 1..MAX_HPARAM (no float sizes), finite floats
 
         n_embd, n_head = get("embedding_length"), get("attention.head_count")
         head = get("attention.key_length", n_embd // n_head)
@@ -83,17 +80,18 @@ class MoEConfig:
         n_expert, n_used = get("expert_count"), get("expert_used_count")
         if n_used > n_expert:
             raise ModelError(f"{mf.path}: {n_used} experts used of {n_expert}")
-        factor = md.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0
+        factor = rope_scale_factor(mf, keys=("rope.scaling.factor",))
         names = {t.name for t in mf.tensors}
-        emb = mf.tensor("token_embd.weight")
+        shexp = "expert_shared_feed_forward_length"
         return cls(arch=arch, n_layer=get("block_count"), n_embd=n_embd, n_head=n_head,
-                   n_head_kv=get("attention.head_count_kv", n_head), head_dim=head, n_vocab=emb.shape[1],
-                   eps=float(get("attention.layer_norm_rms_epsilon")), n_rot=get("rope.dimension_count", head),
-                   rope_base=float(md.get(f"{arch}.rope.freq_base", 10000.0)),
+                   n_head_kv=get("attention.head_count_kv", n_head), head_dim=head, n_vocab=vocab_size(mf),
+                   eps=float(get("attention.layer_norm_rms_epsilon", kind=float)),
+                   n_rot=get("rope.dimension_count", head),
+                   rope_base=float(get("rope.freq_base", 10000.0, kind=float)),
                    rope_scale=1.0 / factor if factor else 1.0, neox=arch != "llama",
                    n_expert=n_expert, n_used=n_used,
                    n_ff_exp=get("expert_feed_forward_length", md.get(f"{arch}.feed_forward_length")),
-                   n_ff_shexp=md.get(f"{arch}.expert_shared_feed_forward_length", 0) or 0,
+                   n_ff_shexp=get(shexp) if md.get(f"{arch}.{shexp}") else 0,
                    renormalize=arch != "qwen2moe", tied_output="output.weight" not in names)
 
 

@@ -51,12 +51,18 @@ class LoadedModel:
     host: dict = field(default_factory=dict)
 
 
+# As vramd.engine.llama.MAX_HPARAM: the KV cache and scratch sized from these stay within 64 bits.
+MAX_HPARAM = 1 << 20
+
+
 def arch_int(mf: ModelFile, key: str, default: int | None = None) -> int | None:
     value = mf.metadata.get(f"{mf.architecture}.{key}", default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ModelError(f"{mf.path}: {mf.architecture}.{key} = {value!r} is not a positive integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_HPARAM:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise ModelError(f"{mf.path}: {mf.architecture}.{key} = {shown} is not a positive integer "
+                         f"(1..{MAX_HPARAM})")
     return value
 
 
