@@ -207,7 +207,9 @@ class Daemon:
         with self.lock:
             before = self._device_total()
             need = self._needed_bytes()
-            if need and self.cfg.residency == "cache":
+            if need:
+                # Either residency mode: --residency says what *we* keep when we
+                # yield; what parked peers hold is theirs to give up for our need.
                 self._make_room(need)
             room = self._budget() - self._others_device_bytes()
             if room <= before:
@@ -640,6 +642,8 @@ class Daemon:
         return {"name": self.name, "pid": os.getpid(), "model": self.cfg.model, "arena": str(self.arena.path),
                 "device": self.device.describe(), "state": m.state, "holds_token": self.participant.holds_token,
                 "breakdown": self.residency.breakdown(), "switches": m.switches, "yields": m.yields,
+                # Per heap: the driver's usage (VK_EXT_memory_budget), else the core's own count of its allocations.
+                "heaps": self.residency.budget(), "device_peak": self.residency.stats()["device_peak"],
                 "bytes_h2d": m.bytes_h2d, "bytes_d2h": m.bytes_d2h, "last_switch_ms": m.last_switch_ms,
                 "evict_state": self.cfg.evict_state, "idle_sleep": self.cfg.idle_sleep,
                 "residency": self.cfg.residency, "pinned": self.cfg.pin, "priority": self.cfg.priority,
