@@ -360,7 +360,8 @@ class Gemma3Model:
             ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, KV, self.ctx)
         ops.kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, KV, self.ctx)
         ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
-                      cfg.n_head, cfg.n_head_kv, hd, self.ctx, cfg.attn_scale, window=cfg.window if swa else 0)
+                      cfg.n_head, cfg.n_head_kv, hd, self.ctx, cfg.attn_scale, window=cfg.window if swa else 0,
+                      tmp=a["up"])  # free until the FFN: decode attention's per-range partials
         ops.matvec(self._weight(p + "attn_output.weight"), a["att"], a["h"], n)
         ops.rms_norm(a["h"], w[p + "post_attention_norm.weight"], a["h"], cfg.eps, n, E)
         ops.add_rms_norm(a["x"], a["h"], w[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)   # x += h; h = ffn_norm(x)

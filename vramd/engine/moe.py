@@ -236,7 +236,8 @@ class MoEModel:
         ops.kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, cfg.kv_width, self.ctx)
         ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, cfg.kv_width, self.ctx)
         ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
-                      cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd))
+                      cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd),
+                      tmp=a["part"])  # free until the experts: decode attention's per-range partials
         self._linear(p + "attn_output", a["att"], a["h"], n, E)
         ops.add(a["x"], a["h"], a["x"], n * E)
         ops.rms_norm(a["x"], self.weights[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
