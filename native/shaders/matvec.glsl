@@ -40,7 +40,8 @@
 // (4 int8 or 8 nibbles: neighbouring lanes, neighbouring words: one warp
 // load reads 128 contiguous bytes), the block header is the same for 8-32
 // neighbouring lanes (one broadcast), and the x values a word multiplies
-// are loaded once for NR = 4 rows; a work group's 128 threads share a row.
+// are loaded once for the NR rows of a work group (MW_NR, 4 or 8), whose
+// 128 threads share each row.
 // Q4_K goes further: a thread takes 16 bytes of quants (32 elements), one
 // uvec4 load, with the block header (one uvec4, the same for 8 threads).
 // The type defines MW_WPB (units of a thread per block: a quant word, or
@@ -57,8 +58,8 @@
 layout(local_size_x = 128) in;
 #define WG 128u
 #ifdef MV_WORDS
-#define NR 4u     // rows a work group computes together (they share x loads)
-#define RPW 4u    // rows per work group (Ops: _MATVEC_ROWS_W)
+#define NR MW_NR  // rows a work group computes together (they share x loads): set by matvec_w_<type>.comp
+#define RPW MW_NR // rows per work group (Ops: _MATVEC_ROWS_W)
 #else
 #define NR 2u
 #define RPW 8u    // (Ops: _MATVEC_ROWS)

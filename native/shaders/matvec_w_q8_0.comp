@@ -4,4 +4,5 @@
 #extension GL_GOOGLE_include_directive : require
 #define TYPE_Q8_0
 #define MV_WORDS
+#define MW_NR 8u  // rows a work group (Ops: _MATVEC_ROWS_W)
 #include "matvec.glsl"

@@ -64,9 +64,9 @@ _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm
 
 _MATMUL_ROWS, _MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
 _MATVEC_ROWS = 8          # rows per matvec_<type> work group (RPW in matvec.glsl)
-# types with a word-per-lane decode matvec (matvec_w_<type>, matvec.glsl's MV_WORDS)
-_WORD_TYPES = {"q8_0", "q4_k", "q6_k"}
-_MATVEC_ROWS_W = 4        # rows per matvec_w_<type> work group (RPW there)
+# types with a unit-per-thread decode matvec (matvec_w_<type>, matvec.glsl's MV_WORDS) -> its
+# rows per work group (MW_NR in matvec_w_<type>.comp)
+_MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
 _MATMUL_FROM = 4          # n_tokens from which the tiled form is used (matvec_<type> below)
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
@@ -354,11 +354,11 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
         k = self._kernel(("matmul_" if tiled else "matvec_") + w.suffix, "matvec")
-        words = not tiled and w.suffix in _WORD_TYPES and w.row_bytes % 16 == 0
+        words = not tiled and w.suffix in _MATVEC_ROWS_W and w.row_bytes % 16 == 0
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
             per_group = _MATMUL_ROWS if tiled else _MATVEC_ROWS
             if words and wo % 16 == 0:  # matvec.glsl's MV_WORDS form: rows on 16 bytes
-                k, per_group = self._kernel("matvec_w_" + w.suffix, "matvec"), _MATVEC_ROWS_W
+                k, per_group = self._kernel("matvec_w_" + w.suffix, "matvec"), _MATVEC_ROWS_W[w.suffix]
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(-(-n // per_group), self.max_groups)
             self._dispatch(k, [wv, xv, yv], push, (gx, gy, gz), label=f"{k.name} {w.rows}x{w.cols}",
