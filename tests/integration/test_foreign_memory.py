@@ -10,7 +10,7 @@ reports the foreign user in `status`, `/metrics`, `vramd status` and the log.
 Where "device memory" is shared (vramd/gpu/memview.py):
 
 - on a GPU with VK_EXT_memory_budget (the H200) the driver counts every
-  process: test_on_a_real_gpu (VRAMD_TEST_DEVICE=native; skipped on lavapipe);
+  process: test_on_a_real_gpu (marked native_gpu: deselected unless `-m native_gpu`, on a GPU);
 - on lavapipe, device memory is each process's own host memory and Mesa 22.3
   reports no budget, so a foreign process can take ours only through memory
   the two share.  CI makes that real and deterministic with a memory cgroup
@@ -217,25 +217,26 @@ def test_foreign_device_memory_on_lavapipe_is_a_503_then_served(cgroup, arena, m
         assert a.ask("verify")["kv_sha256"] == kv        # warm again: the KV cache came back whole
         retry_until_served(a, want)
 
-        # The watchdog: while alpha holds the token, the foreign process takes 128 MiB.
-        set_limit(charged() + 512 * MiB)
+        # The watchdog: while alpha holds the token, the foreign process takes 384 MiB
+        # (more than memview.FOREIGN_SLACK).
+        set_limit(charged() + 1024 * MiB)
         assert a.ask("status")["holds_token"]
         before = a.ask("status")["device_memory"]
         assert before["foreign_since"] is None
-        foreign(f"alloc {128 * MiB}")
+        foreign(f"alloc {384 * MiB}")
         dm = a.ask("status")["device_memory"]
         assert dm["holding_token"] and dm["foreign_since"] is not None
-        assert 96 * MiB <= dm["foreign"] <= 160 * MiB, dm
+        assert 352 * MiB <= dm["foreign"] <= 416 * MiB, dm
         wait_for_line(a, "held outside the arena while we hold the token")
         metrics = get(a, "/metrics")[1].decode()
         line = next(x for x in metrics.splitlines() if x.startswith("vramd_device_foreign_bytes{"))
-        assert int(line.split()[-1]) >= 96 * MiB
+        assert int(line.split()[-1]) >= 352 * MiB
         out = subprocess.run([sys.executable, "-m", "vramd.cli", "status", "--arena", str(arena)],
                              capture_output=True, text=True, env=daemon_env(), timeout=60)
         assert "foreign alpha:" in out.stdout and "ignores the token" in out.stdout, out.stdout + out.stderr
         foreign("free")
         dm = a.ask("status")["device_memory"]
-        assert dm["foreign_since"] is None and dm["foreign"] < 64 * MiB
+        assert dm["foreign_since"] is None and dm["foreign"] < 256 * MiB
         wait_for_line(a, "the foreign device memory is gone")
     finally:
         foreign.close()
@@ -243,8 +244,22 @@ def test_foreign_device_memory_on_lavapipe_is_a_503_then_served(cgroup, arena, m
 
 # -- a real GPU: the driver's budget counts every process ------------------------------
 
-@pytest.mark.skipif(os.environ.get("VRAMD_TEST_DEVICE") != "native",
-                    reason="a real GPU with VK_EXT_memory_budget: run with VRAMD_TEST_DEVICE=native")
+def fill(foreign, nbytes: int, smallest: int) -> None:
+    """The foreign process takes about nbytes in pieces: a driver caps one
+    allocation (and may give a little less than its budget says), so a piece
+    it refuses is halved, down to `smallest`."""
+    piece = 8 << 30
+    while nbytes >= smallest and piece >= smallest:
+        n = min(piece, nbytes)
+        foreign.proc.stdin.write(f"alloc {n}\n")
+        foreign.proc.stdin.flush()
+        if foreign.proc.stdout.readline().startswith("ok"):
+            nbytes -= n
+        else:
+            piece //= 2
+
+
+@pytest.mark.native_gpu
 def test_on_a_real_gpu(arena, model, daemons):
     env = daemon_env()
     a = daemons(arena, model, "alpha", *FLAGS, env=env)
@@ -262,7 +277,7 @@ def test_on_a_real_gpu(arena, model, daemons):
         a.ask("yield", release=True)
         free = a.ask("status")["device_memory"]["free"]
         # Fill all but half the model's need: the restore cannot fit.
-        foreign(f"alloc {free - need // 2}")
+        fill(foreign, free - need // 2, smallest=max(need // 4, 1 << 20))
         print("budget, foreign full:", foreign("budget"))
         print("daemon's view:", a.ask("status")["device_memory"])
         body = refused(a)
@@ -277,6 +292,11 @@ def test_on_a_real_gpu(arena, model, daemons):
         assert dm["foreign_since"] is not None and dm["foreign"] >= (2 << 30) - 256 * MiB
         wait_for_line(a, "held outside the arena while we hold the token")
         foreign("free")
-        assert a.ask("status")["device_memory"]["foreign_since"] is None
+        # The driver's budget follows a free within moments, not at once (the H200: not
+        # yet on the next status); the report clears when it does.
+        deadline = time.monotonic() + 10
+        while a.ask("status")["device_memory"]["foreign_since"] is not None:
+            assert time.monotonic() < deadline, a.ask("status")["device_memory"]
+            time.sleep(0.2)
     finally:
         foreign.close()
