@@ -282,6 +282,36 @@ def test_chat_template_length_is_bounded(tmp_path):
     assert time.monotonic() - t0 < 5
 
 
+@pytest.mark.timeout(120)
+def test_smallest_fit_bisects(tmp_path):
+    # --vram-budget / --n-cpu-moe auto on a file of many expert tensors: one plan per
+    # step of 1/3 walked every tensor for each step (quadratic; a header of 65,536
+    # tensors, well within the parser's bounds, kept it busy for hours).
+    import numpy as np
+    import gguf
+    from vramd.errors import UsageError
+    from vramd.model import placement
+    from vramd.model.gguf_check import validate_gguf
+
+    path = tmp_path / "experts.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_expert_count(1)
+    for i in range(1500):
+        for kind in ("gate", "up", "down"):
+            w.add_tensor(f"blk.{i}.ffn_{kind}_exps.weight", np.zeros((1, 1, 1), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    mf = validate_gguf(path)
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match="even with every expert on the host"):
+        placement.smallest_fit(mf, 0, kv_bytes=1)
+    fit = placement.smallest_fit(mf, 4 * 1000)          # 1000 of the 4500 one-float tensors
+    assert fit.device_bytes <= 4000 and placement.plan(mf, fit.n_cpu_moe - 1 / 3).device_bytes > 4000
+    assert time.monotonic() - t0 < 5                     # the linear search: ~47 s on the build machine
+
+
 # --- the command line: one line on stderr, the documented exit code, no traceback --------
 
 def _vramd(*args: str, **env_extra: str) -> subprocess.CompletedProcess:
