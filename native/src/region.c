@@ -51,8 +51,10 @@ int vramd_region_add_tensor(vramd_region *r, uint64_t nbytes, uint32_t *index) {
     vramd_ctx *ctx = r->ctx;
     if (r->sealed) return vramd_fail(VRAMD_ERR_USAGE, "region '%s' is sealed: add tensors before the first use", r->name);
     if (!nbytes) return vramd_fail(VRAMD_ERR_USAGE, "region '%s': a tensor needs at least one byte", r->name);
-    /* A tensor lives in one block, and one block is one allocation. */
-    if (round_up(nbytes, block_granule(ctx)) > ctx->max_allocation)
+    /* A tensor lives in one block, and one block is one allocation.  The
+     * size is compared before it is rounded: rounding a size near 2^64 up
+     * wraps to a small number that would pass. */
+    if (nbytes > ctx->max_allocation || round_up(nbytes, block_granule(ctx)) > ctx->max_allocation)
         return vramd_fail(VRAMD_ERR_USAGE,
                           "region '%s': a tensor of %llu bytes is larger than the device's largest "
                           "allocation (maxMemoryAllocationSize %llu bytes); split it",

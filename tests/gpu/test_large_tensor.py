@@ -36,3 +36,10 @@ def test_tensor_larger_than_one_allocation_is_refused(res):
     with pytest.raises(UsageError, match="larger than the device's largest allocation"):
         res.region("weights", "w", {"t": too_big})
     assert res.regions == [] and res.breakdown()["weights"] == {"device": 0, "host": 0}
+
+
+def test_tensor_size_that_would_wrap_when_rounded_is_refused(res):
+    """2^64 - 1 rounded up to any granule wraps to a small size: refused, not passed."""
+    with pytest.raises(UsageError, match="larger than the device's largest allocation"):
+        res.region("weights", "w", {"t": (1 << 64) - 1})
+    assert res.regions == [] and res.breakdown()["weights"] == {"device": 0, "host": 0}
