@@ -9,8 +9,10 @@ corpus replay.
   runner.scratch_layout(cfg)            the compute buffers it asks the residency for
   loader.kv_shape / scratch_bytes       the KV cache it asks for
   placement.plan / smallest_fit         --n-cpu-moe, --vram-budget
-  Tokenizer.from_metadata(md)           the vocabulary (Engine, when tokenizer.ggml.model is set)
-  ChatTemplate.from_metadata(md, tok)   the chat template, compiled
+  Engine.text_front(mf)                 the vocabulary (Tokenizer.from_metadata, when
+                                        tokenizer.ggml.model is set) and the chat template
+                                        (ChatTemplate.from_metadata, compiled): in the
+                                        daemon's setup, before the device
   validate_gguf(P) + load_mmproj(mf)    the projector file: its metadata and tensors
 
 `check_model` and `check_projector` run these in the order vramd does and
@@ -62,9 +64,7 @@ def check_model(path: str) -> ModelFile:
     cfg = runner.Engine.check(mf)
     _sizes(runner.scratch_layout(cfg), "scratch")
     _kv_sizes(mf)
-    if "tokenizer.ggml.model" in mf.metadata:      # as Engine.__init__
-        tokenizer = Tokenizer.from_metadata(mf.metadata)
-        ChatTemplate.from_metadata(mf.metadata, tokenizer)
+    runner.Engine.text_front(mf)                  # the vocabulary and chat template, as the daemon's setup
     return mf
 
 

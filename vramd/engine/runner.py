@@ -18,21 +18,33 @@ from vramd.engine.chat import ChatTemplate, encode_prompt
 from vramd.engine.llama import LlamaConfig, LlamaModel
 from vramd.engine.sampler import Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
 from vramd.engine.tokenizer import Tokenizer
-from vramd.errors import UsageError
+from vramd.errors import ModelError, UsageError
 from vramd.server.openai_api import GenerationRequest, Piece
 
 
 class Engine:
-    def __init__(self, loaded, residency, ctx: int, encoder=None):
+    def __init__(self, loaded, residency, ctx: int, encoder=None, text=None):
+        """text: (tokenizer, template) made by text_front() before the load
+        (the daemon does, so that a bad vocabulary costs no GPU time); made
+        here when not given."""
         mf = loaded.file
         self.ctx = ctx
         self.encoder = encoder            # a VisionEncoder (--mmproj), or None
+        self.tokenizer, self.template = text if text is not None else self.text_front(mf)
         self.model = model_class(mf)(loaded, residency, ctx, loaded.scratch)
-        md = mf.metadata
-        self.tokenizer = Tokenizer.from_metadata(md) if "tokenizer.ggml.model" in md else None
-        self.template = ChatTemplate.from_metadata(md, self.tokenizer) if self.tokenizer else None
         self.cached: list[int] = []       # tokens whose K/V are in the cache, positions 0..
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
+
+    @staticmethod
+    def text_front(mf) -> tuple[Tokenizer | None, ChatTemplate | None]:
+        """The model's tokenizer and chat template (None, None without a
+        vocabulary); a bad one is a ModelError naming the file."""
+        md = mf.metadata
+        try:
+            tokenizer = Tokenizer.from_metadata(md) if "tokenizer.ggml.model" in md else None
+            return tokenizer, (ChatTemplate.from_metadata(md, tokenizer) if tokenizer else None)
+        except ModelError as e:
+            raise ModelError(f"{mf.path}: {e}") from None
 
     @staticmethod
     def check(mf) -> LlamaConfig | gemma3.Gemma3Config | moe.MoEConfig:

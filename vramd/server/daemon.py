@@ -116,6 +116,7 @@ class Daemon:
         from vramd.model.gguf_check import validate_gguf
         mf = validate_gguf(cfg.model)
         engine_cfg = Engine.check(mf)  # an unsupported model is a one-line error now, not at run time
+        self.text = Engine.text_front(mf)  # so is a bad vocabulary or chat template
         self.device = Device(cfg.device)
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
@@ -703,7 +704,7 @@ class Daemon:
             # A signal while we wait for the token gives up the wait.
             self._ensure_warm(None, cancel=lambda: bool(pending))
             from vramd.engine.runner import Engine
-            self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder)
+            self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder, text=self.text)
             self.sample_device_memory()   # while we hold the token: the watchdog's baseline
             self.loaded = True
             self.last_activity = time.monotonic()
