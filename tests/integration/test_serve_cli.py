@@ -122,8 +122,11 @@ def test_bad_mmproj_and_n_cpu_moe_are_one_line_errors(tmp_path, models):
     missing = tmp_path / "nope.gguf"
     assert_one_line_error(serve(str(models[0]), "--arena", arena, "--port", "0", "--mmproj", str(missing)),
                           7, str(missing))
-    # A language model is not a projector: refused at load, naming the file.
-    assert_one_line_error(serve(str(models[0]), "--arena", arena, "--port", "0", "--mmproj", str(models[1])),
+    # A language model is not a projector: refused at load, naming the file, before the
+    # device is opened (no Vulkan driver to be found: a later check would exit 5, not 7).
+    no_icd = str(tmp_path / "no-such-icd.json")
+    assert_one_line_error(serve(str(models[0]), "--arena", arena, "--port", "0", "--mmproj", str(models[1]),
+                                env=daemon_env(VK_DRIVER_FILES=no_icd, VK_ICD_FILENAMES=no_icd)),
                           7, str(models[1]))
     assert_one_line_error(serve(str(models[0]), "--arena", arena, "--port", "0", "--n-cpu-moe", "-1"),
                           2, "--n-cpu-moe")

@@ -117,6 +117,8 @@ class Daemon:
         mf = validate_gguf(cfg.model)
         engine_cfg = Engine.check(mf)  # an unsupported model is a one-line error now, not at run time
         self.text = Engine.text_front(mf)  # so is a bad vocabulary or chat template
+        if cfg.mmproj:
+            self._check_projector(mf, engine_cfg)  # and a bad or mismatched projector
         self.device = Device(cfg.device)
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
@@ -125,7 +127,7 @@ class Daemon:
         self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf,
                                  scratch=scratch_layout(engine_cfg), host_tensors=on_host)
         if cfg.mmproj:
-            self.encoder = self._load_encoder(mf, engine_cfg)
+            self.encoder = self._load_encoder()
         for w in self.model.file.warnings:
             log.warning("%s: %s", cfg.model, w)
         if cfg.evict_state == "never" and self.model.kv is not None:
@@ -146,18 +148,23 @@ class Daemon:
                                request_timeout=cfg.request_timeout)
         self.participant.member.endpoint = self.http.url
 
-    def _load_encoder(self, mf, engine_cfg):
-        """The --mmproj vision encoder, in host memory until an image comes."""
+    def _check_projector(self, mf, engine_cfg) -> None:
+        """The --mmproj file against the model, from the files alone (before the device)."""
         from vramd.engine.runner import model_class
-        from vramd.engine.vision import VisionEncoder
+        from vramd.model.gguf_check import validate_gguf
+        from vramd.model.mmproj import load_mmproj
         if "embeds" not in inspect.signature(model_class(mf).forward).parameters:
             raise ModelError(f"{self.cfg.mmproj}: images are not supported with {mf.architecture} models yet")
-        enc = VisionEncoder(self.cfg.mmproj, self.residency, name=f"{self.name}/mmproj",
-                            resident=self.cfg.mmproj_resident)
-        if enc.info.n_embd_text != engine_cfg.n_embd:
-            raise ModelError(f"{self.cfg.mmproj}: the projector makes {enc.info.n_embd_text}-wide embeddings; "
+        _cfg, info = load_mmproj(validate_gguf(self.cfg.mmproj))
+        if info.n_embd_text != engine_cfg.n_embd:
+            raise ModelError(f"{self.cfg.mmproj}: the projector makes {info.n_embd_text}-wide embeddings; "
                              f"{self.cfg.model} takes {engine_cfg.n_embd}")
-        return enc
+
+    def _load_encoder(self):
+        """The --mmproj vision encoder, in host memory until an image comes."""
+        from vramd.engine.vision import VisionEncoder
+        return VisionEncoder(self.cfg.mmproj, self.residency, name=f"{self.name}/mmproj",
+                             resident=self.cfg.mmproj_resident)
 
     def _expert_placement(self, mf, engine_cfg, scratch) -> list[str]:
         """Expert tensors kept on the host for --n-cpu-moe (none without the flag or the experts)."""
