@@ -3,10 +3,23 @@
 //   M = max_s m_s,  L = sum_s exp(m_s - M) l_s,
 //   out[h, d] = sum_s exp(m_s - M) acc_s[d] / L
 // (empty ranges carry m = -1e30, l = 0 and weigh nothing).  One work group
-// per head, a thread per output dimension.
+// per head.
+//
+// Why this shape: a range is 32 keys, so a long context has many (8192 keys:
+// 256).  The first form ran three serial loops over the ranges in every
+// thread, each trip a dependent load (6.5 us a layer at 5 ranges on the
+// H200, and linear in the ranges).  Here the threads share the ranges: M
+// and L are group reductions, the weights exp(m_s - M) of a tile of WG ranges
+// go to shared memory once, and each thread sums its output dimensions over
+// the tile with UL loads in flight.
 #version 450
+#extension GL_EXT_control_flow_attributes : enable
+#extension GL_KHR_shader_subgroup_basic : enable
+#extension GL_KHR_shader_subgroup_arithmetic : enable
 layout(local_size_x = 128) in;
 #define WG 128u
+#define MAXD 4u   // output dimensions per thread: head_dim <= 512
+#define UL 8u     // partial rows in flight per thread
 
 layout(std430, set = 0, binding = 0) readonly buffer Part { float part[]; };
 layout(std430, set = 0, binding = 1) buffer Out { float o[]; };
@@ -19,24 +32,65 @@ layout(push_constant) uniform Params {
     uint pad;
 } p;
 
+shared float red[WG];
+shared float wt[WG];
+
+// max (is_max) or sum of v over the work group; every thread gets it.
+float group_reduce(float v, bool is_max) {
+    float s = is_max ? subgroupMax(v) : subgroupAdd(v);
+    if (subgroupElect()) {
+        red[gl_SubgroupID] = s;
+    }
+    barrier();
+    float t = red[0];
+    for (uint i = 1u; i < gl_NumSubgroups; i++) {
+        t = is_max ? max(t, red[i]) : t + red[i];
+    }
+    barrier();  // red is reused by the next reduction
+    return t;
+}
+
 void main() {
     uint h = gl_WorkGroupID.x;
     uint lid = gl_LocalInvocationID.x;
     uint stride = p.head_dim + 2u;
     uint hb = p.part_off + h * p.n_splits * stride;
-    float M = -1.0e30;
-    for (uint s = 0u; s < p.n_splits; s++) {
-        M = max(M, part[hb + s * stride]);
+    float m = -1.0e30;
+    for (uint s = lid; s < p.n_splits; s += WG) {
+        m = max(m, part[hb + s * stride]);
     }
-    float L = 0.0;
-    for (uint s = 0u; s < p.n_splits; s++) {
-        L += exp(part[hb + s * stride] - M) * part[hb + s * stride + 1u];
+    float M = group_reduce(m, true);
+    float l = 0.0;
+    for (uint s = lid; s < p.n_splits; s += WG) {
+        l += exp(part[hb + s * stride] - M) * part[hb + s * stride + 1u];
     }
-    for (uint d = lid; d < p.head_dim; d += WG) {
-        float a = 0.0;
-        for (uint s = 0u; s < p.n_splits; s++) {
-            a += exp(part[hb + s * stride] - M) * part[hb + s * stride + 2u + d];
+    float L = group_reduce(l, false);
+    float a[MAXD];
+    [[unroll]] for (uint k = 0u; k < MAXD; k++) {
+        a[k] = 0.0;
+    }
+    for (uint base = 0u; base < p.n_splits; base += WG) {
+        uint n = min(WG, p.n_splits - base);
+        wt[lid] = lid < n ? exp(part[hb + (base + lid) * stride] - M) : 0.0;
+        barrier();
+        [[unroll]] for (uint k = 0u; k < MAXD; k++) {
+            uint d = min(lid + k * WG, p.head_dim - 1u);  // clamped; written only where valid
+            for (uint i0 = 0u; i0 < n; i0 += UL) {
+                float v[UL];
+                [[unroll]] for (uint u = 0u; u < UL; u++) {
+                    v[u] = part[hb + (base + min(i0 + u, n - 1u)) * stride + 2u + d];
+                }
+                [[unroll]] for (uint u = 0u; u < UL; u++) {
+                    a[k] += i0 + u < n ? wt[i0 + u] * v[u] : 0.0;
+                }
+            }
         }
-        o[p.o_off + h * p.head_dim + d] = L > 0.0 ? a / L : 0.0;
+        barrier();  // wt is rewritten by the next tile
+    }
+    [[unroll]] for (uint k = 0u; k < MAXD; k++) {
+        uint d = lid + k * WG;
+        if (d < p.head_dim) {
+            o[p.o_off + h * p.head_dim + d] = L > 0.0 ? a[k] / L : 0.0;
+        }
     }
 }

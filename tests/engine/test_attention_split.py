@@ -1,7 +1,9 @@
 """Decode attention in ranges (Ops.attention with tmp: attention_split.comp +
 attention_merge.comp) against numpy, on the shapes test_kernels.py checks
 attention.comp with, and with few ranges forced by a small tmp (several key
-tiles per range), a sliding window, head_dim 512 (two V words per thread)."""
+tiles per range), a sliding window, head_dim 512 (two V words per thread),
+and a long context whose ranges outnumber the merge's work group (144 ranges
+of 32 keys, 141 holding keys: two tiles of the merge)."""
 import numpy as np
 import pytest
 from tests.engine.test_kernels import attention_ref, f32
@@ -15,9 +17,10 @@ from tests.engine.test_kernels import attention_ref, f32
     (4, 2, 32, 200, 64, None),   # sliding window
     (8, 2, 64, 399, 0, 3),       # tmp for 3 ranges: 134 keys per range, 5 tiles each
     (2, 2, 512, 77, 0, 1),       # head_dim 512, one range
+    (2, 1, 64, 4500, 0, 160),    # 144 ranges: more than the merge's 128 threads
 ])
 def test_split_attention(ops, bufs, rng, n_heads, n_kv, hd, pos, window, tmp_splits):
-    ctx, width = 400, n_kv * hd
+    ctx, width = max(400, pos + 100), n_kv * hd
     k = rng.standard_normal((pos + 1, width)).astype(np.float32)
     v = rng.standard_normal((pos + 1, width)).astype(np.float32)
     q = rng.standard_normal((1, n_heads, hd)).astype(np.float32)
