@@ -9,7 +9,11 @@
 //
 // Same cache layout, GQA and window rule as attention.comp: the query at
 // position pos[0] sees rows first .. pos[0], first = pos[0] + 1 - window
-// when window > 0 (else 0); range s is rows first + s * chunk .. (clamped).
+// when window > 0 (else 0).  The keys present, first .. pos[0], are cut
+// into n_splits equal ranges here, from the position: the step is recorded
+// once for every position, with n_splits sized for the whole context, and
+// ranges cut for the whole context would leave most groups empty and the
+// rest with up to `chunk` keys each while the context fills.
 // Keys go in tiles of TK: TPK threads per key for the score (each a slice of
 // the row's words, the slices of neighbouring threads adjacent), then every
 // thread one word (two dimensions) of V, or two for head_dim > 256.
@@ -40,7 +44,7 @@ layout(push_constant) uniform Params {
     uint part_off;    // float offset of the partials in binding 4
     uint ctx;
     uint window;      // 0: full causal
-    uint chunk;       // keys per range
+    uint chunk;       // keys per range at most (the full context's cut)
     uint n_splits;
     float scale;
 } p;
@@ -60,8 +64,9 @@ void main() {
     int qp = pos[p.pos_off];
     uint n_keys = uint(clamp(qp + 1, 0, int(p.ctx)));
     uint first = (p.window > 0u && n_keys > p.window) ? n_keys - p.window : 0u;
-    uint lo = min(first + s * p.chunk, n_keys);
-    uint hi = min(lo + p.chunk, n_keys);
+    uint per = min(p.chunk, max(1u, (n_keys - first + p.n_splits - 1u) / p.n_splits));
+    uint lo = min(first + s * per, n_keys);
+    uint hi = min(lo + per, n_keys);
     uint pb = p.part_off + (h * p.n_splits + s) * (p.head_dim + 2u);
     if (lo >= hi) {  // an empty range (the whole group: no barrier waits)
         if (lid == 0u) {
