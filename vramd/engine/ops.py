@@ -1,6 +1,7 @@
 """The compute ops of the forward pass: a small Python API over the GLSL
 kernels in native/shaders/ (matvec_<type>, get_rows_<type>, rms_norm, rope,
-kv_write, attention, silu_mul, add, scale).
+kv_write, attention, silu_mul, add, scale; for mixture-of-experts models
+moe_route, matvec_id_<type> and moe_combine).
 
 Owns: `Ops` (one per residency core: the pipelines, the recording batch),
 `Weight` (a weight matrix: tensor, GGML type, rows, cols) and `view` (a
@@ -60,7 +61,7 @@ WEIGHT_TYPES.update({3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 2
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 48),
             "kv_write": (3, 32), "attention": (5, 60), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 56), "attention_merge": (2, 20),
-            "rope_kv_write": (4, 56)}
+            "rope_kv_write": (4, 56), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36)}
 
 _MATMUL_ROWS, _MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
 _MATVEC_ROWS = 8          # rows per matvec_<type> work group (RPW in matvec.glsl)
@@ -70,7 +71,11 @@ _MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
 _MATMUL_FROM = 4          # n_tokens from which the tiled form is used (matvec_<type> below)
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
+_SPLIT_GROUPS = 1024      # decode attention: work groups aimed at (heads x ranges), ~8 per SM of an H200;
+                          # more cost more than they share (8192 at ctx 8192 made a step 1.3 ms slower)
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
+ROUTE_MAX_EXPERTS = 1024  # moe_route.comp: MAX_EXPERT (its shared copy of a token's logits)
+ROUTE_MAX_USED = 64       # moe_route.comp: MAX_USED
 
 
 def type_name(qtype) -> str:
@@ -364,6 +369,107 @@ class Ops:
             self._dispatch(k, [wv, xv, yv], push, (gx, gy, gz), label=f"{k.name} {w.rows}x{w.cols}",
                            nbytes=n * w.row_bytes)
 
+    def fits_matvec_id(self, w: Weight) -> bool:
+        """Whether matvec_id can bind a stack of `w`'s matrices: one whole
+        expert's matrix within a storage range (the stack goes in runs of them)."""
+        return w.rows * w.row_bytes + self.align + 4 <= self.max_range
+
+    def expert_runs(self, w: Weight, n_expert: int):
+        """(view, byte offset of the run's first matrix in the view, first
+        expert, experts) runs of a stacked expert tensor, each within one
+        storage range: matvec_id binds them one dispatch each.  `w` is
+        expert 0's matrix at the start of the stack."""
+        b, off, have = _resolve(w.tensor)
+        slab = w.rows * w.row_bytes
+        if n_expert * slab > have:
+            raise UsageError(f"{n_expert} experts of {w} need {n_expert * slab} bytes, the tensor has {have}")
+        per = (self.max_range - self.align - 4) // slab
+        if per < 1:
+            raise UsageError(f"one expert's matrix ({w}, {slab} bytes) exceeds the device's "
+                             f"maxStorageBufferRange ({self.max_range})")
+        for e0 in range(0, n_expert, per):
+            n = min(per, n_expert - e0)
+            s = off + e0 * slab
+            start = s // self.align * self.align
+            yield (b, start, _round4(s - start + n * slab)), s - start, e0, n
+
+    def matvec_id(self, w: Weight, n_expert: int, ids, x, y, n_slots: int, *, x_div: int = 1,
+                  x_stride: int | None = None, y_stride: int | None = None) -> None:
+        """Y[s, r] = sum_c W_{ids[s]}[r, c] * X[s // x_div, c] for slots s < n_slots, r < w.rows:
+        each slot's expert matrix times its x row, all slots in one dispatch
+        (work-group z: the slot), the experts read from `ids` on the GPU.
+
+        w: expert 0's matrix (w.rows x w.cols of w.qtype) at the start of
+        w.tensor, the whole stack (ggml's [n_expert, rows, cols]) in that
+        tensor; ids: int32 [n_slots], each in 0 .. n_expert-1 (a slot with
+        another id is left unwritten), e.g. moe_route's; x: f32 [n_slots /
+        x_div, x_stride]: x_div = experts per token makes a token's slots
+        share its row (gate, up), 1 gives each slot its own (down); y: f32
+        [n_slots, y_stride] (defaults w.cols, w.rows)."""
+        x_stride = w.cols if x_stride is None else int(x_stride)
+        y_stride = w.rows if y_stride is None else int(y_stride)
+        if n_slots < 1 or x_div < 1 or x_stride < w.cols or y_stride < w.rows:
+            raise UsageError(f"matvec_id: bad sizes (slots {n_slots}, x_div {x_div}, strides "
+                             f"{x_stride}/{y_stride}) for {w}")
+        if n_slots > self.max_groups[2]:
+            raise UsageError(f"matvec_id: {n_slots} slots exceed the device's grid")
+        n_x = -(-n_slots // x_div)
+        iv, io = self._bind(ids, 4 * n_slots, "matvec_id ids")
+        xv, xo = self._bind(x, 4 * ((n_x - 1) * x_stride + w.cols), "matvec_id x")
+        yv, yo = self._bind(y, 4 * ((n_slots - 1) * y_stride + w.rows), "matvec_id y")
+        slab = w.rows * w.row_bytes
+        words = w.suffix in _MATVEC_ROWS_W and w.row_bytes % 16 == 0
+        for wv, wo, e0, n in self.expert_runs(w, n_expert):
+            k, per_group = self._kernel("matvec_id_" + w.suffix, "matvec_id"), _MATVEC_ROWS
+            if words and wo % 16 == 0:  # the unit-per-thread form, as matvec's
+                k, per_group = self._kernel("matvec_id_w_" + w.suffix, "matvec_id"), _MATVEC_ROWS_W[w.suffix]
+            push = struct.pack("<13I", w.rows, w.cols, n_slots, wo, xo, x_stride, yo, y_stride, io, slab, e0, n,
+                               x_div)
+            gx, gy = grid(-(-w.rows // per_group), self.max_groups)
+            # Each slot reads one matrix: n_slots slabs in all, whichever run holds them.
+            self._dispatch(k, [wv, xv, yv, iv], push, (gx, gy, n_slots),
+                           label=f"{k.name} {w.rows}x{w.cols}x{n_slots}", nbytes=n_slots * slab if e0 == 0 else 0)
+
+    def moe_route(self, logits, ids, weights, n_tokens: int, n_expert: int, k: int, renormalize: bool) -> None:
+        """ids[t, j], weights[t, j] (j < k): token t's k experts, by decreasing
+        softmax probability of its router logits (ties: the lower id first),
+        and those probabilities, divided by their sum when `renormalize` --
+        vramd/engine/moe.py's route(), on the GPU (moe_route.comp).
+
+        logits: f32 [n_tokens, n_expert]; ids: int32 [n_tokens, k];
+        weights: f32 [n_tokens, k]."""
+        if not 1 <= k <= n_expert or n_expert > ROUTE_MAX_EXPERTS or k > ROUTE_MAX_USED:
+            raise UsageError(f"moe_route: {k} of {n_expert} experts (the kernel takes up to "
+                             f"{ROUTE_MAX_USED} of {ROUTE_MAX_EXPERTS})")
+        lv, lo = self._bind(logits, 4 * n_tokens * n_expert, "moe_route logits")
+        iv, io = self._bind(ids, 4 * n_tokens * k, "moe_route ids")
+        wv, wo = self._bind(weights, 4 * n_tokens * k, "moe_route weights")
+        push = struct.pack("<8I", n_expert, k, n_tokens, lo, io, wo, int(bool(renormalize)), 0)
+        gx, gy = grid(n_tokens, self.max_groups)
+        self._dispatch(self._kernel("moe_route"), [lv, iv, wv], push, (gx, gy, 1))
+
+    def moe_combine(self, x, down, weights, n_tokens: int, k: int, width: int, *, shared=None,
+                    shared_gate=None) -> None:
+        """x[t] += sum_j weights[t, j] * down[t * k + j] (+ sigmoid(shared_gate[t])
+        * shared[t]): the routed experts' outputs, weighted, and a shared
+        expert's, gated, added to the residual stream (moe_combine.comp).
+
+        x, shared: f32 [n_tokens, width]; down: f32 [n_tokens * k, width];
+        weights: f32 [n_tokens, k]; shared_gate: f32 [n_tokens] (logits)."""
+        if (shared is None) != (shared_gate is None):
+            raise UsageError("moe_combine: a shared expert needs its gate, and the other way round")
+        xv, xo = self._bind(x, 4 * n_tokens * width, "moe_combine x")
+        dv, do = self._bind(down, 4 * n_tokens * k * width, "moe_combine down")
+        wv, wo = self._bind(weights, 4 * n_tokens * k, "moe_combine weights")
+        if shared is not None:
+            sv, so = self._bind(shared, 4 * n_tokens * width, "moe_combine shared")
+            gv, go = self._bind(shared_gate, 4 * n_tokens, "moe_combine shared gate")
+        else:
+            (sv, so), (gv, go) = (dv, 0), (wv, 0)   # bound, never read
+        push = struct.pack("<9I", width, n_tokens, k, xo, do, wo, so, go, int(shared is not None))
+        self._dispatch(self._kernel("moe_combine"), [xv, dv, wv, sv, gv], push,
+                       self._groups1d(n_tokens * width, self.max_groups))
+
     def get_rows(self, table: Weight, ids, out, n_tokens: int, *, o_stride: int | None = None) -> None:
         """out[t, :] = table[ids[t], :] as f32 (embedding lookup).
 
@@ -514,7 +620,7 @@ class Ops:
         stride = head_dim + 2
         cap = _nbytes(tmp) // (4 * n_heads * stride)
         keys = min(ctx, window) if window > 0 else ctx
-        n_splits = min(-(-keys // _SPLIT_KEYS), cap, self.max_groups[1])
+        n_splits = min(-(-keys // _SPLIT_KEYS), max(1, _SPLIT_GROUPS // n_heads), cap, self.max_groups[1])
         if n_splits < 1:
             return False
         chunk = -(-keys // n_splits)
