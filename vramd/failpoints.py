@@ -20,11 +20,12 @@ An unknown name or action is a UsageError: a renamed step must not silently
 drop a test's fault.
 
 Unset (production), `failpoint(name)` is a function that tests one module
-global and returns: ~75 ns a call on the (busy, 2-core) CI machine, where an
-empty Python function call costs ~65 ns (timeit, best of 5), passed a handful
-of times per switch, whose cost is at least a millisecond; the native points
+global and returns (tests/gpu/test_failpoints.py checks it looks up
+nothing): measured ~75 ns a call on the 2-core dev machine against ~65 ns
+for an empty Python call (`python -m timeit -s "from vramd.failpoints
+import failpoint" "failpoint('warm.after_token')"`), passed a handful of
+times per switch, whose cost is at least a millisecond; the native points
 are one load and a predicted branch (native/src/failpoint.c).
-tests/gpu/test_failpoints.py holds it under 1 us.
 
 Every failpoint is in POINTS below (and in docs/architecture.md, "Fault
 injection"); tests/integration/test_failpoints.py checks that each one is

@@ -5,7 +5,6 @@ complete copy (the previous one or the new one), never a mix.
 The daemon-level tests (kill and raise at every failpoint, two daemons) are
 tests/integration/test_failpoints.py; these check the core's promises byte by
 byte, in one process."""
-import timeit
 
 import numpy as np
 import pytest
@@ -173,11 +172,18 @@ def test_a_bad_spec_is_a_usage_error_naming_it(spec, why):
         failpoints.arm(spec)
 
 
-def test_an_unarmed_failpoint_costs_about_a_function_call():
-    """'Free': off, a failpoint tests one global; a switch passes a handful of them."""
-    f = failpoints.failpoint
-    n = 200_000
-    cost = min(timeit.repeat(lambda: f("warm.after_token"), number=n, repeat=5)) / n
-    empty = min(timeit.repeat(lambda: None, number=n, repeat=5)) / n
-    assert cost < 1e-6, cost                 # ~0.1 us on the CI machine, a switch costs >= 1 ms
-    assert cost < empty + 0.5e-6, (cost, empty)
+def test_an_unarmed_failpoint_only_tests_one_global(monkeypatch):
+    """'Free' when off: failpoint() tests the armed set and returns, looking up
+    nothing (its cost is measured, not asserted here: vramd/failpoints.py)."""
+    def must_not_run(name):
+        raise AssertionError(f"_fire({name!r}) ran with nothing armed")
+    failpoints.arm("")
+    monkeypatch.setattr(failpoints, "_fire", must_not_run)
+    for name in failpoints.POINTS:
+        assert failpoints.failpoint(name) is None
+    failpoints.arm("warm.after_token=log")  # armed: the lookup happens
+    try:
+        with pytest.raises(AssertionError, match="_fire"):
+            failpoints.failpoint("warm.after_token")
+    finally:
+        failpoints.arm("")
