@@ -52,6 +52,19 @@
 //     float mw_dot(uint rowb, uint blk, uint j, MwX xv)
 // unit j of block blk: its x values, and that unit of the row at byte
 // rowb dotted with them, scales applied.
+//
+// Expert-indexed (MV_ID, the matvec_id_<type> and matvec_id_w_<type>
+// kernels of mixture-of-experts models): binding 0 holds stacked expert
+// matrices (ggml's [n_expert, rows, cols], expert e's matrix at byte
+// e * slab_bytes) and work-group z is a slot (an expert chosen for a token)
+// instead of a token: slot z multiplies the matrix of expert ids[id_off + z]
+// (binding 3, written on the GPU by moe_route.comp, so a recorded decode
+// step needs no readback to pick experts) with x row z / x_div (x_div =
+// experts per token: a token's slots share its x for gate and up; 1 for
+// down, each slot its own row) into y row z.  A binding may not cover a
+// large stack (maxStorageBufferRange), so Ops binds it in runs of experts
+// (e_first, e_count) and a slot whose expert is in another run leaves at
+// once (the whole work group: z is uniform).
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
@@ -71,6 +84,9 @@ layout(std430, set = 0, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Input { float x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Input4 { vec4 x4[]; };
 layout(std430, set = 0, binding = 2) buffer Output { float y[]; };
+#ifdef MV_ID
+layout(std430, set = 0, binding = 3) readonly buffer Ids { uint ids[]; };
+#endif
 
 layout(push_constant) uniform Params {
     uint rows;      // weight rows in this dispatch
@@ -81,9 +97,29 @@ layout(push_constant) uniform Params {
     uint x_stride;  // floats from X[t, 0] to X[t + 1, 0]
     uint y_off;     // float offset of Y[0, row 0] in binding 2
     uint y_stride;  // floats from Y[t, 0] to Y[t + 1, 0]
+#ifdef MV_ID
+    uint id_off;     // uint offset of slot 0's expert id in binding 3
+    uint slab_bytes; // bytes of one expert's matrix (rows * ROW_BYTES(cols))
+    uint e_first;    // binding 0 holds experts e_first .. e_first + e_count - 1,
+    uint e_count;    // e_first's row 0 at byte w_off
+    uint x_div;      // slots per x row
+#endif
 } p;
 
 #include "dequant.glsl"
+
+#ifdef MV_ID
+// Slot z's expert, if it is in this dispatch's run: the byte offset of its
+// matrix in binding 0.  Unsigned: an id below e_first wraps past e_count.
+bool expert_matrix(uint z, out uint wb) {
+    uint e = ids[p.id_off + z] - p.e_first;
+    wb = p.w_off + e * p.slab_bytes;
+    return e < p.e_count;
+}
+#define W_BASE wb
+#else
+#define W_BASE p.w_off
+#endif
 
 bool x_aligned;  // this token's x row starts at a multiple of 4 floats (16 bytes; Ops aligns bindings to 16)
 
@@ -196,7 +232,15 @@ shared float part[NR][WG];  // per-subgroup sums (at most WG subgroups)
 void matvec_words() {
     uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint t = gl_WorkGroupID.z;
+#ifdef MV_ID
+    uint wb;
+    if (!expert_matrix(t, wb)) {
+        return;  // the whole group: uniform
+    }
+    uint xb = p.x_off + (t / p.x_div) * p.x_stride;
+#else
     uint xb = p.x_off + t * p.x_stride;
+#endif
     x_aligned = (xb & 3u) == 0u;
     uint r0 = wg * RPW;
     if (r0 >= p.rows) {
@@ -205,7 +249,7 @@ void matvec_words() {
     uint rowb[NR];
     float acc[NR];
     [[unroll]] for (uint k = 0u; k < NR; k++) {
-        rowb[k] = p.w_off + min(r0 + k, p.rows - 1u) * ROW_BYTES(p.cols);  // past the end: the last row again
+        rowb[k] = W_BASE + min(r0 + k, p.rows - 1u) * ROW_BYTES(p.cols);  // past the end: the last row again
         acc[k] = 0.0;
     }
     uint nw = (p.cols / BLOCK_ELEMS) * MW_WPB;
@@ -246,7 +290,15 @@ void main() {
 #endif
     uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint t = gl_WorkGroupID.z;
+#ifdef MV_ID
+    uint wb;
+    if (!expert_matrix(t, wb)) {
+        return;
+    }
+    uint xb = p.x_off + (t / p.x_div) * p.x_stride;
+#else
     uint xb = p.x_off + t * p.x_stride;
+#endif
     x_aligned = (xb & 3u) == 0u;
     uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupSize;
     uint rb = ROW_BYTES(p.cols);
@@ -261,7 +313,7 @@ void main() {
         uint rowb[NR];
         float acc[NR];
         [[unroll]] for (uint k = 0u; k < NR; k++) {
-            rowb[k] = p.w_off + min(r0 + k, p.rows - 1u) * rb;  // past the end: recompute the last row
+            rowb[k] = W_BASE + min(r0 + k, p.rows - 1u) * rb;  // past the end: recompute the last row
             acc[k] = 0.0;
         }
         dot_rows(rowb, xb, lane, sg, acc);

@@ -206,7 +206,8 @@ def moe_command(model, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, as_jso
     for row in r["placements"]:
         click.echo(f"  --n-cpu-moe {row['n_cpu_moe']:<5g} VRAM {row['device_bytes'] / 2**30:7.2f} GiB  host experts "
                    f"{row['host_expert_bytes'] / 2**30:7.2f} GiB  decode {row['decode_tps']:7.2f} tok/s  "
-                   f"prefill {row['prefill_tps']:7.1f} tok/s")
+                   f"prefill {row['prefill_tps']:7.1f} tok/s  GPU-routed layers {row['gpu_routed_layers']}"
+                   + (" (decode replayed)" if row["decode_replayed"] else ""))
 
 
 if __name__ == "__main__":

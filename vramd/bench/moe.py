@@ -3,7 +3,9 @@
 For each N: load the model with the experts of the first N layers on the
 host, restore, prefill `prompt` tokens, decode `tokens` tokens greedily
 (each timed), and report tokens/s next to the device and host bytes, so a
-user can see what each layer moved off the GPU costs.
+user can see what each layer moved off the GPU costs.  Each row also says
+how many layers routed on the GPU (vramd/engine/moe.py: all of them with
+--n-cpu-moe 0, and decode is then one replayed step).
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ def run(model: str | None, wtype: str, n_values: list[float], prompt: int, token
                             steps.append(time.monotonic() - t0)
                             pos += 1
                         b = res.breakdown()
+                        gpu_routed = sum(m.gpu_routed)
                     finally:
                         m.close()
                 rows.append({"n_cpu_moe": n, "device_bytes": sum(v["device"] for v in b.values()),
+                             "gpu_routed_layers": gpu_routed, "decode_replayed": gpu_routed == cfg.n_layer,
                              "host_expert_bytes": sum(v.nbytes for v in lm.host.values()), "load_s": load_s,
                              "prefill_tps": prompt / prefill_s, "decode_tps": 1.0 / statistics.median(steps),
                              "decode_ms_p50": statistics.median(steps) * 1000})

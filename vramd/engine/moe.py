@@ -2,18 +2,29 @@
 
 Owns: `MoEConfig` (the hyper-parameters and gating rule per architecture),
 `moe_scratch_layout`, and `MoEModel.forward`.  Attention is the llama/qwen2
-one (plus QK-norm for qwen3moe).  The feed-forward is routed: the router's
-logits are read back after each layer's attention, the top-k experts are
-chosen on the CPU (softmax, top-k, renormalised per architecture, see
-tests/engine/reference_moe.py), and only the chosen experts are computed:
-on the GPU for experts whose stacked tensors are resident (one matvec per
-expert slab, a view into the stacked tensor), on the CPU (numpy, the BLAS
-threads) for the tensors `--n-cpu-moe` placed on the host.  The two
-contributions meet in the residual stream on the GPU.
+one (plus QK-norm for qwen3moe).  The feed-forward is routed: softmax of the
+router's logits, the top-k experts, their weights renormalised per
+architecture (`route()`, tests/engine/reference_moe.py), and only the chosen
+experts computed.  Two ways, chosen per layer (`MoEModel.gpu_routed`):
 
-A layer therefore costs one device round trip (the routing needs the
-router's output): correct at any batch size, not yet fast; the
-`vramd bench decode` figures say how far.
+GPU-routed (every expert tensor of the layer on the device, the common case
+with `--n-cpu-moe 0`): moe_route picks the experts on the GPU into a small
+ids/weights buffer, matvec_id runs all k experts' gate, up and down in one
+dispatch each (the expert ids read on the GPU, offsets into the stacked
+tensors), moe_combine adds the weighted outputs (and qwen2moe's gated shared
+expert) to the residual stream.  No readback, so when every layer is
+GPU-routed the one-token decode step is recorded once into an `ops.graph()`
+and replayed per token, as llama.py's (token id and position in, logits out
+through a mapped host buffer; re-recorded when the residency generation
+changes); prefill chunks record the same ops for n tokens into one batch.
+
+Host-routed (a layer with an expert tensor `--n-cpu-moe` placed on the host,
+or one the GPU path cannot bind): the router's logits are read back after the
+layer's attention, the experts chosen on the CPU, and computed on the GPU
+from views into the stacked tensors and on the CPU (numpy, the BLAS threads)
+for the host-placed tensors; the two meet in the residual stream on the GPU.
+Such a layer costs a device round trip, and decode goes through the chunk
+path (runs of GPU-routed layers between host-routed ones still need none).
 """
 
 from __future__ import annotations
@@ -24,8 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from vramd.engine.llama import metadata_getter, rope_scale_factor, vocab_size
-from vramd.engine.ops import Ops, Weight, row_bytes, view
+from vramd.engine.ops import ROUTE_MAX_EXPERTS, ROUTE_MAX_USED, Ops, Weight, row_bytes, view
 from vramd.errors import ModelError
+from vramd.gpu.kernels import HostBuffer
 
 MOE_ARCHITECTURES = ("qwen3moe", "qwen2moe", "llama")
 MAX_BATCH = 64
@@ -98,11 +110,17 @@ class MoEConfig:
 def moe_scratch_layout(cfg: MoEConfig, batch: int = MAX_BATCH) -> list[tuple[str, int]]:
     b, e = batch, cfg.n_embd
     f = max(cfg.n_ff_exp, cfg.n_ff_shexp or 0)
+    slots = b * cfg.n_used    # (token, chosen expert) pairs of a chunk
     return [("x", 4 * b * e), ("h", 4 * b * e), ("q", 4 * b * cfg.q_width), ("k", 4 * b * cfg.kv_width),
             ("v", 4 * b * cfg.kv_width), ("att", 4 * b * cfg.q_width), ("router", 4 * b * cfg.n_expert),
             ("g1", 4 * f), ("u1", 4 * f), ("tmp", 4 * e), ("cpu", 4 * b * e), ("shexp", 4 * b * e),
-            ("part", 4 * b * cfg.n_used * cfg.n_ff_exp),
-            ("shgate", 4 * b), ("logits", 4 * b * cfg.n_vocab), ("ids", 4 * b), ("pos", 4 * b)]
+            ("part", 4 * slots * cfg.n_ff_exp),
+            ("shgate", 4 * b), ("logits", 4 * b * cfg.n_vocab), ("ids", 4 * b), ("pos", 4 * b),
+            # GPU-routed layers: the routing (expert ids, weights), each slot's gate, up and down
+            # outputs, the shared expert's gate and up (qwen2moe)
+            ("route_ids", 4 * slots), ("route_w", 4 * slots), ("eg", 4 * slots * cfg.n_ff_exp),
+            ("eu", 4 * slots * cfg.n_ff_exp), ("ed", 4 * slots * e), ("sg", 4 * b * max(cfg.n_ff_shexp, 1)),
+            ("su", 4 * b * max(cfg.n_ff_shexp, 1))]
 
 
 def route(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -120,12 +138,20 @@ def route(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np
     return ids, w
 
 
+EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # the order they leave the device
+
+
 class MoEModel:
-    def __init__(self, loaded, residency, ctx: int, scratch_region, batch: int = MAX_BATCH):
+    """Forward passes of one loaded MoE model.  gpu_routing=False routes every
+    layer on the host (the reference the GPU-routed path is tested against)."""
+
+    def __init__(self, loaded, residency, ctx: int, scratch_region, batch: int = MAX_BATCH, *,
+                 gpu_routing: bool = True):
         self.file = mf = loaded.file
         self.cfg = MoEConfig.from_model(mf)
         self.ctx, self.batch = ctx, batch
         self.ops = Ops(residency)
+        self.residency = residency
         self.weights = loaded.weights.tensors
         self.host = loaded.host
         self.kv = loaded.kv.tensors
@@ -134,6 +160,19 @@ class MoEModel:
         for name in ("token_embd.weight", "output_norm.weight"):
             if name not in self._info:
                 raise ModelError(f"{mf.path}: missing tensor {name!r}")
+        self._check_expert_shapes()
+        # Per layer: routed on the GPU (no readback) or on the host.
+        self.gpu_routed = [gpu_routing and self._gpu_routable(i) for i in range(self.cfg.n_layer)]
+        self._step = None          # the recorded one-token decode step (a Batch), replayed per token
+        self._step_gen = None      # residency.generation it was recorded at; None: record again
+        self._io = None            # HostBuffer: [0:4] token id, [4:8] position, [16:] logits (f32)
+        self.timer = None          # a vramd.gpu.timing.Timestamps: time each dispatch of the step
+        self.step_records = 0      # times the step was recorded (tests: replay, re-record after a move)
+
+    @property
+    def replays_decode(self) -> bool:
+        """Decode is one recorded step replayed per token: every layer routes on the GPU."""
+        return all(self.gpu_routed)
 
     # -- weights ---------------------------------------------------------------
 
@@ -142,6 +181,39 @@ class MoEModel:
         if t is None:
             raise ModelError(f"{self.file.path}: missing tensor {name!r}")
         return Weight(self.weights[name], t.type, int(np.prod(t.shape[1:])), t.shape[0])
+
+    def _check_expert_shapes(self) -> None:
+        """The stacked expert tensors are [n_expert, rows, cols] as the metadata
+        says (both paths index them by expert and row)."""
+        cfg = self.cfg
+        want = {"ffn_gate_exps": (cfg.n_embd, cfg.n_ff_exp, cfg.n_expert),
+                "ffn_up_exps": (cfg.n_embd, cfg.n_ff_exp, cfg.n_expert),
+                "ffn_down_exps": (cfg.n_ff_exp, cfg.n_embd, cfg.n_expert)}
+        for i in range(cfg.n_layer):
+            for kind, shape in want.items():
+                name = f"blk.{i}.{kind}.weight"
+                t = self._info.get(name)
+                if t is None:
+                    raise ModelError(f"{self.file.path}: missing tensor {name!r}")
+                if tuple(t.shape) != shape:
+                    raise ModelError(f"{self.file.path}: tensor {name!r} has shape {tuple(t.shape)}, "
+                                     f"expected {shape}")
+
+    def _stack(self, name: str) -> Weight:
+        """A stacked expert tensor on the device, as expert 0's matrix (matvec_id's form)."""
+        t = self._info[name]
+        return Weight(self.weights[name], t.type, t.shape[1], t.shape[0])
+
+    def _gpu_routable(self, i: int) -> bool:
+        """Whether layer i can route on the GPU: its expert tensors are all on
+        the device, the routing kernel takes n_expert and k, and one expert's
+        matrix fits a storage binding (matvec_id binds a stack in runs of
+        whole experts).  Otherwise the layer is host-routed."""
+        cfg = self.cfg
+        if cfg.n_expert > ROUTE_MAX_EXPERTS or cfg.n_used > ROUTE_MAX_USED:
+            return False
+        names = [f"blk.{i}.{kind}.weight" for kind in EXPERT_KINDS]
+        return all(name not in self.host and self.ops.fits_matvec_id(self._stack(name)) for name in names)
 
     def _expert(self, name: str, e: int) -> Weight | None:
         """Expert e's slab of a stacked tensor, on the device; None if the tensor is on the host."""
@@ -186,63 +258,171 @@ class MoEModel:
             raise ValueError("no tokens")
         if pos0 < 0 or pos0 + len(tokens) > self.ctx:
             raise ModelError(f"positions {pos0}..{pos0 + len(tokens) - 1} outside the context of {self.ctx}")
+        if len(tokens) == 1 and not all_logits and self.replays_decode:
+            return self._decode(int(tokens[0]), pos0)
         out = []
         for start in range(0, len(tokens), self.batch):
             chunk = tokens[start:start + self.batch]
             out.append(self._chunk(chunk, pos0 + start, all_logits))
         return np.concatenate(out, axis=0) if all_logits else out[-1]
 
+    def _decode(self, token: int, pos: int) -> np.ndarray:
+        """One token at `pos` through the recorded step (every layer GPU-routed): the logits ([n_vocab])."""
+        ops, a = self.ops, self.act
+        n_logits = 4 * self.cfg.n_vocab
+        if self._io is None:
+            self._io = HostBuffer(self.residency.device, 16 + n_logits)
+        io = self._io
+        if self._step is None:
+            self._step = ops.graph()
+        if self._step_gen != self.residency.generation:
+            ops.sync()
+            self._step_gen = None      # a recording that fails half-way is never replayed
+            self._step.timer = self.timer
+            with ops.record(self._step):
+                ops.copy(io.view(0, 4), view(a["ids"], 0, 4), 4)
+                ops.copy(io.view(4, 4), view(a["pos"], 0, 4), 4)
+                self._embed(1)
+                for i in range(self.cfg.n_layer):
+                    self._attention(i, 1)
+                    self._gpu_experts(i, 1)
+                self._output(1, all_logits=False)
+                ops.copy(view(a["logits"], 0, n_logits), io.view(16, n_logits), n_logits)
+            self._step_gen = self.residency.generation
+            self.step_records += 1
+        ops.sync()  # the previous step is done with the host buffer
+        io.array[:8].view(np.int32)[:] = (token, pos)
+        self._step.submit()
+        ops.sync()
+        return io.array[16:16 + n_logits].view(np.float32).copy()
+
+    def profile(self, timer) -> None:
+        """Times every dispatch of the replayed decode step with `timer` (a
+        vramd.gpu.timing.Timestamps; None: stop); read `timer.read()` after
+        a forward of one token.  Re-records the step."""
+        self.timer = timer
+        self._step_gen = None
+
     def _chunk(self, tokens: list[int], pos0: int, all_logits: bool) -> np.ndarray:
         cfg, ops, a = self.cfg, self.ops, self.act
-        n, E = len(tokens), cfg.n_embd
+        n = len(tokens)
         ops.sync()
         a["ids"].write(np.asarray(tokens, dtype=np.int32))
         a["pos"].write(np.arange(pos0, pos0 + n, dtype=np.int32))
         with ops.batch():
-            ops.get_rows(self._weight("token_embd.weight"), a["ids"], a["x"], n)
-        for i in range(cfg.n_layer):
-            self._layer(i, n)
-        out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
-        with ops.batch():
-            ops.rms_norm(a["x"], self.weights["output_norm.weight"], a["h"], cfg.eps, n, E)
-            if all_logits:
-                ops.matvec(out_w, a["h"], a["logits"], n)
+            self._embed(n)
+        for gpu, layers in self._layer_runs():
+            if gpu:   # no readback: the whole run in one command buffer
+                with ops.batch():
+                    for i in layers:
+                        self._attention(i, n)
+                        self._gpu_experts(i, n)
             else:
-                ops.matvec(out_w, view(a["h"], 4 * (n - 1) * E, 4 * E), a["logits"], 1)
+                self._host_routed_layer(layers[0], n)
+        with ops.batch():
+            self._output(n, all_logits)
         ops.sync()
         rows = n if all_logits else 1
         logits = a["logits"].read(np.float32, 0, 4 * rows * cfg.n_vocab).reshape(rows, cfg.n_vocab).copy()
         return logits if all_logits else logits[0]
 
+    def _layer_runs(self) -> list[tuple[bool, list[int]]]:
+        """The layers in order, as (True, a run of consecutive GPU-routed
+        layers) and (False, [one host-routed layer])."""
+        runs: list[tuple[bool, list[int]]] = []
+        for i, gpu in enumerate(self.gpu_routed):
+            if gpu and runs and runs[-1][0]:
+                runs[-1][1].append(i)
+            else:
+                runs.append((gpu, [i]))
+        return runs
+
+    def _embed(self, n: int) -> None:
+        self.ops.get_rows(self._weight("token_embd.weight"), self.act["ids"], self.act["x"], n)
+
+    def _output(self, n: int, all_logits: bool) -> None:
+        """The logits of every token, or of the last at row 0, from x."""
+        cfg, ops, a = self.cfg, self.ops, self.act
+        E = cfg.n_embd
+        out_w = self._weight("token_embd.weight" if cfg.tied_output else "output.weight")
+        ops.rms_norm(a["x"], self.weights["output_norm.weight"], a["h"], cfg.eps, n, E)
+        if all_logits:
+            ops.matvec(out_w, a["h"], a["logits"], n)
+        else:
+            ops.matvec(out_w, view(a["h"], 4 * (n - 1) * E, 4 * E), a["logits"], 1)
+
     def _linear(self, name: str, x, y, n: int, width: int) -> None:
-        self.ops.matvec(self._weight(name + ".weight"), x, y, n)
-        bias = self._bias(name + ".bias")
-        if bias is not None:
-            self.ops.add(y, bias, y, n * width, width)
+        self._linears([(name, x, y, width)], n)
+
+    def _linears(self, items, n: int) -> None:
+        """y = W x (+ bias) for independent (name, x, y, width) items: the
+        matvecs side by side (one barrier after them all), then the bias adds."""
+        ops = self.ops
+        with ops.parallel():
+            for name, x, y, _width in items:
+                ops.matvec(self._weight(name + ".weight"), x, y, n)
+        biases = [(y, b, width) for name, _x, y, width in items if (b := self._bias(name + ".bias")) is not None]
+        if biases:
+            with ops.parallel():
+                for y, b, width in biases:
+                    ops.add(y, b, y, n * width, width)
 
     def _attention(self, i: int, n: int) -> None:
+        """Layer i's attention: from x (the residual), x += attention, then h = ffn_norm(x)."""
         cfg, ops, a = self.cfg, self.ops, self.act
         p, E, hd = f"blk.{i}.", cfg.n_embd, cfg.head_dim
         ops.rms_norm(a["x"], self.weights[p + "attn_norm.weight"], a["h"], cfg.eps, n, E)
-        self._linear(p + "attn_q", a["h"], a["q"], n, cfg.q_width)
-        self._linear(p + "attn_k", a["h"], a["k"], n, cfg.kv_width)
-        self._linear(p + "attn_v", a["h"], a["v"], n, cfg.kv_width)
+        self._linears([(p + "attn_q", a["h"], a["q"], cfg.q_width), (p + "attn_k", a["h"], a["k"], cfg.kv_width),
+                       (p + "attn_v", a["h"], a["v"], cfg.kv_width)], n)
         if p + "attn_q_norm.weight" in self._info:   # qwen3moe: RMSNorm over each head
-            ops.rms_norm(a["q"], self.weights[p + "attn_q_norm.weight"], a["q"], cfg.eps, n * cfg.n_head, hd)
-            ops.rms_norm(a["k"], self.weights[p + "attn_k_norm.weight"], a["k"], cfg.eps, n * cfg.n_head_kv, hd)
+            with ops.parallel():
+                ops.rms_norm(a["q"], self.weights[p + "attn_q_norm.weight"], a["q"], cfg.eps, n * cfg.n_head, hd)
+                ops.rms_norm(a["k"], self.weights[p + "attn_k_norm.weight"], a["k"], cfg.eps, n * cfg.n_head_kv, hd)
         rope = dict(n_rot=cfg.n_rot, neox=cfg.neox, freq_base=cfg.rope_base, freq_scale=cfg.rope_scale)
-        ops.rope(a["q"], a["pos"], n, cfg.n_head, hd, **rope)
-        ops.rope(a["k"], a["pos"], n, cfg.n_head_kv, hd, **rope)
-        ops.kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, cfg.kv_width, self.ctx)
-        ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, cfg.kv_width, self.ctx)
+        with ops.parallel():   # q rotates in place, k rotated into the cache, v to the cache as it is
+            ops.rope(a["q"], a["pos"], n, cfg.n_head, hd, **rope)
+            ops.rope_kv_write(a["k"], self.kv[f"cache_k_l{i}"], a["pos"], n, cfg.n_head_kv, hd, self.ctx, **rope)
+            ops.kv_write(a["v"], self.kv[f"cache_v_l{i}"], a["pos"], n, cfg.kv_width, self.ctx)
         ops.attention(a["q"], self.kv[f"cache_k_l{i}"], self.kv[f"cache_v_l{i}"], a["pos"], a["att"], n,
                       cfg.n_head, cfg.n_head_kv, hd, self.ctx, 1.0 / math.sqrt(hd),
                       tmp=a["part"])  # free until the experts: decode attention's per-range partials
         self._linear(p + "attn_output", a["att"], a["h"], n, E)
-        ops.add(a["x"], a["h"], a["x"], n * E)
-        ops.rms_norm(a["x"], self.weights[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
+        ops.add_rms_norm(a["x"], a["h"], self.weights[p + "ffn_norm.weight"], a["h"], cfg.eps, n, E)
 
-    def _layer(self, i: int, n: int) -> None:
+    def _gpu_experts(self, i: int, n: int) -> None:
+        """Layer i's routed FFN, routed on the GPU: from h = ffn_norm(x),
+        x += sum_j w_j expert_j(h) (+ sigmoid(g . h) shared(h), qwen2moe).
+        A dispatch each for the routing, all slots' gate, up and down, and
+        the weighted sum; nothing read back."""
+        cfg, ops, a = self.cfg, self.ops, self.act
+        p, E, k, F = f"blk.{i}.", cfg.n_embd, cfg.n_used, cfg.n_ff_exp
+        slots = n * k
+        shared = p + "ffn_gate_shexp.weight" in self._info
+        with ops.parallel():   # everything that reads only h
+            ops.matvec(self._weight(p + "ffn_gate_inp.weight"), a["h"], a["router"], n)
+            if shared:
+                ops.matvec(self._weight(p + "ffn_gate_inp_shexp.weight"), a["h"], a["shgate"], n)
+                ops.matvec(self._weight(p + "ffn_gate_shexp.weight"), a["h"], a["sg"], n)
+                ops.matvec(self._weight(p + "ffn_up_shexp.weight"), a["h"], a["su"], n)
+        with ops.parallel():
+            ops.moe_route(a["router"], a["route_ids"], a["route_w"], n, cfg.n_expert, k, cfg.renormalize)
+            if shared:
+                ops.silu_mul(a["sg"], a["su"], a["sg"], n * cfg.n_ff_shexp)
+        gate, up, down = (self._stack(p + kind + ".weight") for kind in EXPERT_KINDS)
+        with ops.parallel():   # a token's k slots all read its h row (x_div = k)
+            ops.matvec_id(gate, cfg.n_expert, a["route_ids"], a["h"], a["eg"], slots, x_div=k)
+            ops.matvec_id(up, cfg.n_expert, a["route_ids"], a["h"], a["eu"], slots, x_div=k)
+            if shared:
+                ops.matvec(self._weight(p + "ffn_down_shexp.weight"), a["sg"], a["shexp"], n)
+        ops.silu_mul(a["eg"], a["eu"], a["eg"], slots * F)
+        ops.matvec_id(down, cfg.n_expert, a["route_ids"], a["eg"], a["ed"], slots)
+        ops.moe_combine(a["x"], a["ed"], a["route_w"], n, k, E, shared=a["shexp"] if shared else None,
+                        shared_gate=a["shgate"] if shared else None)
+
+    def _host_routed_layer(self, i: int, n: int) -> None:
+        """Layer i with the routing read back and chosen on the CPU (its own
+        batches and syncs): experts on the host computed by numpy, those on
+        the device by one matvec per expert."""
         cfg, ops, a = self.cfg, self.ops, self.act
         p, E, F = f"blk.{i}.", cfg.n_embd, cfg.n_ff_exp
         shared = p + "ffn_gate_shexp.weight" in self._info
@@ -256,7 +436,7 @@ class MoEModel:
         ops.sync()
         router = a["router"].read(np.float32, 0, 4 * n * cfg.n_expert).reshape(n, cfg.n_expert)
         ids, weights = route(router.astype(np.float64), cfg.n_used, cfg.renormalize)
-        names = [p + k + ".weight" for k in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
+        names = [p + kind + ".weight" for kind in EXPERT_KINDS]
         # How many of this layer's expert tensors are on the host: 0..3, a prefix of gate, up, down.
         n_host = sum(name in self.host for name in names)
         cpu_out = part = None
@@ -323,3 +503,6 @@ class MoEModel:
 
     def close(self) -> None:
         self.ops.close()
+        if self._io is not None:
+            self._io.close()
+            self._io = None
