@@ -1,9 +1,10 @@
-"""cffi build of the residency core (API mode): `vramd.gpu._residency`.
+"""cffi build of the native core (API mode): `vramd.gpu._residency`.
 
 setup.py names this in `cffi_modules`, so `pip install .` compiles
-native/src/*.c into the package.  The declarations cffi sees are the
-CDEF section of the public header, verbatim: one source of truth for the C
-and the Python side.
+native/src/*.c into the package: the residency core and the host matvec
+(native/src/hostmv.c, the CPU side of --n-cpu-moe).  The declarations cffi
+sees are the CDEF sections of the public headers, verbatim: one source of
+truth for the C and the Python side.
 
 Vulkan headers: Debian's libvulkan-dev (scripts/setup.sh installs it); set
 VULKAN_INCLUDE to another include directory where they live elsewhere.  The
@@ -15,13 +16,17 @@ import os
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HEADER = os.path.join(HERE, "include", "vramd", "residency.h")
+# hostmv.h uses residency.h's status codes: it comes second.
+HEADERS = [os.path.join(HERE, "include", "vramd", name) for name in ("residency.h", "hostmv.h")]
 
 
 def cdef_text():
-    text = open(HEADER, encoding="utf-8").read()
-    start = text.index("/* CDEF BEGIN */") + len("/* CDEF BEGIN */")
-    return text[start:text.index("/* CDEF END */")]
+    parts = []
+    for header in HEADERS:
+        text = open(header, encoding="utf-8").read()
+        start = text.index("/* CDEF BEGIN */") + len("/* CDEF BEGIN */")
+        parts.append(text[start:text.index("/* CDEF END */")])
+    return "\n".join(parts)
 
 
 def builder(absolute: bool = False) -> FFI:
@@ -37,10 +42,15 @@ def builder(absolute: bool = False) -> FFI:
     ffi.cdef(cdef_text())
     ffi.set_source(
         "vramd.gpu._residency",
-        '#include "vramd/residency.h"',
+        "".join(f'#include "vramd/{os.path.basename(h)}"\n' for h in HEADERS),
         sources=sorted(fix(p) for p in glob.glob(os.path.join(HERE, "src", "*.c"))),
         include_dirs=include_dirs,
-        extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wno-unused-parameter"],
+        # -ffp-contract=fast: a*b+c may be one FMA where the CPU has it (hostmv.c's
+        # AVX2 clone; ~20% on its Q8_0 rows), as GNU C does by default and ISO C
+        # (-std=c11) does not.  -Wno-psabi: hostmv.c's helpers pass 32-byte vectors,
+        # always inlined, so the AVX-vs-not calling convention GCC notes never applies.
+        extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wno-unused-parameter", "-ffp-contract=fast",
+                            "-Wno-psabi"],
         libraries=["dl", "pthread"],
     )
     return ffi

@@ -2,7 +2,7 @@
 
 Owns: `write_moe` (and `MoESpec`, `make_moe_weights`, `write_moe_weights`), which
 writes small, deterministic qwen3moe, qwen2moe and mixtral-style models with
-complete tokenizer metadata, in F32, F16, Q8_0 or Q4_0 (BF16 too).  The
+complete tokenizer metadata, in F32, F16, Q8_0 or Q4_0 (BF16 and Q5_0 too).  The
 vocabularies, chat templates and random streams are tests/engine/models.py's
 (make_vocab, _write_vocab, _rng): the same seed gives the same tokenizer as a
 dense model.  Nothing is committed as a binary; a default model is ~0.8 MB in
@@ -85,7 +85,8 @@ from tests.engine.models import (CHATML_TEMPLATE, LOGIT_STD, MISTRAL_TEMPLATE, T
 
 ROUTER_STD = 4.0
 QK_NORM_GAIN = 1.5
-MOE_WEIGHT_TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0}
+MOE_WEIGHT_TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0,
+                    "Q5_0": Q.Q5_0}   # Q5_0: a type the native host matvec leaves to gguf.quants
 
 # arch -> (general.architecture, rope base, eps, vocabulary, q/k/v biases, chat template)
 _MOE_STYLES = {

@@ -202,7 +202,8 @@ def moe_command(model, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, as_jso
         click.echo(json.dumps(r, indent=2))
         return
     click.echo(f"{r['model']}: {r['n_layer']} layers, {r['n_expert']} experts (top-{r['n_used']}), "
-               f"{r['weight_bytes'] / 2**30:.2f} GiB, on {r['device']}")
+               f"{r['weight_bytes'] / 2**30:.2f} GiB, on {r['device']}; host experts on "
+               f"{r['host_threads']} CPU threads")
     for row in r["placements"]:
         click.echo(f"  --n-cpu-moe {row['n_cpu_moe']:<5g} VRAM {row['device_bytes'] / 2**30:7.2f} GiB  host experts "
                    f"{row['host_expert_bytes'] / 2**30:7.2f} GiB  decode {row['decode_tps']:7.2f} tok/s  "

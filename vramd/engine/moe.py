@@ -21,8 +21,10 @@ changes); prefill chunks record the same ops for n tokens into one batch.
 Host-routed (a layer with an expert tensor `--n-cpu-moe` placed on the host,
 or one the GPU path cannot bind): the router's logits are read back after the
 layer's attention, the experts chosen on the CPU, and computed on the GPU
-from views into the stacked tensors and on the CPU (numpy, the BLAS threads)
-for the host-placed tensors; the two meet in the residual stream on the GPU.
+from views into the stacked tensors and on the CPU for the host-placed
+tensors (the native host matvec, vramd/engine/hostmv.py: all the selected
+experts of a chunk in one call of a thread pool, gate and up, then down);
+the two meet in the residual stream on the GPU.
 Such a layer costs a device round trip, and decode goes through the chunk
 path (runs of GPU-routed layers between host-routed ones still need none).
 """
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vramd.engine import hostmv
 from vramd.engine.llama import metadata_getter, rope_scale_factor, vocab_size
 from vramd.engine.ops import ROUTE_MAX_EXPERTS, ROUTE_MAX_USED, Ops, Weight, row_bytes, view
 from vramd.errors import ModelError
@@ -224,29 +227,79 @@ class MoEModel:
         slab = rows * row_bytes(t.type, cols)
         return Weight(view(self.weights[name], e * slab, slab), t.type, rows, cols)
 
-    def _host_matvec(self, name: str, e: int, x: np.ndarray) -> np.ndarray:
-        """W_e @ x for expert e of a host-placed stacked tensor, on the CPU.
+    def _host_matmul(self, items, experts: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
+        """out[s] = W_e x[s] for each (name, x, out) in items (host-placed
+        stacked tensors; x and out float32 arrays, one row per slot), the
+        slots grouped by expert: rows starts[i] .. starts[i] + counts[i] - 1
+        go with expert experts[i].  Every item the native host matvec reads
+        is one job per expert, all of them in one call (vramd/engine/hostmv.py);
+        other types (K-quants) are dequantized an expert at a time."""
+        native = []
+        for name, x, out in items:
+            t = self._info[name]
+            if hostmv.supports(int(t.type), t.shape[0]):
+                native.append((name, x, out))
+                continue
+            for e, s, c in zip(experts.tolist(), starts.tolist(), counts.tolist()):
+                out[s:s + c] = self._host_dequantized(name, e, x[s:s + c])
+        m = len(experts)
+        jobs = np.empty(len(native) * m, hostmv.JOB)
+        for i, (name, x, out) in enumerate(native):
+            t = self._info[name]
+            rows, cols = t.shape[1], t.shape[0]
+            job = jobs[i * m:(i + 1) * m]
+            job["w"] = hostmv.address(self.host[name]) + experts * (rows * row_bytes(t.type, cols))
+            job["x"] = hostmv.address(x) + starts * (4 * cols)
+            job["y"] = hostmv.address(out) + starts * (4 * rows)
+            job["type"], job["rows"], job["cols"], job["n"] = int(t.type), rows, cols, counts
+        hostmv.run(jobs)
 
-        F32/F16/Q8_0 are multiplied straight from their bytes (numpy's BLAS
-        threads do the work; nothing is cached, so host memory stays at the
-        file's size); other types are dequantized for the expert first."""
+    def _host_dequantized(self, name: str, e: int, x: np.ndarray) -> np.ndarray:
+        """x W_e^T for rows x of expert e of a host-placed stacked tensor the
+        native host matvec does not read: the expert dequantized by
+        gguf.quants (nothing is cached, so host memory stays at the file's size)."""
+        import gguf
+
         t = self._info[name]
         rows, cols = t.shape[1], t.shape[0]
         rb = row_bytes(t.type, cols)
         raw = self.host[name][e * rows * rb:(e + 1) * rows * rb]
-        kind = int(t.type)
-        if kind == 0:
-            return raw.view(np.float32).reshape(rows, cols) @ x
-        if kind == 1:
-            return raw.view(np.float16).reshape(rows, cols).astype(np.float32) @ x
-        if kind == 8:   # Q8_0: blocks of (f16 scale, 32 int8)
-            blocks = raw.reshape(rows, cols // 32, 34)
-            d = blocks[:, :, :2].copy().view(np.float16).astype(np.float32)[:, :, 0]
-            q = blocks[:, :, 2:].view(np.int8).astype(np.float32)
-            return np.einsum("rbk,bk->rb", q, x.reshape(cols // 32, 32).astype(np.float32)).__mul__(d).sum(axis=1)
-        import gguf
         w = gguf.quants.dequantize(raw.reshape(rows, rb), t.type).reshape(rows, cols).astype(np.float32, copy=False)
-        return w @ x
+        return x @ w.T
+
+    def _host_experts(self, names: list[str], ids: np.ndarray, weights: np.ndarray,
+                      h: np.ndarray) -> np.ndarray:
+        """The routed experts' host-placed tensors (names: gate; gate and up;
+        or all three) for the slots of ids [n, k], from h [n, E].  Without
+        down: [n*k, F] per slot, the gate's output or silu(gate) * up, for the
+        device to finish.  With down: the weighted sum of the experts [n, E].
+
+        The slots are sorted by expert, so an expert several tokens chose is
+        one job over all their rows (its weights read once), and a token's
+        experts are one call of the pool: gate and up together, then down."""
+        cfg = self.cfg
+        n, k = ids.shape
+        flat = ids.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
+        x = np.ascontiguousarray(h[order // k], dtype=np.float32)   # each slot's token's h, in that order
+        g = np.empty((n * k, cfg.n_ff_exp), dtype=np.float32)
+        if len(names) == 1:
+            self._host_matmul([(names[0], x, g)], experts, starts, counts)
+            act = g
+        else:
+            u = np.empty_like(g)
+            self._host_matmul([(names[0], x, g), (names[1], x, u)], experts, starts, counts)
+            act = g * (0.5 * (1.0 + np.tanh(0.5 * g))) * u   # silu(gate) * up
+        if len(names) < 3:
+            part = np.empty_like(act)
+            part[order] = act
+            return part
+        d = np.empty((n * k, cfg.n_embd), dtype=np.float32)
+        self._host_matmul([(names[2], act, d)], experts, starts, counts)
+        by_slot = np.empty_like(d)
+        by_slot[order] = d
+        return (by_slot.reshape(n, k, cfg.n_embd) * weights[:, :, None]).sum(axis=1).astype(np.float32)
 
     def _bias(self, name: str):
         return self.weights.get(name) if name in self._info else None
@@ -439,25 +492,11 @@ class MoEModel:
         names = [p + kind + ".weight" for kind in EXPERT_KINDS]
         # How many of this layer's expert tensors are on the host: 0..3, a prefix of gate, up, down.
         n_host = sum(name in self.host for name in names)
-        cpu_out = part = None
         if n_host:
+            # The host's share: the gate (1), gate and up (2), or the whole
+            # expert (3); the device takes up from `part`, or adds `cpu`.
             h = a["h"].read(np.float32, 0, 4 * n * E).reshape(n, E)
-            part = np.zeros((n * cfg.n_used, F), dtype=np.float32)
-            cpu_out = np.zeros((n, E), dtype=np.float32)
-            for t in range(n):
-                for j, e in enumerate(ids[t]):
-                    slot = t * cfg.n_used + j
-                    if n_host == 1:        # gate on the CPU; up and down on the device
-                        part[slot] = self._host_matvec(names[0], int(e), h[t])
-                    else:                  # gate and up on the CPU
-                        z = self._host_matvec(names[0], int(e), h[t])
-                        part[slot] = z * 0.5 * (1.0 + np.tanh(0.5 * z)) * self._host_matvec(names[1], int(e), h[t])
-                        if n_host == 3:    # and down too: the whole expert
-                            cpu_out[t] += weights[t, j] * self._host_matvec(names[2], int(e), part[slot])
-            if n_host < 3:
-                a["part"].write(part)
-            else:
-                a["cpu"].write(cpu_out)
+            a["part" if n_host < 3 else "cpu"].write(self._host_experts(names[:n_host], ids, weights, h))
         with ops.batch():
             if n_host == 3:
                 ops.add(a["x"], a["cpu"], a["x"], n * E)
