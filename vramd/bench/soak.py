@@ -20,15 +20,17 @@ must exit 0 on SIGTERM.
 
 The run stops by itself: at the switch target, or at --max-seconds, which
 fails it.  The verdict, the counts and the series go to --json-out; --svg
-draws RSS and device bytes over the switches.
+draws RSS, the C heap in use and device bytes over the switches.
 
-Memory is flat when, per daemon, the median RSS of the last quarter of the
-samples is within --rss-bound-mib MiB or --rss-bound-pct % (whichever is
-larger) of the median of the first quarter, and the device bytes only ever
-take values from a small set (what is resident when warm, parked or cold)
-no larger than the model's warm footprint.  On lavapipe device memory is
-host memory, so RSS moves with the state; the growth is compared per
-state as well as over all samples.
+Memory is flat when, per daemon (quarters taken after a warm-up of the
+first tenth of the samples): the median RSS of the last quarter is within
+--rss-bound-mib MiB or --rss-bound-pct % (whichever is larger) of the
+median of the first; the C heap in use (glibc's count, in the daemon's
+status) grew by at most --heap-bound-mib; the device bytes only ever take
+values from a small set (what is resident when warm, parked or cold) no
+larger than the model's warm footprint; and the residency core's heap usage
+beyond its regions does not grow.  RSS alone cannot tell a leak from
+memory glibc keeps after a free; the heap in use can.
 """
 
 from __future__ import annotations
@@ -248,6 +250,7 @@ class Config:
     max_hold: float = 0.5
     rss_bound_mib: float = 8.0
     rss_bound_pct: float = 5.0
+    heap_bound_mib: float = 1.0
     max_failures: int = 50
 
 
@@ -405,6 +408,8 @@ class Soak:
                 "state": st["state"], "switches": st["switches"] - self.baseline[d.name],
                 "device": sum(v["device"] for v in st["breakdown"].values()),
                 "heap_usage": sum(h["usage"] for h in st.get("heaps", ())),
+                "heap_in_use": (st.get("host_heap") or {}).get("in_use", 0),
+                "heap_free": (st.get("host_heap") or {}).get("free", 0),
                 "rss": _rss(d.proc.pid)}
         row["switches"] = total
         with self.lock:
@@ -524,19 +529,19 @@ def _quarters(values: list) -> tuple[list, list]:
     return values[:n], values[-n:]
 
 
-def _ticks(vmax: float, n: int = 5) -> tuple[float, list[float]]:
-    """Round tick values from 0 to at least vmax (1, 2 or 5 times a power of ten apart)."""
+def _ticks(lo: float, hi: float, n: int = 5) -> tuple[float, float, list[float]]:
+    """An axis from below lo to above hi with round ticks (1, 2 or 5 times a power of ten apart)."""
     import math
-    if vmax <= 0:
-        return 1.0, [0.0, 1.0]
-    raw = vmax / n
+    if hi <= lo:
+        hi = lo + 1
+    raw = (hi - lo) / n
     step = 10 ** math.floor(math.log10(raw))
     for m in (1, 2, 5, 10):
         if m * step >= raw:
             step *= m
             break
-    top = math.ceil(vmax / step - 1e-9) * step
-    return top, [k * step for k in range(int(round(top / step)) + 1)]
+    bottom, top = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
+    return bottom, top, [bottom + k * step for k in range(int(round((top - bottom) / step)) + 1)]
 
 
 def _slope_per_1000(xs: list[float], ys: list[float]) -> float | None:
@@ -575,6 +580,10 @@ def memory_summary(samples: list[dict], footprint: dict[str, int], cfg: Config) 
         # (on lavapipe: the host shadows, staging, memory waiting for the reclaimer).
         other = [r["heap_usage"] - r["device"] for _x, r in rows]
         o1, o4 = _quarters(other)
+        in_use = [r.get("heap_in_use", 0) for _x, r in rows]
+        h1, h4 = _quarters(in_use)
+        kept = [r.get("heap_free", 0) for _x, r in rows]
+        k1, k4 = _quarters(kept)
         out[name] = {
             "rss_first_quartile_median": m1, "rss_last_quartile_median": m4, "rss_growth": m4 - m1,
             "rss_growth_pct": 100 * (m4 - m1) / m1 if m1 else None, "rss_bound": bound,
@@ -587,6 +596,12 @@ def memory_summary(samples: list[dict], footprint: dict[str, int], cfg: Config) 
             "device_distinct": len({r["device"] for _x, r in rows}),
             "heap_other_first_quartile_median": statistics.median(o1),
             "heap_other_last_quartile_median": statistics.median(o4),
+            # The C heap (glibc): bytes in use (a leak grows these) and freed but kept.
+            "heap_in_use_first_quartile_median": statistics.median(h1),
+            "heap_in_use_last_quartile_median": statistics.median(h4),
+            "heap_in_use_growth": statistics.median(h4) - statistics.median(h1) if any(in_use) else None,
+            "heap_free_first_quartile_median": statistics.median(k1),
+            "heap_free_last_quartile_median": statistics.median(k4),
         }
     return out
 
@@ -621,6 +636,9 @@ def verdict(r: dict, cfg: Config) -> list[str]:
             why.append(f"{name}: {m['device_max']} device bytes, more than its warm footprint {m['footprint']}")
         if m["device_distinct"] > 8:
             why.append(f"{name}: device bytes took {m['device_distinct']} different values")
+        if m["heap_in_use_growth"] is not None and m["heap_in_use_growth"] > cfg.heap_bound_mib * 2**20:
+            why.append(f"{name}: the C heap in use grew {m['heap_in_use_growth'] / 2**20:.2f} MiB "
+                       f"(bound {cfg.heap_bound_mib:g} MiB)")
         growth = m["heap_other_last_quartile_median"] - m["heap_other_first_quartile_median"]
         if growth > 0:
             why.append(f"{name}: the core's heap usage beyond its regions grew by {growth} bytes")
@@ -636,24 +654,30 @@ def svg_plot(result: dict, title: str = "") -> str:
     """RSS (lines) and device bytes (dots) of each daemon over the switches, as SVG."""
     samples = result["samples"]
     names = sorted({n for s in samples for n in s["daemons"]})
-    W, H, L, R, T, B, GAP = 760, 520, 70, 130, 40, 45, 50
-    ph = (H - T - B - GAP) / 2
-    xmax, xticks = _ticks(max(1, max(s["switches"] for s in samples)))
-    panels = [("host RSS (MiB)", "rss", 2**20, T, "line"), ("device bytes (KiB, residency core)", "device", 1024,
-                                                                T + ph + GAP, "dots")]
+    W, H, L, R, T, B, GAP = 760, 700, 70, 130, 40, 45, 50
+    ph = (H - T - B - 2 * GAP) / 3
+    xmax = max(1, max(s["switches"] for s in samples))
+    xticks = [x for x in _ticks(0, xmax, 8)[2] if x <= xmax]   # the axis ends at the last sample
+    panels = [("host RSS (MiB)", "rss", 2**20, T, "line"),
+              ("C heap in use (MiB, glibc mallinfo2)", "heap_in_use", 2**20, T + ph + GAP, "line"),
+              ("device bytes (KiB, residency core)", "device", 1024, T + 2 * (ph + GAP), "dots")]
+    if not any(s["daemons"][n].get("heap_in_use") for s in samples for n in s["daemons"]):
+        panels = [(label, key, unit, T + i * (ph + GAP), style)
+                  for i, (label, key, unit, _t, style) in enumerate(p for p in panels if p[1] != "heap_in_use")]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
            'font-family="sans-serif" font-size="11">', f'<rect width="{W}" height="{H}" fill="white"/>']
     if title:
         out.append(f'<text x="{L}" y="20" font-size="13">{_esc(title)}</text>')
     for label, key, unit, top, style in panels:
-        vals = [s["daemons"][n][key] / unit for s in samples for n in names if n in s["daemons"]]
-        ymax, yticks = _ticks(max(vals, default=0) * 1.05)
-        ymin = 0.0
+        vals = [s["daemons"][n].get(key, 0) / unit for s in samples for n in names if n in s["daemons"]]
+        # RSS from a little below its least value (so its growth shows), device bytes from 0.
+        lo = min(vals, default=0) if key != "device" else 0.0
+        ymin, ymax, yticks = _ticks(lo, max(vals, default=0) * 1.02)
 
         def X(x):
             return L + (W - L - R) * x / xmax
 
-        def Y(y, top=top, ymax=ymax):
+        def Y(y, top=top, ymin=ymin, ymax=ymax):
             return top + ph - ph * (y - ymin) / (ymax - ymin)
         out.append(f'<rect x="{L}" y="{top:.1f}" width="{W - L - R}" height="{ph:.1f}" fill="none" stroke="#999"/>')
         out.append(f'<text x="{L}" y="{top - 6:.1f}">{_esc(label)}</text>')
@@ -666,13 +690,14 @@ def svg_plot(result: dict, title: str = "") -> str:
                        f'{x:.0f}</text>')
         for j, n in enumerate(names):
             c = COLORS[j % len(COLORS)]
-            pts = [(X(s["switches"]), Y(s["daemons"][n][key] / unit)) for s in samples if n in s["daemons"]]
+            pts = [(X(s["switches"]), Y(s["daemons"][n].get(key, 0) / unit)) for s in samples if n in s["daemons"]]
             if style == "line":
                 out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.2" points="'
                            + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
             else:
                 dy = (j - 1) * 2.5  # daemons at the same value side by side, not on top of each other
-                out.append("".join(f'<circle cx="{x:.1f}" cy="{y + dy:.1f}" r="1.6" fill="{c}"/>' for x, y in pts))
+                dots = dict.fromkeys((round(x), round(y + dy)) for x, y in pts)   # one dot a pixel
+                out.append("".join(f'<circle cx="{x}" cy="{y}" r="1.6" fill="{c}"/>' for x, y in dots))
             out.append(f'<rect x="{W - R + 12}" y="{top + 14 * j:.1f}" width="10" height="10" fill="{c}"/>'
                        f'<text x="{W - R + 27}" y="{top + 9 + 14 * j:.1f}">{_esc(n)}</text>')
     out.append(f'<text x="{L + (W - L - R) / 2:.0f}" y="{H - 8}" text-anchor="middle">switches (all daemons)</text>')
@@ -686,6 +711,17 @@ def _esc(s: str) -> str:
 
 # -- the command ------------------------------------------------------------------------
 
+def dump(r: dict) -> str:
+    """The result as JSON: indented, with one sample a line."""
+    head = json.dumps({k: v for k, v in r.items() if k != "samples"}, indent=1)
+    rows = ",\n  ".join(json.dumps(s, separators=(",", ":")) for s in r.get("samples", ()))
+    return head[:-2] + ',\n "samples": [\n  ' + rows + "\n ]\n}\n"
+
+
+def _mib(n) -> str:
+    return "n/a" if n is None else f"{n / 2**20:+.2f} MiB"
+
+
 def summary(r: dict) -> str:
     lines = [f"soak ({r['config']['layout']} layout, {r['config']['clients']} clients, budget "
              f"{r['budget'] or 'none'}): {r['switches']} switches, {r['requests']} streamed requests in "
@@ -695,7 +731,8 @@ def summary(r: dict) -> str:
     for name, m in r["memory"].items():
         lines.append(f"  {name}: RSS {m['rss_first_quartile_median'] / 2**20:.1f} -> "
                      f"{m['rss_last_quartile_median'] / 2**20:.1f} MiB (first/last quarter medians, "
-                     f"{m['rss_growth'] / 2**20:+.2f} MiB, bound {m['rss_bound'] / 2**20:.1f}); device bytes "
+                     f"{m['rss_growth'] / 2**20:+.2f} MiB, bound {m['rss_bound'] / 2**20:.1f}); C heap in use "
+                     f"{_mib(m['heap_in_use_growth'])}; device bytes "
                      f"by state " + ", ".join(f"{s} {v}" for s, v in m["device_values_by_state"].items()))
     lines.append("PASS" if r["ok"] else "FAIL: " + "; ".join(r["verdict"]))
     return "\n".join(lines)
@@ -722,6 +759,8 @@ def summary(r: dict) -> str:
               help="The daemons' --max-hold: a busy daemon yields after this long.")
 @click.option("--rss-bound-mib", type=click.FloatRange(min=0), default=8.0, show_default=True)
 @click.option("--rss-bound-pct", type=click.FloatRange(min=0), default=5.0, show_default=True)
+@click.option("--heap-bound-mib", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Most the daemons' C heap in use may grow (first to last quarter).")
 @click.option("--workdir", type=click.Path(path_type=Path), default=None,
               help="Keep models, arena and daemon logs here (default: a temporary directory).")
 @click.option("--json-out", type=click.Path(path_type=Path), default=None, help="Write the result here.")
@@ -729,12 +768,12 @@ def summary(r: dict) -> str:
               help="Draw RSS and device bytes over the switches here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (without the series) as JSON.")
 def command(switches, clients, layout, max_tokens, max_seconds, seed, sample_interval, vram_budget, ctx, max_hold,
-            rss_bound_mib, rss_bound_pct, workdir, json_out, svg_out, as_json):
+            rss_bound_mib, rss_bound_pct, heap_bound_mib, workdir, json_out, svg_out, as_json):
     """Soak: three daemons, >= SWITCHES switches under concurrent streamed requests;
     nothing may fail, differ from the reference, or grow."""
     cfg = Config(switches=switches, clients=clients, layout=layout, max_tokens=max_tokens, max_seconds=max_seconds,
                  seed=seed, sample_interval=sample_interval, vram_budget=vram_budget, ctx=ctx, max_hold=max_hold,
-                 rss_bound_mib=rss_bound_mib, rss_bound_pct=rss_bound_pct)
+                 rss_bound_mib=rss_bound_mib, rss_bound_pct=rss_bound_pct, heap_bound_mib=heap_bound_mib)
     progress = (lambda msg: click.echo(f"soak: {msg}", err=True))
     if workdir is not None:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -744,7 +783,7 @@ def command(switches, clients, layout, max_tokens, max_seconds, seed, sample_int
         with tempfile.TemporaryDirectory(prefix="vramd-soak-", dir=base) as tmp:
             r = Soak(cfg, Path(tmp), progress).run()
     if json_out is not None:
-        json_out.write_text(json.dumps(r, indent=1) + "\n")
+        json_out.write_text(dump(r))
     if svg_out is not None:
         svg_out.write_text(svg_plot(r, f"vramd soak: {r['switches']} switches, {r['requests']} requests, "
                                        f"{r['config']['layout']} layout"))

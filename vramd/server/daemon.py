@@ -646,12 +646,14 @@ class Daemon:
         return 200, {"status": "ok", "name": self.name, "state": self.participant.state}
 
     def status(self) -> dict:
+        from vramd.server.heapstats import heap_stats
         m = self.participant.member
         return {"name": self.name, "pid": os.getpid(), "model": self.cfg.model, "arena": str(self.arena.path),
                 "device": self.device.describe(), "state": m.state, "holds_token": self.participant.holds_token,
                 "breakdown": self.residency.breakdown(), "switches": m.switches, "yields": m.yields,
                 # Per heap: the driver's usage (VK_EXT_memory_budget), else the core's own count of its allocations.
                 "heaps": self.residency.budget(), "device_peak": self.residency.stats()["device_peak"],
+                "host_heap": heap_stats(),   # the C heap (glibc): bytes in use and freed but kept
                 "bytes_h2d": m.bytes_h2d, "bytes_d2h": m.bytes_d2h, "last_switch_ms": m.last_switch_ms,
                 "evict_state": self.cfg.evict_state, "idle_sleep": self.cfg.idle_sleep,
                 "residency": self.cfg.residency, "pinned": self.cfg.pin, "priority": self.cfg.priority,
