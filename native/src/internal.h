@@ -133,6 +133,7 @@ struct vramd_ctx {
     uint64_t reserved;          /* device bytes being allocated right now (checked, not yet held) */
     vramd_grave *graves;
     uint64_t pending;           /* graves not yet freed, including ones in progress */
+    uint64_t pending_device;    /* their device bytes (still in device_bytes until freed) */
     int stopping;
     uint32_t alloc_threads, flags;
 #define VRAMD_MAX_THREADS 8

@@ -2,6 +2,10 @@
 
 import base64
 import io
+import json
+import subprocess
+import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -9,7 +13,9 @@ from PIL import Image
 
 from tests.engine.models import write_llama
 from tests.engine.models_vision import write_mmproj
+from vramd.arena.token import Token
 
+from .conftest import daemon_env
 
 
 @pytest.fixture
@@ -98,3 +104,68 @@ def test_a_gemma3_model_with_the_gemma3_projector_takes_images(arena, tmp_path, 
     assert isinstance(text, str) and n_prompt > 4
     assert ask(c, "g", png_uri(4))[0] == text
     assert encoder_device(d) == 0
+
+
+# -- device memory that runs out between the encode and the weights' return ------------
+
+LAYER = "VK_LAYER_VRAMD_fail_alloc"
+
+
+@pytest.fixture
+def fail_alloc(tmp_path):
+    """tests/gpu/fail_alloc_layer.c as a Vulkan layer for a daemon: (env, set(n), clear()).
+    While set, every device allocation of n bytes or more fails (VK_ERROR_OUT_OF_DEVICE_MEMORY)."""
+    d = tmp_path / "layer"
+    d.mkdir()
+    src = Path(__file__).resolve().parents[1] / "gpu" / "fail_alloc_layer.c"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(d / "libvramd_fail_alloc.so"),
+                    str(src)], check=True)
+    (d / "fail_alloc.json").write_text(json.dumps({"file_format_version": "1.1.2", "layer": {
+        "name": LAYER, "type": "GLOBAL", "library_path": "./libvramd_fail_alloc.so", "api_version": "1.3.0",
+        "implementation_version": "1", "description": "vramd tests: vkAllocateMemory fails on demand",
+        "functions": {"vkGetInstanceProcAddr": "fa_GetInstanceProcAddr",
+                      "vkGetDeviceProcAddr": "fa_GetDeviceProcAddr"}}}))
+    flag = tmp_path / "out-of-memory"
+    env = daemon_env(VK_LAYER_PATH=str(d), VK_INSTANCE_LAYERS=LAYER, VRAMD_TEST_FAIL_ALLOC=str(flag))
+    return env, (lambda n: flag.write_text(str(n))), (lambda: flag.unlink(missing_ok=True))
+
+
+def test_weights_that_cannot_come_back_after_an_image_leave_the_daemon_cold_then_served(arena, files, daemons,
+                                                                                       fail_alloc):
+    lm, mm = files
+    env, set_oom, clear_oom = fail_alloc
+    free = daemons(arena, lm, "free", "--mmproj", str(mm), "--ctx", "128")
+    need = free.member().wants_bytes
+    enc = free.member().breakdown["encoder"]["host"]
+    assert free.stop() == 0
+    # As above: the encoder fits only once the weights are out.
+    d = daemons(arena, lm, "v", "--mmproj", str(mm), "--ctx", "128", "--vram-budget", str(need + enc // 2), env=env)
+    c = client(d)
+
+    def text():
+        return c.chat.completions.create(model="v", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                         temperature=0).choices[0].message.content
+    want = text()
+    weights = d.member().breakdown["weights"]["device"]
+    assert enc < weights
+    # Memory runs out for anything the size of the weights: the encoder still comes
+    # in (the weights made room), the weights cannot go back.
+    set_oom(weights)
+    with pytest.raises(openai.APIStatusError) as e:
+        ask(c, "v", png_uri(3))
+    assert e.value.status_code == 503
+    st = d.ask("status")
+    assert not st["holds_token"] and st["state"] == "cold"          # cold properly, not warm without weights
+    assert all(v["device"] == 0 for v in st["breakdown"].values())
+    assert Token(arena / "token.lock").holders() == []
+    assert d.member().state == "cold"
+    with urllib.request.urlopen(d.member().endpoint + "/health", timeout=30) as r:
+        assert json.loads(r.read())["status"] == "ok"
+    # Still no memory: a text request goes through the restore and its 503, nothing lost.
+    with pytest.raises(openai.APIStatusError) as e:
+        text()
+    assert e.value.status_code == 503 and "out of device memory" in str(e.value)
+    assert d.ask("status")["state"] == "cold"
+    clear_oom()                                                       # the memory is back
+    assert text() == want
+    assert ask(c, "v", png_uri(3))[1] > 16                            # images too

@@ -63,7 +63,7 @@ BreakdownFn = Callable[[], dict]
 class Participant:
     def __init__(self, arena: Arena, name: str, *, model: str = "",
                  restore: RestoreFn | None = None, release: ReleaseFn | None = None,
-                 breakdown: BreakdownFn | None = None,
+                 breakdown: BreakdownFn | None = None, freeing: Callable[[], int] | None = None,
                  on_yield_request: Callable[[], None] | None = None,
                  on_ring_while_cold: Callable[[set[int]], None] | None = None,
                  quantum: float = DEFAULT_QUANTUM, max_hold: float = DEFAULT_MAX_HOLD,
@@ -83,6 +83,10 @@ class Participant:
         self._restore = restore
         self._release = release
         self._breakdown = breakdown
+        # Device bytes released but still on their way back to the driver (the
+        # residency core frees in the background): published, so that the next
+        # holder waits for them instead of calling them someone else's.
+        self._freeing = freeing
         # Called from the warden thread when a yield becomes wanted, so a
         # caller blocked on its own work queue can wake up and call idle().
         self._on_yield_request = on_yield_request
@@ -454,6 +458,7 @@ class Participant:
             m.state = state
             m.since = time.time()
             m.breakdown = self._breakdown() if self._breakdown else empty_breakdown()
+            m.freeing_bytes = self._freeing() if self._freeing else 0
             self.registry.write(m)
 
     def publish(self) -> None:

@@ -55,6 +55,7 @@ class Member:
     last_switch_ms: float | None = None
     breakdown: dict = field(default_factory=empty_breakdown)
     wants_bytes: int = 0       # device bytes it needs to go warm (set while warming)
+    freeing_bytes: int = 0     # device bytes it released that its core is still handing back to the driver
     last_used: float = 0.0     # wall time it last held the token: the LRU key
     pinned: bool = False       # never evicted by vramd peers while parked
     priority: int = 0          # each point counts as PRIORITY_SECONDS of recency
@@ -98,6 +99,7 @@ class Member:
         m.last_switch_ms = float(last) if isinstance(last, (int, float)) else None
         m.breakdown = _breakdown(data.get("breakdown", {}))
         m.wants_bytes = _int(data, "wants_bytes", 0)
+        m.freeing_bytes = _int(data, "freeing_bytes", 0)
         m.last_used = _num(data, "last_used", 0.0)
         pinned = data.get("pinned", False)
         if not isinstance(pinned, bool):

@@ -131,7 +131,12 @@ class VisionEncoder:
         shadow is read-only) while the KV cache stays; on the way back the
         encoder is freed before the weights return, so the peak stays within
         the budget.  If even that does not fit: the weights come back, the
-        error goes up, and text requests go on as before.
+        error goes up, and text requests go on as before.  If the weights
+        themselves cannot come back (the memory was taken meanwhile), the
+        error goes up with them released: the daemon then goes cold (every
+        buffer released, the token dropped; `Daemon._cold_unless_whole`), so
+        the next request restores them, or is refused with a 503 until the
+        memory is back.
 
         Yields `last_phases`: restore_s (bringing it in, weights' release
         included), restore_bytes (what the upload copied: 0 when resident),

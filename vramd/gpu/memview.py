@@ -13,8 +13,9 @@ Where the numbers come from (`MemoryView.source`):
 - `driver`: VK_EXT_memory_budget (NVIDIA, AMD, Intel, recent Mesa).
   heapBudget - heapUsage is what this process can still allocate, and the
   driver counts every process on the GPU in it.  What others hold is
-  size - free - our own device bytes (the same formula whether a driver
-  reports heapUsage per process, as the spec says, or for the whole GPU).
+  size - free - our own device bytes, those our core is still freeing
+  included (the same formula whether a driver reports heapUsage per
+  process, as the spec says, or for the whole GPU).
 - `host`: a device whose memory is host memory (lavapipe, a CPU device,
   without the extension: Debian 12's Mesa 22.3).  Its "VRAM" is this
   process's RAM, so a foreign process takes it only through memory both
@@ -68,7 +69,10 @@ def sample(device, residency) -> MemoryView:
     """Free device memory and others' use, from the best source the device has."""
     heap = residency.limits["device_heap"]
     size = next(h["size"] for h in device.heaps if h["index"] == heap)
-    own_device = sum(v["device"] for v in residency.breakdown().values())
+    # Ours: what our regions hold, and what we released that the core is still
+    # handing back to the driver (the driver still counts it; it is not someone else's).
+    own_device = sum(v["device"] for v in residency.breakdown().values()) + \
+        residency.stats()["reclaim_pending_bytes"]
     if device.memory_budget:
         b = next(e for e in device.budget() if e["heap"] == heap)
         free = max(0, b["budget"] - b["usage"])
@@ -212,13 +216,17 @@ class ForeignWatch:
     """Memory held outside the arena while we hold the token: a GPU user ignoring it.
 
     While we hold the token, every other member is parked (its device bytes
-    are in its record) or cold; anything else others hold is outside the
-    arena.  The first sample taken while holding sets the baseline (driver
-    reservations, anything that was there before us); growth beyond it by
-    more than FOREIGN_SLACK is reported as `foreign` and logged, at most once
-    per LOG_EVERY seconds while it lasts.  Memory outside the arena from the
-    start shows as `outside_arena` without being flagged.  The report ends
-    when the memory goes, or when we no longer hold the token.
+    are in its record), cold, or still freeing what it released (its
+    `freeing_bytes`: the caller counts those as the arena's); anything else
+    others hold is outside the arena.  The baseline is the least memory seen
+    outside the arena in any sample taken while holding (a running minimum):
+    driver reservations and anything that was there before us, but never a
+    transient that was on its way out when it was sampled.  Memory outside the
+    arena beyond the baseline by more than FOREIGN_SLACK is reported as
+    `foreign` and logged, at most once per LOG_EVERY seconds while it lasts.
+    Memory outside the arena from the start shows as `outside_arena` without
+    being flagged.  The report ends (`foreign` 0) when the memory goes, or
+    when we no longer hold the token.
     """
 
     def __init__(self, name: str):
@@ -232,13 +240,10 @@ class ForeignWatch:
         now = time.time()
         outside = None if view.others is None else max(0, view.others - members_others)
         report = {**view.to_json(), "members_others": members_others, "outside_arena": outside,
-                  "sampled_at": now, "holding_token": holding,
-                  "foreign": self.last["foreign"] if self.last else None,
-                  "foreign_since": self.flagged_since}
+                  "sampled_at": now, "holding_token": holding, "foreign": None, "foreign_since": None}
         if holding and outside is not None:
-            if self.baseline is None:
-                self.baseline = outside
-            foreign = max(0, outside - self.baseline)
+            self.baseline = outside if self.baseline is None else min(self.baseline, outside)
+            foreign = outside - self.baseline
             report["foreign"] = foreign
             if foreign > FOREIGN_SLACK:
                 if self.flagged_since is None:
@@ -252,13 +257,15 @@ class ForeignWatch:
                 self.flagged_since = None
                 self._logged = 0.0
             report["foreign_since"] = self.flagged_since
-        elif not holding and self.flagged_since is not None:
-            # Memory others hold while we are cold breaks no rule: the report
-            # is about the time we held the token, and that time is over.
-            log.info("%s: cold now; the foreign device memory report ends", self.name)
-            self.flagged_since = None
-            self._logged = 0.0
-            report["foreign_since"] = None
+        else:
+            if self.flagged_since is not None:
+                # Memory others hold while we are cold breaks no rule: the report
+                # is about the time we held the token, and that time is over.
+                log.info("%s: cold now; the foreign device memory report ends", self.name)
+                self.flagged_since = None
+                self._logged = 0.0
+            if outside is not None and self.baseline is not None:
+                report["foreign"] = 0   # nothing reported (not the last hold's figure, kept for ever)
         report["baseline"] = self.baseline
         self.last = report
         return report

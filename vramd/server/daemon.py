@@ -51,6 +51,14 @@ VRAM_WATCH_INTERVAL = 5.0
 # A restore that the device memory does not hold is looked at again this many times, 0.1 s apart:
 # a driver's budget may lag the frees parked peers just made for us.
 ROOM_CHECKS = 5
+# A restore waits at most this long for device memory that members released and whose residency
+# core is still handing it back to the driver (their records' `freeing_bytes`; 16 GiB take ~110 ms
+# on the H200), looking every FREEING_POLL s.  A member whose frees take longer is counted out.
+FREEING_WAIT = 5.0
+FREEING_POLL = 0.02
+# A status or /metrics call waits at most this long for the daemon's lock to look at device memory
+# (never in the middle of our own restore or release); past it, it shows the last look.
+SAMPLE_LOCK_WAIT = 0.5
 
 
 @dataclass
@@ -135,6 +143,7 @@ class Daemon:
         self.participant = Participant(
             self.arena, self.name, model=os.path.basename(cfg.model),
             restore=self._restore, release=self._release, breakdown=self.residency.breakdown,
+            freeing=self._freeing_bytes,
             on_yield_request=self.poke, on_ring_while_cold=self._ring_while_parked,
             quantum=cfg.quantum, max_hold=cfg.max_hold)
         from vramd.gpu.memview import ForeignWatch
@@ -191,9 +200,24 @@ class Daemon:
 
     # -- residency callbacks (called by the Participant on the loop thread) --
 
+    def _other_members(self) -> list:
+        return [m for m in Registry(self.arena.members_dir).list(clean=False) if m.pid != os.getpid()]
+
     def _others_device_bytes(self) -> int:
-        return sum(m.device_bytes() for m in Registry(self.arena.members_dir).list(clean=False)
-                   if m.pid != os.getpid())
+        return sum(m.device_bytes() for m in self._other_members())
+
+    def _freeing_bytes(self) -> int:
+        """Device bytes we released that the core is still handing back to the driver."""
+        return self.residency.stats()["reclaim_pending_bytes"]
+
+    def _settle_frees(self) -> None:
+        """Cold after a release that did not drain (the next holder's need fit by the arena's
+        accounting): our record said how much was still being freed; once it is back with the
+        driver, say so.  On the loop thread, after the token is gone."""
+        if self.participant.holds_token or not self.participant.member.freeing_bytes:
+            return
+        self.residency.drain()
+        self.participant.set_resident_state()
 
     def _budget(self) -> int:
         """Device bytes the arena's members may hold together: --vram-budget, else the device heap."""
@@ -202,12 +226,12 @@ class Daemon:
         heaps = [h["size"] for h in self.device.heaps if h["device_local"]] or [h["size"] for h in self.device.heaps]
         return max(heaps)
 
-    def _needed_bytes(self) -> int:
+    def _needed_bytes(self, kinds=("weights", "state", "scratch")) -> int:
         """Device bytes going warm will add (scratch included: it comes with the first compute)."""
         need = 0
         for region in self.model.regions:
             info = region.info()
-            if info["kind"] in ("weights", "state", "scratch") and not info["resident"]:
+            if info["kind"] in kinds and not info["resident"]:
                 need += info["bytes"]
         return need
 
@@ -218,14 +242,16 @@ class Daemon:
             if need:
                 # Either residency mode: --residency says what *we* keep when we
                 # yield; what parked peers hold is theirs to give up for our need.
-                self._make_room(need)
+                # Each check refuses before it asks anyone for anything (and
+                # before we allocate) when even that would not make room.
+                self._check_budget(self._needed_bytes(("weights", "state")))
+                self._check_device_memory(need)   # the device as the driver sees it
+                self._make_room(need)             # the arena's budget (--vram-budget)
             room = self._budget() - self._others_device_bytes()
             if room <= before:
                 raise OutOfDeviceMemory(f"{self.name}: the device budget ({self._budget()} B) is used up by "
                                         "other members' resident buffers")
             self.residency.set_device_limit(room)
-            if need:
-                self._check_device_memory(need)
             try:
                 self.residency.restore(["weights", "state"])
             except OutOfDeviceMemory:
@@ -266,32 +292,107 @@ class Daemon:
 
     # -- device memory as the machine sees it (vramd/gpu/memview.py) --------------
 
-    def sample_device_memory(self) -> dict:
-        """Free device memory and what others hold, now; the watchdog looks at it."""
-        from vramd.gpu import memview
-        with self._vram_lock:
-            view = memview.sample(self.device, self.residency)
-            report = self.vram_watch.observe(view, self._others_device_bytes(), self.participant.holds_token)
-            self._vram_sampled = time.monotonic()
-        return report
+    def sample_device_memory(self, lock_wait: float | None = None) -> dict | None:
+        """Free device memory and what others hold, now; the watchdog looks at it.
 
-    def _check_device_memory(self, need: int) -> None:
-        """Refuse a restore the device cannot hold (memory others took): cold, nothing lost, a 503."""
-        for attempt in range(ROOM_CHECKS):
-            report = self.sample_device_memory()
-            if report["free"] >= need:
-                return
-            if attempt + 1 < ROOM_CHECKS:
-                time.sleep(0.1)
+        Under the daemon's lock, so never in the middle of our own restore or
+        release (whose bytes are then neither in our regions nor in the core's
+        count of what it is still freeing).  With `lock_wait`, None if the lock
+        was not had in that many seconds."""
+        from vramd.gpu import memview
+        if not self.lock.acquire(timeout=-1 if lock_wait is None else lock_wait):
+            return None
+        try:
+            with self._vram_lock:
+                view = memview.sample(self.device, self.residency)
+                # The arena's: what other members hold, and what they released and are still freeing.
+                arena = sum(m.device_bytes() + m.freeing_bytes for m in self._other_members())
+                report = self.vram_watch.observe(view, arena, self.participant.holds_token)
+                self._vram_sampled = time.monotonic()
+            return report
+        finally:
+            self.lock.release()
+
+    def _refuse_restore(self, report: dict, need: int, detail: str = "") -> None:
         from vramd.gpu.memview import mib
         self.metrics.count("restore_failures")
         msg = (f"{self.name}: not restored: the device has {mib(report['free'])} free and {mib(need)} are needed "
-               f"({report['bound']})")
+               f"({report['bound']}){detail}")
         if report["outside_arena"]:
             msg += (f"; {mib(report['outside_arena'])} are held outside the arena "
                     "by processes that are not vramd members")
         log.warning("%s", msg)
         raise OutOfDeviceMemory(msg + "; the model stays cold with nothing lost: retry when the memory is back")
+
+    def _check_within_reach(self, need: int) -> None:
+        """Before ringing (cold): refuse at once a restore that would not fit even if every
+        member gave up all its device memory, so a holder is not made to yield (and parked
+        peers to evict) for a restore that is then refused anyway."""
+        from vramd.gpu.memview import mib
+        for attempt in range(ROOM_CHECKS):
+            try:
+                report = self.sample_device_memory()
+            except Exception as e:  # no look: the restore's own checks decide
+                log.warning("%s: looking at device memory failed: %s", self.name, e)
+                return
+            members = sum(m.device_bytes() + m.freeing_bytes for m in self._other_members())
+            if report["free"] + members >= need:
+                return
+            if attempt + 1 < ROOM_CHECKS:
+                time.sleep(0.1)
+        self._refuse_restore(report, need, f"; the vramd members hold {mib(members)}, not enough to make room "
+                                           "if they all gave it up, so none was asked to")
+
+    def _check_budget(self, need: int) -> None:
+        """The arena's budget: refuse, before any parked peer is asked to evict, a restore (of
+        `need` bytes: weights and state) that would not fit even if every peer that may be
+        asked gave up all it holds."""
+        evictable = sum(m.device_bytes() for m in self.eviction_order())
+        if self._free_bytes() + evictable < need:
+            self.metrics.count("restore_failures")
+            raise OutOfDeviceMemory(f"{self.name}: the device budget ({self._budget()} B) is used up by "
+                                    "other members' resident buffers that may not be evicted "
+                                    f"({need} B needed, {self._free_bytes()} B free, {evictable} B evictable)")
+
+    def _check_device_memory(self, need: int) -> None:
+        """Before a restore (token held, nothing of ours touched): have `need` bytes free on
+        the device as the driver sees it, or refuse (cold, nothing lost, a 503).
+
+        Memory a member released and is still freeing comes back by itself: wait
+        for it (at most FREEING_WAIT s).  A shortfall that parked peers can cover
+        (memory outside the arena, which the budget's accounting does not see) is
+        asked of them in eviction order, need - free.  When even that cannot make
+        room, refuse before asking anyone for anything."""
+        deadline = time.monotonic() + FREEING_WAIT
+        settled = 0.0   # until then, the driver's figure may still lag the last evictions
+        rounds = short = 0
+        while True:
+            report = self.sample_device_memory()
+            free = report["free"]
+            if free >= need:
+                return
+            now = time.monotonic()
+            freeing = sum(m.freeing_bytes for m in self._other_members()) if now < deadline else 0
+            if free + freeing >= need:
+                time.sleep(FREEING_POLL)   # on its way back to the driver
+                continue
+            peers = self.eviction_order()
+            if rounds < ROOM_CHECKS and free + freeing + sum(m.device_bytes() for m in peers) >= need:
+                if now < settled:
+                    time.sleep(0.1)
+                    continue
+                self._evict_peers(peers, need - free - freeing)
+                rounds += 1
+                settled = time.monotonic() + 0.3
+                continue
+            short += 1   # the driver's figure may lag frees just made (a peer's eviction drains first)
+            if short >= ROOM_CHECKS:
+                break
+            time.sleep(0.1)
+        from vramd.gpu.memview import mib
+        still = sum(m.freeing_bytes for m in self._other_members())
+        self._refuse_restore(report, need, f"; {mib(still)} released by vramd members are still being freed "
+                                           f"after {FREEING_WAIT:g} s" if still else "")
 
     def _watch_device_memory(self) -> None:
         """The loop's periodic look while it holds the token (a foreign user is logged by the watch)."""
@@ -327,19 +428,29 @@ class Daemon:
         return sorted(candidates, key=lambda m: m.eviction_key())
 
     def _make_room(self, need: int) -> None:
-        """Ask parked peers, in eviction order, to release until `need` bytes are free."""
-        from vramd.server.control import request
+        """Ask parked peers, in eviction order, to release until `need` bytes are free (the budget's accounting)."""
         shortfall = need - self._free_bytes()
-        for peer in self.eviction_order():
+        if shortfall > 0:
+            self._evict_peers(self.eviction_order(), shortfall, lambda: need - self._free_bytes())
+
+    def _evict_peers(self, peers: list, shortfall: int, left: Callable[[], int] | None = None) -> set[int]:
+        """Ask `peers` in turn to release until `shortfall` bytes are freed (`left()`: what is
+        still short after each, else the shortfall less what they freed).  Each drains
+        before it replies: its memory is back with the driver.  Returns the pids asked."""
+        from vramd.server.control import request
+        asked = set()
+        for peer in peers:
             if shortfall <= 0:
-                return
+                break
+            asked.add(peer.pid)
             try:
                 reply = request(peer.control, "evict", wait=120, bytes=shortfall)
             except VramdError as e:
                 log.warning("%s: could not evict %s: %s", self.name, peer.name, e)
                 continue
             log.info("%s: %s released %d bytes to make room", self.name, peer.name, reply["freed"])
-            shortfall = need - self._free_bytes()
+            shortfall = left() if left is not None else shortfall - reply["freed"]
+        return asked
 
     def _empty_parked_peers(self) -> None:
         """A flock-only peer comes next and expects an empty GPU: every parked member releases."""
@@ -445,6 +556,10 @@ class Daemon:
                     self.participant.checkpoint()
             except Exception as e:  # the loop must outlive one failed yield (the token is released by then)
                 log.error("%s: going cold failed: %s", self.name, e)
+            try:
+                self._settle_frees()
+            except Exception as e:
+                log.warning("%s: waiting for released memory failed: %s", self.name, e)
 
     def _next_wakeup(self, watchdog_period: float | None) -> float:
         t = watchdog_period or 1.0
@@ -465,6 +580,7 @@ class Daemon:
             self.participant.go_cold(reason="idle-sleep")
 
     def _run(self, job: Job) -> None:
+        result = error = None
         try:
             if job.needs_gpu:
                 self._ensure_warm(job.timeout)
@@ -472,15 +588,37 @@ class Daemon:
             self.metrics.count("requests")
             if job.needs_gpu:
                 self.participant.publish()  # compute may have brought scratch in: peers size by our record
-            job.finish(result)
         except BaseException as e:  # the job's requester gets it; the loop goes on
-            job.finish(error=e)
+            error = e
+        if job.needs_gpu:
+            self._cold_unless_whole()   # before the requester hears: the next request sees us cold
+        job.finish(result, error)
         self.last_activity = time.monotonic()
+
+    def _cold_unless_whole(self) -> None:
+        """Warm means weights and state on the device.  A step that failed half-way (an image's
+        encoder sent the weights out and they could not come back) goes cold properly:
+        everything released, the token dropped, the record published; the next request
+        restores through `_restore` (and its 503 when the memory is held by others)."""
+        if not self.participant.holds_token:
+            return
+        missing = [r.name for r in self.model.regions if r.kind in ("weights", "state") and not r.resident]
+        if not missing:
+            return
+        log.warning("%s: %s not on the device after a failed step; going cold (the next request restores it)",
+                    self.name, ", ".join(missing))
+        try:
+            self._release_everything = True
+            self.participant.go_cold(reason="incomplete")
+        except Exception as e:  # the token is released by then (go_cold's finally)
+            log.error("%s: going cold failed: %s", self.name, e)
 
     def _ensure_warm(self, timeout: float | None, cancel=None) -> None:
         if self.participant.holds_token:
             return
-        self.participant.member.wants_bytes = self._needed_bytes()
+        need = self.participant.member.wants_bytes = self._needed_bytes()
+        if need:
+            self._check_within_reach(need)   # before anyone is rung: a hopeless restore is a 503 now
         h2d_before = self.participant.member.bytes_h2d
         self.participant.ensure_warm(timeout, cancel)
         m = self.participant.member
@@ -663,18 +801,22 @@ class Daemon:
                 "device_memory": self._device_memory_status()}
 
     def _device_memory_status(self) -> dict | None:
-        """A fresh look (status is how an operator asks); the last one if looking fails."""
+        """A fresh look (status and /metrics are how an operator asks); the last one if looking
+        fails or the daemon is busy restoring or releasing for longer than SAMPLE_LOCK_WAIT."""
+        if self.vram_watch is None:
+            return None
         try:
-            return self.sample_device_memory()
+            report = self.sample_device_memory(lock_wait=SAMPLE_LOCK_WAIT)
         except Exception as e:
             log.warning("%s: looking at device memory failed: %s", self.name, e)
-            return self.vram_watch.last if self.vram_watch else None
+            report = None
+        return report if report is not None else self.vram_watch.last
 
     def render_metrics(self) -> str:
         from vramd.server.metrics import render_device_memory
         return self.metrics.render(self.name, self.participant.state, self.participant.holds_token,
                                    self.participant.member.yields, self.residency.breakdown()) + \
-            render_device_memory(self.name, self.vram_watch.last if self.vram_watch else None)
+            render_device_memory(self.name, self._device_memory_status())
 
     # -- life and death -------------------------------------------------------------
 

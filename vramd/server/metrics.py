@@ -99,7 +99,7 @@ class Metrics:
 
 
 def render_device_memory(name: str, report: dict | None) -> str:
-    """Device memory as the machine sees it (vramd/gpu/memview.py), from the daemon's last look."""
+    """Device memory as the machine sees it (vramd/gpu/memview.py), from the daemon's look for this scrape."""
     if not report:
         return ""
     label = f'name="{_escape(name)}",source="{_escape(report["source"])}"'
@@ -112,8 +112,8 @@ def render_device_memory(name: str, report: dict | None) -> str:
                   "# TYPE vramd_device_outside_arena_bytes gauge",
                   f"vramd_device_outside_arena_bytes{{{label}}} {report['outside_arena']}"]
     if report.get("foreign") is not None:
-        lines += ["# HELP vramd_device_foreign_bytes Device memory taken outside the arena since this daemon "
-                  "started, seen while it held the token (a GPU user that ignores the token).",
+        lines += ["# HELP vramd_device_foreign_bytes Device memory held outside the arena beyond the least seen "
+                  "there, while this daemon holds the token (a GPU user that ignores the token); 0 while it does not.",
                   "# TYPE vramd_device_foreign_bytes gauge",
                   f"vramd_device_foreign_bytes{{{label}}} {report['foreign']}"]
     return "\n".join(lines) + "\n"

@@ -132,6 +132,8 @@ typedef struct {
     uint64_t reclaim_pending;    /* blocks queued for the reclaimer now */
     uint64_t reclaim_free_ns;    /* total time the reclaimer spent in vkFreeMemory */
     uint64_t device_peak;        /* most device bytes held (or reserved) at once since the last reset */
+    uint64_t reclaim_pending_bytes; /* device bytes released but not yet back with the driver (the
+                                       reclaimer's queue); no region counts them any more */
 } vramd_stats;
 
 const char *vramd_last_error(void);
