@@ -148,6 +148,10 @@ def render_status(r: dict) -> str:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     lines.append("(* holds the token)")
     for m in r["members"]:
+        if m.get("failpoints"):
+            lines.append(f"failpoints {m['name']}: {m['failpoints']} armed (VRAMD_FAILPOINTS: fault injection "
+                         "for tests; `kill` SIGKILLs it there)")
+    for m in r["members"]:
         dm = (m.get("daemon") or {}).get("device_memory") or {}
         if dm.get("foreign_since") is not None:
             lines.append(f"foreign {m['name']}: {human_bytes(dm['foreign'])} of device memory taken outside the arena "
@@ -271,7 +275,7 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
               help="Read the API key from this file (not readable by other users).")
 @click.option("--max-request-bytes", default=None, help="Largest request body, e.g. 32MiB [32MiB].")
 @click.option("--request-timeout", type=float, default=None,
-              help="Seconds a client may take to send a request, or to take a reply [30].")
+              help="Seconds a client may take to send a request (its head: at most 5), or to take a reply [30].")
 @click.option("--port", type=int, default=None, help="HTTP port; 0 picks a free one [8080].")
 @click.option("--quantum", type=float, default=None, help="Minimum seconds to hold the GPU before yielding [0.25].")
 @click.option("--max-hold", type=float, default=None, help="Seconds after which a busy holder yields between "
@@ -295,8 +299,13 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
 def serve(model, config_file, **flags):
     """Serve MODEL.gguf: resident on the GPU only while it serves."""
     import logging
+    from vramd import failpoints
     from vramd.server import config as config_mod
     from vramd.server.daemon import serve as run_daemon
+    if os.environ.get("VRAMD_API_KEY") == "":
+        # click takes an empty variable for an unset one: the API would be open.
+        raise UsageError("VRAMD_API_KEY is set but empty, which would leave the API open; "
+                         "give it the key, or unset it")
     if flags.get("vram_budget") is not None:
         flags["vram_budget"] = config_mod.parse_size(flags["vram_budget"], "--vram-budget")
     if flags.get("max_request_bytes") is not None:
@@ -307,6 +316,11 @@ def serve(model, config_file, **flags):
     flags["model"] = model
     cfg = config_mod.build(config_file, flags)
     logging.basicConfig(level=logging.INFO, format="vramd[%(process)d] %(levelname)s %(message)s")
+    armed = failpoints.describe_armed()
+    if armed:
+        logging.getLogger("vramd").warning(
+            "%s arms failpoints in this daemon: %s (fault injection for tests: `kill` SIGKILLs the daemon, "
+            "`raise` fails the step); unset it outside tests", failpoints.ENV, armed)
     sys.exit(run_daemon(cfg))
 
 
@@ -464,11 +478,19 @@ def arena():
 @click.option("--path", type=click.Path(path_type=Path), default=Path("/run/vramd"), show_default=True)
 @click.option("--group", required=True, help="Group whose members (the daemons) may take the token.")
 @click.option("--ring-group", default=None, help="Group that may only ring the doorbell (default: --group).")
-def arena_init(path, group, ring_group):
+@click.option("--user", default=None,
+              help="The daemons' user, owner of doorbell/ so that it may remove any ring file there "
+                   "(default: the user named like --group, else root).")
+def arena_init(path, group, ring_group, user):
     """Lay out a system arena shared by a group (run as root)."""
-    from vramd.arena.layout import init_system_arena
-    a = init_system_arena(path, group, ring_group)
-    click.echo(f"arena ready at {a.path} (token group {group}, ring group {ring_group or group})")
+    from vramd.arena.layout import doorbell_owner, init_system_arena
+    uid, owner = doorbell_owner(user, group)
+    a = init_system_arena(path, group, ring_group, uid)
+    click.echo(f"arena ready at {a.path} (token group {group}, ring group {ring_group or group}, "
+               f"doorbell owned by {owner})")
+    if uid == 0:
+        click.echo(f"vramd: warning: {a.path}/doorbell belongs to root: a daemon not running as root cannot remove "
+                   "a ring file another user left under its pid (pass --user with the daemons' user)", err=True)
 
 
 # -- bench ------------------------------------------------------------------------

@@ -153,4 +153,10 @@ def armed() -> dict[str, tuple[str, int]]:
     return {**_armed, **_pending_native}
 
 
+def describe_armed() -> str:
+    """What is armed, as `NAME=ACTION@N` items ('' when nothing is): for the
+    warning `vramd serve` logs and the member record `vramd status` shows."""
+    return ",".join(f"{name}={action}@{at}" for name, (action, at) in sorted(armed().items()))
+
+
 arm(os.environ.get(ENV, ""))

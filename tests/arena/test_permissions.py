@@ -25,6 +25,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -91,15 +92,26 @@ AT_RELEASE: list = []  # what a staying child does once released (in the child)
 
 
 class As:
-    """A forked child running `fn(*args)` as uid/gid/groups; it answers in JSON and can stay alive."""
+    """A forked child running `fn(*args)` as uid/gid/groups; it answers in JSON and can stay alive.
 
-    def __init__(self, uid: int, gid: int, supplementary: list[int], fn, *args, stay: bool = False):
+    With `start=False` the child (its pid known) waits for `go()` before it
+    runs `fn`: a test can prepare something that names its pid first.
+    """
+
+    _holding: set[int] = set()  # write ends that keep staying children alive, open in this process
+
+    def __init__(self, uid: int, gid: int, supplementary: list[int], fn, *args, stay: bool = False,
+                 start: bool = True):
         r, w = os.pipe()
         hold_r, self._hold_w = os.pipe()
+        go_r, self._go_w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:  # pragma: no cover - the child
             os.close(r)
             os.close(self._hold_w)
+            os.close(self._go_w)
+            for fd in As._holding:  # else an earlier staying child would outlive its release
+                os.close(fd)
             try:
                 os.setgroups(supplementary)
                 os.setgid(gid)
@@ -107,6 +119,7 @@ class As:
                 os.environ.pop("XDG_RUNTIME_DIR", None)
                 os.environ.pop("VRAMD_ARENA", None)
                 os.chdir("/")
+                os.read(go_r, 1)
                 out = {"ok": fn(*args)}
             except BaseException as e:
                 out = {"error": type(e).__name__, "message": str(e), "trace": traceback.format_exc()}
@@ -118,7 +131,17 @@ class As:
             os._exit(0)
         os.close(w)
         os.close(hold_r)
+        os.close(go_r)
+        As._holding.add(self._hold_w)
         self._r = os.fdopen(r)
+        self.reply = None
+        if start:
+            self.go()
+
+    def go(self) -> None:
+        """Let the child run `fn`, and read its answer."""
+        os.write(self._go_w, b"g")  # a byte, not EOF: children forked since hold a copy of this end
+        os.close(self._go_w)
         self.reply = json.loads(self._r.readline() or '{"error": "EOF"}')
 
     def result(self):
@@ -127,6 +150,7 @@ class As:
 
     def release(self) -> None:
         if self._hold_w is not None:
+            As._holding.discard(self._hold_w)
             os.close(self._hold_w)
             self._hold_w = None
             os.waitpid(self.pid, 0)
@@ -248,6 +272,7 @@ def ringer(path: str, first_pid: int) -> dict:
     arena = Arena.open(path)  # a ring-only member may open the arena...
     ring = attempt(doorbell.ring, arena.doorbell_dir)  # ...and ring
     return {
+        "pid": os.getpid(),
         "ring": ring,
         "take token": attempt(lambda: Token(arena.token_path).try_acquire()),
         "read record": attempt(lambda: open(arena.members_dir / f"{first_pid}.json").read()),
@@ -264,11 +289,11 @@ def test_system_arena_daemons_take_the_token_and_ringers_only_ring(shm, groups):
     (gname, gid), (rname, rgid) = groups["daemons"], groups["ringers"]
     d1, d2, ring_uid, outsider = free_uids(4)
     path = shm / "arena"
-    init_system_arena(path, gname, rname)
+    init_system_arena(path, gname, rname, d1)  # d1 stands for the daemons' user, owner of doorbell/
     token_st = os.stat(path / "token.lock")
     assert (oct(stat.S_IMODE(token_st.st_mode)), token_st.st_gid) == ("0o660", gid)
     bell_st = os.stat(path / "doorbell")
-    assert (oct(stat.S_IMODE(bell_st.st_mode)), bell_st.st_gid) == ("0o1770", rgid)
+    assert (oct(stat.S_IMODE(bell_st.st_mode)), bell_st.st_uid, bell_st.st_gid) == ("0o1770", d1, rgid)
 
     # Daemons are in both groups (systemd/sysusers.d: user vramd, groups vramd and vramd-ring).
     first = As(d1, d1, [gid, rgid], daemon_member, str(path), stay=True)  # holds the token and a ticket
@@ -289,6 +314,12 @@ def test_system_arena_daemons_take_the_token_and_ringers_only_ring(shm, groups):
         assert rang["remove others' ring"] == "EPERM"     # the doorbell is sticky
         assert rang["replace token"] == rang["unlink token"] == "EACCES"   # the arena's root is root's
         assert rang["control dir"] == "EACCES"
+
+        # The owner of doorbell/ (the daemons' user) may remove any ring file
+        # there, e.g. one left under a daemon's pid; another daemon uid may not.
+        left = str(path / "doorbell" / str(rang["pid"]))
+        assert run_as(d2, d2, [gid, rgid], attempt, os.unlink, left) == "EPERM"
+        assert run_as(d1, d1, [gid, rgid], attempt, os.unlink, left) == "ok"
 
         # Anyone else cannot even ring.
         out = run_as(outsider, outsider, [], ringer, str(path), got["pid"])
@@ -347,6 +378,159 @@ def test_a_ring_naming_another_users_process_is_forged_and_ignored(shm):
     finally:
         victim.kill()
         victim.wait()
+
+
+# -- ring files another user left under a daemon's pid ------------------------------------
+
+def warm_up(path: str) -> dict:
+    """A daemon going warm: the error if any, its record, what it logged, whether a ring file of its pid is left."""
+    import logging
+    logged: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            logged.append(record.getMessage())
+    logging.getLogger("vramd.arbiter").addHandler(Keep())
+    arena = Arena.open(path)
+    p = Participant(arena, "d", quantum=0.0).start()
+    try:
+        try:
+            p.ensure_warm(timeout=5)
+            error = None
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        record = Registry(arena.members_dir).read(os.getpid())
+        return {"error": error, "held": p.holds_token, "record": record.state if record else None,
+                "logged": logged, "ring file": os.path.lexists(arena.doorbell_dir / str(os.getpid()))}
+    finally:
+        p.close()
+
+
+def squatted_daemon(path: Path, daemon_uid: int, groups: list[int], squatter: int, squatter_groups: list[int]):
+    """A daemon (not yet started) and a ring file under its pid made by a ring-only user (`vramd ring --pid`)."""
+    daemon = As(daemon_uid, daemon_uid, groups, warm_up, str(path), start=False)
+    bell = path / "doorbell"
+    assert run_as(squatter, squatter, squatter_groups, ring_and_stay, str(bell), daemon.pid) == \
+        str(bell / str(daemon.pid))
+    assert os.lstat(bell / str(daemon.pid)).st_uid == squatter
+    daemon.go()
+    daemon.release()
+    return daemon.result()
+
+
+def test_the_daemons_user_owns_the_doorbell_and_removes_a_ring_file_left_under_its_pid(shm, groups):
+    (gname, gid), (rname, rgid) = groups["daemons"], groups["ringers"]
+    daemon_uid, ring_uid = free_uids(2)
+    path = shm / "arena"
+    init_system_arena(path, gname, rname, daemon_uid)
+    bell = os.stat(path / "doorbell")
+    assert (bell.st_uid, bell.st_gid, oct(stat.S_IMODE(bell.st_mode))) == (daemon_uid, rgid, "0o1770")
+    got = squatted_daemon(path, daemon_uid, [gid, rgid], ring_uid, [rgid])
+    # In a sticky directory its owner may remove any file: the daemon clears
+    # the squat, rings, and goes warm as usual.
+    assert got == {"error": None, "held": True, "record": "warm", "logged": [], "ring file": False}
+
+
+def test_a_daemon_that_cannot_ring_goes_warm_when_the_token_is_free(shm, groups):
+    (gname, gid), (rname, rgid) = groups["daemons"], groups["ringers"]
+    daemon_uid, ring_uid = free_uids(2)
+    path = shm / "arena"
+    init_system_arena(path, gname, rname)  # no user named like the group: doorbell/ stays root's
+    assert os.stat(path / "doorbell").st_uid == 0
+    # The token is free: a ring would ask nobody anything, so none is needed.
+    got = squatted_daemon(path, daemon_uid, [gid, rgid], ring_uid, [rgid])
+    assert (got["error"], got["held"], got["record"]) == (None, True, "warm"), got
+    assert any("cannot ring" in line and "the token is free, so going warm without a ring" in line
+               for line in got["logged"]), got["logged"]
+    assert got["ring file"]  # still the squatter's; it rings for nobody (a holder ignores its own pid)
+
+    # The token is held: without a ring the holder cannot be asked to yield.
+    # One clear error, and the record goes back to cold (not left "warming").
+    # (In another process: a daemon forked from this one would inherit our lock.)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               "fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX)\ntime.sleep(60)",
+                               str(path / "token.lock")])
+    try:
+        wait_until(lambda: Token(path / "token.lock").holders(), timeout=10)
+        got = squatted_daemon(path, daemon_uid, [gid, rgid], ring_uid, [rgid])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert got["error"].startswith("ArenaError: ") and "cannot be asked to yield without a ring" in got["error"], got
+    assert f"the token is held by pid {holder.pid}" in got["error"]
+    assert (got["held"], got["record"]) == (False, "cold"), got
+
+
+# -- the ring limit per user ------------------------------------------------------------------
+
+def test_a_user_ringing_as_several_of_its_processes_gets_one_ring_per_interval(shm, groups):
+    gname, (rname, rgid) = groups["daemons"][0], groups["ringers"]
+    user, other_user = free_uids(2)
+    path = shm / "arena"
+    init_system_arena(path, gname, rname)
+    bell = path / "doorbell"
+    # Two processes of one ring-only user ring, each as itself (as `vramd ring
+    # --pid P` for each of its processes would), and one of another user.
+    ringers = [As(user, user, [rgid], ring_and_stay, str(bell), None, stay=True) for _ in range(2)]
+    other = As(other_user, other_user, [rgid], ring_and_stay, str(bell), None, stay=True)
+    try:
+        for r in [*ringers, other]:
+            r.result()
+        pids = {r.pid for r in ringers}
+        gate = doorbell.RingGate(bell, interval=1.0)
+        t0 = time.monotonic()
+        first = gate.admit(pids | {other.pid}, set)
+        # One ring of the user per interval; the other user's ring is not delayed by it.
+        assert other.pid in first and len(first & pids) == 1, first
+        (later,) = pids - first
+        # Deferred, not dropped: acted on once the user's interval is over.
+        got = wait_until(lambda: gate.admit((), set), timeout=5, interval=0.01)
+        assert got == {later} and time.monotonic() - t0 >= 0.9
+        # A ring the kernel proves (a waiter's) goes through at once, limit or not.
+        assert gate.admit(pids, lambda: pids) == pids
+    finally:
+        for r in [*ringers, other]:
+            r.release()
+
+
+def judge_under_hidepid(bell: str, ringer_pid: int, holder_uid: int) -> dict:
+    """As root in a child: a private mount namespace whose /proc hides other users' processes
+    (hidepid=invisible); then, as `holder_uid`, judge the ringer's ring."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    subprocess.run(["mount", "-t", "proc", "-o", "hidepid=invisible", "proc", "/proc"], check=True)
+    os.setgroups([])
+    os.setgid(holder_uid)
+    os.setuid(holder_uid)
+    return judge(bell, ringer_pid) | {"sees the ringer": os.path.exists(f"/proc/{ringer_pid}")}
+
+
+def judge(bell: str, ringer_pid: int) -> dict:
+    gate = doorbell.RingGate(Path(bell))
+    return {"admitted": sorted(gate.admit({ringer_pid}, set)), "forged": gate.forged}
+
+
+def test_under_hidepid_a_ring_from_a_process_we_cannot_see_is_not_plausible(shm):
+    holder_uid, ringer_uid = free_uids(2)
+    bell = shm / "doorbell"
+    bell.mkdir()
+    os.chmod(bell, 0o1777)
+    ringer = As(ringer_uid, ringer_uid, [], ring_and_stay, str(bell), None, stay=True)
+    try:
+        ringer.result()
+        # /proc as usual: the ringer rang as itself, so the holder acts on it.
+        assert run_as(holder_uid, holder_uid, [], judge, str(bell), ringer.pid) == {"admitted": [ringer.pid],
+                                                                                      "forged": 0}
+        # hidepid: nothing vouches that the file's owner runs that pid: only a
+        # proof (a waiter) could admit it.
+        hidden = As(0, 0, [], judge_under_hidepid, str(bell), ringer.pid, holder_uid)
+        hidden.release()
+        assert hidden.result() == {"admitted": [], "forged": 1, "sees the ringer": False}
+    finally:
+        ringer.release()
 
 
 # -- the control socket ---------------------------------------------------------------

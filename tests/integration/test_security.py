@@ -234,3 +234,61 @@ def test_request_limits_refuse_oversize_chunked_and_slow_requests(arena, llama, 
         assert time.monotonic() < wait_until_ok
         time.sleep(0.1)
     assert d.proc.poll() is None
+
+
+def test_connections_that_never_send_a_head_are_dropped_after_the_head_timeout(arena, llama, key_file, daemons):
+    """The key is checked once the head is in: until then a client without it holds a connection
+    slot, for at most the head timeout (5 s), not --request-timeout (30 s by default)."""
+    d = daemons(arena, llama, "a", "--api-key-file", str(key_file))
+    host, port = endpoint(d).removeprefix("http://").rsplit(":", 1)
+    held = [socket.create_connection((host, int(port))) for _ in range(64)]
+    try:
+        t0 = time.monotonic()
+        reply = raw(d, b"GET /health HTTP/1.1\r\n\r\n")
+        assert status_of(reply) == 503 and "more than 64 connections" in error_of(reply)["message"]
+        for s in held:
+            s.settimeout(20)
+            assert s.recv(1) == b""  # closed by the daemon, nothing sent
+        dropped = time.monotonic() - t0
+    finally:
+        for s in held:
+            s.close()
+    assert dropped < 10, f"idle connections held for {dropped:.1f} s"
+    wait_until_ok = time.monotonic() + 10
+    while get(endpoint(d) + "/health")[0] != 200:
+        assert time.monotonic() < wait_until_ok
+        time.sleep(0.1)
+    assert client(d, KEY).models.list().data
+    # A connection that sends part of a head is cut at the same deadline.
+    with socket.create_connection((host, int(port))) as s:
+        s.settimeout(20)
+        t0 = time.monotonic()
+        s.sendall(b"GET /v1/models HTTP/1.1\r\n")
+        assert s.recv(1) == b"" and time.monotonic() - t0 < 10
+
+
+def test_an_empty_api_key_variable_refuses_to_start(llama, tmp_path):
+    # click would take the empty variable for an unset one, and serve without a key.
+    r = serve_refused(str(llama), "--arena", str(tmp_path / "arena"), "--port", "0",
+                      env=daemon_env(VRAMD_API_KEY=""))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("vramd: VRAMD_API_KEY is set but empty, which would leave the API open; "
+                                "give it the key, or unset it")
+
+
+def test_failpoints_armed_from_the_environment_are_announced(arena, llama, daemons):
+    """VRAMD_FAILPOINTS left in a shell must not silently arm SIGKILLs in a production daemon."""
+    armed = "warm.after_token=kill@1000,encode.mid=log"
+    d = daemons(arena, llama, "a", env=daemon_env(VRAMD_FAILPOINTS=armed))
+    warning = [line for line in d.lines if "WARNING" in line and "VRAMD_FAILPOINTS" in line]
+    assert len(warning) == 1 and "encode.mid=log@1,warm.after_token=kill@1000" in warning[0], d.output
+    status = subprocess.run([sys.executable, "-m", "vramd.cli", "status", "--arena", str(arena)],
+                            capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "failpoints a: encode.mid=log@1,warm.after_token=kill@1000 armed" in status.stdout, status.stdout
+    d.stop()
+    d = daemons(arena, llama, "a")  # nothing armed: nothing said
+    assert "VRAMD_FAILPOINTS" not in d.output
+    status = subprocess.run([sys.executable, "-m", "vramd.cli", "status", "--arena", str(arena), "--json"],
+                            capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
+    assert [m["failpoints"] for m in json.loads(status.stdout)["members"]] == [""]

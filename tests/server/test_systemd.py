@@ -8,6 +8,7 @@ test binds, `systemd-analyze verify` loads the units offline, and
 import grp
 import logging
 import os
+import pwd
 import select
 import shutil
 import socket
@@ -343,14 +344,14 @@ def parse_tmpfiles(text):
     return entries
 
 
-def describe_tree(top, group_names):
-    """{relative path: (kind, mode, owner, group name)} of an arena on disk."""
+def describe_tree(top, group_names, user_names):
+    """{relative path: (kind, mode, owner name, group name)} of an arena on disk."""
     out = {}
     for path in [top, *sorted(top.iterdir())]:
         st = os.lstat(path)
         kind = "d" if stat.S_ISDIR(st.st_mode) else "f" if stat.S_ISREG(st.st_mode) else "?"
         rel = "." if path == top else path.name
-        out[rel] = (kind, stat.S_IMODE(st.st_mode), st.st_uid, group_names(st.st_gid))
+        out[rel] = (kind, stat.S_IMODE(st.st_mode), user_names(st.st_uid), group_names(st.st_gid))
     return out
 
 
@@ -393,6 +394,8 @@ def test_sysusers_and_tmpfiles_lay_out_what_arena_init_does(tmp_path):
         members[name] = set(filter(None, users.split(",")))
     groups.setdefault(0, "root")
     passwd = {line.split(":")[0]: line.split(":") for line in (root / "etc" / "passwd").read_text().splitlines()}
+    users = {int(fields[2]): name for name, fields in passwd.items()}
+    users.setdefault(0, "root")
 
     # Every user and group the unit names exists, and the daemon's user is in
     # the groups that let it take the token and ring.
@@ -402,19 +405,24 @@ def test_sysusers_and_tmpfiles_lay_out_what_arena_init_does(tmp_path):
     for extra in service_values("SupplementaryGroups")[0].split():
         assert user in members[extra], extra
 
-    made = describe_tree(root / str(layout.SYSTEM_ARENA).lstrip("/"), lambda gid: groups[gid])
+    made = describe_tree(root / str(layout.SYSTEM_ARENA).lstrip("/"), lambda gid: groups[gid], lambda uid: users[uid])
 
     # Two real groups of this host stand in for vramd and vramd-ring.
     stand_ins = [g for g in grp.getgrall() if g.gr_gid != 0]
     token_group, ring_group = stand_ins[0], next(g for g in stand_ins if g.gr_gid != stand_ins[0].gr_gid)
+    # ...and a real user of this host for the daemons' user vramd.
+    daemon_user = next(p for p in pwd.getpwall() if p.pw_uid != 0)
     arena = tmp_path / "init" / "vramd"
-    layout.init_system_arena(arena, token_group.gr_name, ring_group.gr_name)
+    layout.init_system_arena(arena, token_group.gr_name, ring_group.gr_name, daemon_user.pw_name)
     role = {token_group.gr_gid: "vramd", ring_group.gr_gid: "vramd-ring", 0: "root"}
-    inited = describe_tree(arena, lambda gid: role.get(gid, gid))
+    user_role = {daemon_user.pw_uid: "vramd", 0: "root"}
+    inited = describe_tree(arena, lambda gid: role.get(gid, gid), lambda uid: user_role.get(uid, uid))
 
     assert made == inited
-    assert made["doorbell"] == ("d", 0o1770, 0, "vramd-ring")
-    assert made[layout.TOKEN] == ("f", 0o660, 0, "vramd")
+    # doorbell/ belongs to the daemons' user: in a sticky directory its owner
+    # may remove any ring file, so a daemon can clear one left under its pid.
+    assert made["doorbell"] == ("d", 0o1770, "vramd", "vramd-ring")
+    assert made[layout.TOKEN] == ("f", 0o660, "root", "vramd")
 
     # Running tmpfiles again (by hand, or systemd-tmpfiles-setup after an
     # upgrade) changes nothing: no truncation, no cleaning of rings.
@@ -426,4 +434,4 @@ def test_sysusers_and_tmpfiles_lay_out_what_arena_init_does(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (live / layout.TOKEN).read_bytes() == b"kept"
     assert (live / layout.DOORBELL / "4242").exists()
-    assert describe_tree(live, lambda gid: groups[gid]) == made
+    assert describe_tree(live, lambda gid: groups[gid], lambda uid: users[uid]) == made

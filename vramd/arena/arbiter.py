@@ -13,10 +13,11 @@ and `idle()` at each idle point.  Rules it keeps:
   `checkpoint()` (between two requests while more wait), never mid-compute;
 - a ring is honoured only after the holder has held for `quantum` seconds, so
   two busy peers cannot thrash; a ring from a pid that is not waiting for
-  the token counts at most once per `ring_interval` per pid (doorbell.RingGate),
-  so a flooding ringer gets a bounded number of yields and delays nobody
-  else; a holder that never idles yields at a checkpoint once it has held
-  for `max_hold` seconds while someone waits;
+  the token counts at most once per `ring_interval` per pid and per ringing
+  user (doorbell.RingGate), so a flooding ringer gets a bounded number of
+  yields however many of its processes it rings as, and delays nobody else;
+  a holder that never idles yields at a checkpoint once it has held for
+  `max_hold` seconds while someone waits;
 - waiters are served in arrival order (tickets, see queue.py), and a holder
   that yields queues behind them; a waiter that knows only flock (llama.cpp)
   is not barged either: after yielding to one, we let it take the token
@@ -40,8 +41,8 @@ from vramd.arena.layout import Arena
 from vramd.arena.members import Member, Registry, empty_breakdown, process_start_time
 from vramd.arena.queue import Queue
 from vramd.arena.token import Token
-from vramd.errors import Interrupted, Timeout
-from vramd.failpoints import failpoint
+from vramd.errors import ArenaError, Interrupted, Timeout
+from vramd.failpoints import describe_armed, failpoint
 
 log = logging.getLogger("vramd.arbiter")
 
@@ -94,7 +95,8 @@ class Participant:
         # the token: a parked daemon releases for a flock-only peer.
         self._on_ring_while_cold = on_ring_while_cold
         self.member = Member(name=name, pid=self.pid, model=model,
-                             start_time=process_start_time(self.pid) or time.time())
+                             start_time=process_start_time(self.pid) or time.time(),
+                             failpoints=describe_armed())
         self._yield_wanted = threading.Event()
         self._stop = threading.Event()
         self._warden: threading.Thread | None = None
@@ -216,7 +218,18 @@ class Participant:
             if not self.queue.wait_turn(ticket, _left(deadline), cancel):
                 self._raise_not_acquired(timeout, cancel)
             # First in line: ask whoever holds the token to yield.
-            doorbell.ring(self.arena.doorbell_dir, self.pid)
+            try:
+                doorbell.ring(self.arena.doorbell_dir, self.pid)
+            except ArenaError as e:
+                # A ring only asks a holder to yield: with the token free we
+                # need none.  (A file another user left under our pid in a
+                # sticky doorbell/ we do not own can make ringing impossible.)
+                if not self.token.try_acquire():
+                    raise ArenaError(f"{e}; the token is held by {self._holder_text()}, "
+                                     "which cannot be asked to yield without a ring") from None
+                log.warning("%s: cannot ring (%s); the token is free, so going warm without a ring",
+                            self.member.name, e)
+                return
             failpoint("warm.before_token")
             if not self._acquire_ringing(deadline, cancel):
                 self._raise_not_acquired(timeout, cancel)

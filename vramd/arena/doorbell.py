@@ -45,6 +45,9 @@ def ring(doorbell_dir: Path, pid: int | None = None) -> Path:
     directory, a hard link to another file, or a file of another user) is
     removed once and the ring retried.  The file is checked before it is
     truncated, so a planted hard link never costs its target its contents.
+    In a sticky doorbell/ another user's file can be removed only by the
+    directory's owner (a system arena's doorbell/ belongs to the daemons'
+    user): anyone else gets an ArenaError naming the file's owner.
     """
     pid = os.getpid() if pid is None else pid
     path = Path(doorbell_dir) / str(pid)
@@ -54,9 +57,15 @@ def ring(doorbell_dir: Path, pid: int | None = None) -> Path:
         except FileNotFoundError:
             raise ArenaError(f"{doorbell_dir}: doorbell directory is missing") from None
         except OSError as e:
-            if attempt == 1 and e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR) \
+            # EACCES/EPERM: another user's file we may not write (or, with
+            # fs.protected_regular, may not even open O_CREAT).
+            if attempt == 1 and e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EACCES, errno.EPERM) \
                     and _remove_planted(path):
                 continue
+            owner = _foreign_owner(path)
+            if owner is not None:
+                raise ArenaError(f"{path}: cannot ring: the ring file belongs to uid {owner} and cannot be removed "
+                                 "(a sticky doorbell/ not owned by this user)") from None
             raise ArenaError(f"{path}: cannot ring: {describe_open_error(e)}") from None
         try:
             st = os.fstat(fd)
@@ -71,8 +80,17 @@ def ring(doorbell_dir: Path, pid: int | None = None) -> Path:
         if attempt == 1 and _remove_planted(path):
             continue
         raise ArenaError(f"{path}: cannot ring: the ring file is not a regular file of ours "
-                         "(a hard link, or another user's); remove it")
+                         f"(a hard link, or uid {st.st_uid}'s) and cannot be removed")
     raise AssertionError("unreachable")
+
+
+def _foreign_owner(path: Path) -> int | None:
+    """The uid owning `path` if that is another user, else None."""
+    try:
+        uid = os.lstat(path).st_uid
+    except OSError:
+        return None
+    return uid if uid != os.geteuid() else None
 
 
 def _remove_planted(path: Path) -> bool:
@@ -160,52 +178,76 @@ def scan(doorbell_dir: Path, *, clean: bool = True) -> RingScan:
     return out
 
 
-def remove_ring(doorbell_dir: Path, pid: int | None = None) -> None:
-    """Withdraw our own ring (once we hold the token it asks for nothing)."""
+def remove_ring(doorbell_dir: Path, pid: int | None = None) -> bool:
+    """Withdraw our own ring (once we hold the token it asks for nothing).
+
+    False when a file under our pid is there and may not be removed (another
+    user's, in a sticky doorbell/ we do not own): it rings for nobody, since
+    a holder ignores its own pid and others find it forged.  Never raises for
+    that: a caller on an error path must still publish and release.
+    """
     try:
         os.unlink(Path(doorbell_dir) / str(os.getpid() if pid is None else pid))
     except FileNotFoundError:
         pass
+    except PermissionError:
+        return False
+    return True
 
 
-# An unproven ring (see RingGate) from one pid is acted on at most once per
+# An unproven ring (see RingGate) from one pid, or from one ring-file owner
+# (a uid other than root's and the holder's), is acted on at most once per
 # this many seconds; how often a deferred ring is looked at again meanwhile.
 UNPROVEN_RING_INTERVAL = 1.0
 PROOF_POLL = 0.05
 
 
-def ring_owner_plausible(path: Path, pid: int) -> bool:
-    """Was doorbell/<pid> written by pid's own user (or root)?
+def ring_owner(path: Path, pid: int) -> tuple[int | None, bool]:
+    """(uid owning doorbell/<pid>, was it written by pid's own user or root?).
 
     The file's owner is whoever created it; a ring naming another user's
     process is forged (a ringer spreading its flood over names not its own).
+    A pid whose owner cannot be seen (/proc mounted `hidepid`, another
+    user's process) is not plausible either: only a proof can admit its ring.
+    (None, False) when there is no regular file under that name.
     """
     try:
         st = os.lstat(path)
     except OSError:
-        return False
+        return None, False
     if not stat.S_ISREG(st.st_mode):
-        return False
+        return None, False
+    if st.st_uid == 0:
+        return 0, True
     try:
         owner = os.stat(f"/proc/{pid}").st_uid
     except OSError:
-        return True  # /proc mounted hidepid: the process is alive but not ours to see
-    return st.st_uid in (0, owner)
+        return st.st_uid, False  # hidepid: the process is hidden from us, so nothing vouches for the ring
+    return st.st_uid, st.st_uid == owner
+
+
+def ring_owner_plausible(path: Path, pid: int) -> bool:
+    """Was doorbell/<pid> written by pid's own user (or root)?  (See ring_owner.)"""
+    return ring_owner(path, pid)[1]
 
 
 class RingGate:
-    """Which rings to act on: a per-ringer rate limit on the doorbell.
+    """Which rings to act on: a rate limit on the doorbell, per ringer and per ringing user.
 
     A ring from a pid the kernel shows waiting for the token (blocked in
     flock on it, holding a live ticket, or holding the token when we are
     cold) is *proven* and always acted on.  Any other ring (a script's
     `echo 1 > doorbell/$$`, `vramd ring`, a flood) is *unproven*: acted on at
-    most once per `interval` seconds per ringing pid.  Further rings from
-    that pid meanwhile are deferred, not dropped: acted on when its interval
-    ends (if it rang again after the last one acted on) or as soon as it is
-    proven.  Accounting is per pid, so a flooding pid never delays another
-    pid's ring.  An unproven ring whose file belongs to a user other than the
-    pid's (or root) is forged and ignored.
+    most once per `interval` seconds per ringing pid, and at most once per
+    `interval` per owner of the ring file (its uid), unless that uid is root
+    or the holder's own (either could stop the holder anyway, by a signal):
+    a user cannot multiply its rings by ringing as each of its processes.
+    Further rings meanwhile are deferred, not dropped: acted on when the
+    interval of their pid and their uid ends (if the pid rang again after the
+    last ring of it acted on) or as soon as they are proven.  A flooding pid
+    never delays another user's ring.  An unproven ring whose file belongs to
+    a user other than the pid's (or root), or whose pid's owner cannot be
+    seen (hidepid), is forged and ignored.
 
     `admit()` is called by one thread at a time (the warden, or the holder
     right after it went warm); a lock keeps that true.
@@ -216,10 +258,25 @@ class RingGate:
         self.interval = interval
         self._lock = threading.Lock()
         self._acted: dict[int, tuple[float, float]] = {}   # pid -> (monotonic, wall) of the last unproven ring acted on
-        self._deferred: set[int] = set()
+        self._uid_acted: dict[int, float] = {}              # uid -> monotonic of its last unproven ring acted on
+        self._deferred: dict[int, int | None] = {}          # pid -> the uid its ring file had
         self._last_proof = 0.0
+        self._exempt = {0, os.geteuid()}
         self.forged = 0       # counters, for tests and logs
         self.deferrals = 0
+
+    def _pid_due(self, pid: int) -> float:
+        acted = self._acted.get(pid)
+        return acted[0] + self.interval if acted is not None else 0.0
+
+    def _uid_due(self, uid: int | None) -> float:
+        if uid is None or uid in self._exempt:
+            return 0.0
+        at = self._uid_acted.get(uid)
+        return at + self.interval if at is not None else 0.0
+
+    def _due(self, pid: int) -> float:
+        return max(self._pid_due(pid), self._uid_due(self._deferred.get(pid)))
 
     def admit(self, rang: Iterable[int], waiting: Callable[[], set[int]]) -> set[int]:
         """The pids, among `rang` and those deferred earlier, whose ring to act on now.
@@ -231,49 +288,62 @@ class RingGate:
             now = time.monotonic()
             out: set[int] = set()
             proven: set[int] | None = None
-            due_deferred = {pid for pid in self._deferred if now - self._acted[pid][0] >= self.interval}
+
+            def is_proven(pid: int) -> bool:
+                nonlocal proven
+                if proven is None:
+                    proven, self._last_proof = set(waiting()), now
+                return pid in proven
+
+            due_deferred = {pid for pid in self._deferred if self._due(pid) <= now}
             poll = bool(self._deferred) and now - self._last_proof >= PROOF_POLL
-            for pid in set(rang) | due_deferred | (self._deferred if poll else set()):
+            for pid in set(rang) | due_deferred | (set(self._deferred) if poll else set()):
                 path = self.dir / str(pid)
                 if not pid_alive(pid):
-                    self._forget(pid)
+                    self._deferred.pop(pid, None)
                     continue
+                uid, plausible = ring_owner(path, pid)
                 acted = self._acted.get(pid)
-                if acted is None or now - acted[0] >= self.interval:
-                    if pid in self._deferred and not _rang_after(path, acted[1]):
-                        self._forget(pid)  # nothing new since the ring we acted on
+                if self._pid_due(pid) <= now:
+                    if pid in self._deferred and acted is not None and not _rang_after(path, acted[1]):
+                        self._deferred.pop(pid, None)  # nothing new since the ring we acted on
                         continue
-                    if not ring_owner_plausible(path, pid):
-                        if proven is None:
-                            proven, self._last_proof = waiting(), now
-                        if pid not in proven:
+                    if not plausible:
+                        if not is_proven(pid):
                             self.forged += 1
-                            self._deferred.discard(pid)
+                            self._deferred.pop(pid, None)
                             continue
-                    self._acted[pid] = (now, time.time())
-                    self._deferred.discard(pid)
-                    out.add(pid)
-                    continue
-                # Acted on lately: only a proof lets it through now.  A pid
-                # deferred already waits for the next poll (a flood costs no
-                # proof per ring); a new one is checked at once.
+                        self._act(pid, None, now, out)
+                        continue
+                    if self._uid_due(uid) <= now:
+                        self._act(pid, uid, now, out)
+                        continue
+                # Acted on lately (this pid, or another ring of its user): only
+                # a proof lets it through now.  A pid deferred already waits for
+                # the next poll (a flood costs no proof per ring); a new one is
+                # checked at once.
                 if pid not in self._deferred or poll:
-                    if proven is None:
-                        proven, self._last_proof = waiting(), now
-                    if pid in proven:
-                        self._deferred.discard(pid)
+                    if is_proven(pid):
+                        self._deferred.pop(pid, None)
                         out.add(pid)
                         continue
                 if pid not in self._deferred:
                     self.deferrals += 1
-                    self._deferred.add(pid)
+                self._deferred[pid] = uid
             if len(self._acted) > 4096:
                 self._acted = {p: t for p, t in self._acted.items()
                                if p in self._deferred or now - t[0] < self.interval}
+            if len(self._uid_acted) > 4096:
+                self._uid_acted = {u: t for u, t in self._uid_acted.items() if now - t < self.interval}
             return out
 
-    def _forget(self, pid: int) -> None:
-        self._deferred.discard(pid)
+    def _act(self, pid: int, uid: int | None, now: float, out: set[int]) -> None:
+        """Act on an unproven (or proven but implausible) ring: it counts against its pid, and its uid."""
+        self._acted[pid] = (now, time.time())
+        if uid is not None and uid not in self._exempt:
+            self._uid_acted[uid] = now
+        self._deferred.pop(pid, None)
+        out.add(pid)
 
     def next_check(self) -> float | None:
         """Seconds until deferred rings need another look (None: nothing deferred)."""
@@ -281,7 +351,7 @@ class RingGate:
             if not self._deferred:
                 return None
             now = time.monotonic()
-            due = min(self._acted[p][0] + self.interval for p in self._deferred) - now
+            due = min(self._due(p) for p in self._deferred) - now
             return max(0.0, min(PROOF_POLL, due))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import grp
 import os
+import pwd
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,12 +144,18 @@ class Arena:
         if create:
             _make_private_dirs(arena)
         shared = check_dir(arena, allow_shared=allow_shared, what="arena")
+        # Only root can make or rename entries in a root-owned arena nobody
+        # else may write (a system arena): whoever owns its subdirectories
+        # (doorbell/ belongs to the daemons' user) was chosen by root.
+        top = os.lstat(arena)
+        root_made = top.st_uid == 0 and stat.S_ISDIR(top.st_mode) and not top.st_mode & 0o022
         for sub in (DOORBELL, MEMBERS, QUEUE, CONTROL):
             sub_path = arena / sub
             if create:
                 _mkdir_like_parent(sub_path)
             if sub_path.exists() or sub_path.is_symlink():
-                shared |= check_dir(sub_path, allow_shared=allow_shared, what="arena directory")
+                shared |= check_dir(sub_path, allow_shared=allow_shared, what="arena directory",
+                                    owner_trusted=root_made)
             elif sub == DOORBELL:
                 raise ArenaError(f"{sub_path}: missing; run `vramd arena init` or pass a writable --arena")
         if create:
@@ -166,10 +173,12 @@ def _check_private_base(base: Path) -> None:
                          "remove it, or choose an arena with --arena")
 
 
-def check_dir(path: Path, *, allow_shared: bool, what: str) -> bool:
+def check_dir(path: Path, *, allow_shared: bool, what: str, owner_trusted: bool = False) -> bool:
     """Refuse a symlink, a non-directory, or a world-writable directory.
 
     Returns True when the directory is world-writable and that was allowed.
+    A directory of another (non-root) user is refused too, unless
+    `owner_trusted` (root chose its owner: a subdirectory of a system arena).
     """
     try:
         st = os.lstat(path)
@@ -195,7 +204,7 @@ def check_dir(path: Path, *, allow_shared: bool, what: str) -> bool:
                              "any local user could take the token; pass --allow-shared-arena "
                              "to join it anyway (e.g. a llama.cpp arena)")
         return True
-    if st.st_uid not in (os.getuid(), 0):
+    if st.st_uid not in (os.getuid(), 0) and not owner_trusted:
         # Another user's private arena: joining it would make us depend on
         # their files.  A system arena is root-owned and group-shared.
         if not allow_shared:
@@ -289,7 +298,35 @@ def read_small(path: Path, what: str, max_size: int = MAX_SMALL_FILE) -> bytes:
         os.close(fd)
 
 
-def init_system_arena(path: Path, group: str, ring_group: str | None) -> Arena:
+def doorbell_owner(user: str | int | None, group: str) -> tuple[int, str]:
+    """(uid, name) of the user who is to own a system arena's doorbell/.
+
+    The daemons' user: in the sticky doorbell/ only a file's owner and the
+    directory's owner may remove a file, so a ring file another user left
+    under a daemon's pid (on purpose with `vramd ring --pid`, or a shell that
+    rang and exited, its pid later reused) can be removed by the daemons only
+    when they own the directory.  Default: the user named like `group` (the
+    packaged layout: user and group `vramd`), else root.
+    """
+    if user is None:
+        try:
+            pw = pwd.getpwnam(group)
+        except KeyError:
+            return 0, "root"
+        return pw.pw_uid, pw.pw_name
+    if isinstance(user, int) or str(user).isdigit():
+        uid = int(user)
+        try:
+            return uid, pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return uid, str(uid)
+    try:
+        return pwd.getpwnam(user).pw_uid, str(user)
+    except KeyError:
+        raise ArenaError(f"user {user!r} does not exist (create it with useradd, or systemd-sysusers)") from None
+
+
+def init_system_arena(path: Path, group: str, ring_group: str | None, user: str | int | None = None) -> Arena:
     """Lay out a group-shared arena (brief §9): daemons take the token, ringers only ring.
 
         d <arena>            0755 root root
@@ -297,13 +334,17 @@ def init_system_arena(path: Path, group: str, ring_group: str | None) -> Arena:
         d <arena>/members    2770 root <group>
         d <arena>/queue      2770 root <group>
         d <arena>/control    2770 root <group>
-        d <arena>/doorbell   1770 root <ring_group or group>
+        d <arena>/doorbell   1770 <user> <ring_group or group>
+
+    `user` (see doorbell_owner) owns doorbell/, so that the daemons may
+    remove any ring file in it; nobody else removes another's ring (sticky).
     """
     try:
         gid = grp.getgrnam(group).gr_gid
         ring_gid = grp.getgrnam(ring_group).gr_gid if ring_group else gid
     except KeyError as e:
         raise ArenaError(f"group {e.args[0]!r} does not exist (create it with groupadd)") from None
+    bell_uid, _name = doorbell_owner(user, group)
     try:
         os.makedirs(path, mode=0o755, exist_ok=True)
         check_dir(path, allow_shared=False, what="arena")
@@ -315,7 +356,7 @@ def init_system_arena(path: Path, group: str, ring_group: str | None) -> Arena:
         _make_group_dir(path / MEMBERS, gid, 0o2770)
         _make_group_dir(path / QUEUE, gid, 0o2770)
         _make_group_dir(path / CONTROL, gid, 0o2770)
-        _make_group_dir(path / DOORBELL, ring_gid, 0o1770)
+        _make_group_dir(path / DOORBELL, ring_gid, 0o1770, uid=bell_uid)
         token = path / TOKEN
         fd = os.open(token, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o660)
         try:
@@ -331,7 +372,7 @@ def init_system_arena(path: Path, group: str, ring_group: str | None) -> Arena:
     return Arena(path)
 
 
-def _make_group_dir(path: Path, gid: int, mode: int) -> None:
+def _make_group_dir(path: Path, gid: int, mode: int, uid: int = 0) -> None:
     try:
         os.mkdir(path, mode)
     except FileExistsError:
@@ -345,7 +386,7 @@ def _make_group_dir(path: Path, gid: int, mode: int) -> None:
             raise ArenaError(f"{path}: exists and is not a directory (remove it)") from None
         raise
     try:
-        os.fchown(fd, -1, gid)
+        os.fchown(fd, uid, gid)
         os.fchmod(fd, mode)  # mkdir's mode is filtered by umask; chmod is not
     finally:
         os.close(fd)

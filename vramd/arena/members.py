@@ -62,6 +62,7 @@ class Member:
     budget: int = 0            # device bytes the arena's members may hold together, as it sees it
     endpoint: str = ""         # http://host:port of a daemon's API, if any
     control: str = ""          # path of a daemon's control socket, if any
+    failpoints: str = ""       # VRAMD_FAILPOINTS armed in it ("NAME=ACTION@N,..."): fault injection, tests only
 
     def eviction_key(self) -> float:
         """Smaller is evicted first: least recently used, shifted by priority.
@@ -109,6 +110,7 @@ class Member:
         m.budget = _int(data, "budget", 0)
         m.endpoint = _str(data, "endpoint", "")
         m.control = _str(data, "control", "")
+        m.failpoints = _str(data, "failpoints", "")
         return m
 
 

@@ -64,6 +64,7 @@ def arena_status(arena: Arena) -> dict:
             "priority": m.priority,
             "last_used": m.last_used,
             "control": m.control,   # the CLI asks a daemon there for its live status
+            "failpoints": m.failpoints,
         })
     budgets = [m.budget for m in members if m.budget > 0]
     used = sum(m.device_bytes() for m in members)

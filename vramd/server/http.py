@@ -13,10 +13,19 @@ What a client may not do:
   a malformed one (400), or larger than --max-request-bytes (413); the
   body is never read before these checks pass;
 - send a request head (request line and headers) over MAX_HEAD bytes (431);
+- take longer than HEAD_TIMEOUT seconds (or --request-timeout, if less) to
+  send a request head, counted from when the connection is taken up or the
+  previous reply was sent: the API key is checked only once the head is in,
+  so this is how long a client without the key can hold a connection slot;
 - take longer than --request-timeout seconds to send a request, head and
   body (a slowloris client: the connection is closed), or leave a reply
   unread for that long;
 - open more than MAX_CONNECTIONS connections at once (503, closed).
+
+What is left: anyone who can connect can keep the MAX_CONNECTIONS slots busy
+by reconnecting every HEAD_TIMEOUT seconds.  A cap per client address does not
+help on loopback, where every local client has the same address; beyond
+loopback, a proxy in front can limit each client (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ log = logging.getLogger("vramd.http")
 
 DEFAULT_MAX_REQUEST = 32 << 20    # images travel inside the JSON as base64
 DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds to send a whole request (or to take a reply)
+HEAD_TIMEOUT = 5.0                # seconds to send the request head (never more than the request timeout)
 MAX_HEAD = 64 << 10               # request line and headers together
 MAX_CONNECTIONS = 64
 OPEN_PATHS = frozenset({"/health"})   # answered without the API key (systemd, load-balancer probes)
@@ -69,14 +79,28 @@ class _RequestReader:
         self.buf = bytearray()
         self.deadline: float | None = None
         self.head_left: int | None = None
+        self._request_deadline: float | None = None
 
-    def begin(self, timeout: float) -> None:
-        """A new request starts: its deadline, and the head's byte budget."""
-        self.deadline = time.monotonic() + timeout
+    def begin(self, timeout: float, head_timeout: float) -> None:
+        """A new request starts: the head's deadline and byte budget, the whole request's deadline."""
+        now = time.monotonic()
+        self._request_deadline = now + timeout
+        self.deadline = now + min(head_timeout, timeout)
         self.head_left = MAX_HEAD
 
     def end_head(self) -> None:
+        """The head is in: the body may take what is left of the request's deadline."""
         self.head_left = None
+        self.deadline = self._request_deadline
+
+    @property
+    def in_head(self) -> bool:
+        return self.head_left is not None
+
+    @property
+    def head_started(self) -> bool:
+        """Some of this request's head arrived (else: an idle connection)."""
+        return bool(self.buf) or (self.head_left is not None and self.head_left < MAX_HEAD)
 
     def _fill(self) -> bool:
         if self.deadline is not None:
@@ -207,6 +231,10 @@ class _Handler(BaseHTTPRequestHandler):
     max_request_bytes: int = DEFAULT_MAX_REQUEST
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
+    @property
+    def head_timeout(self) -> float:
+        return min(HEAD_TIMEOUT, self.request_timeout)
+
     def setup(self) -> None:
         super().setup()
         self.rfile = _RequestReader(self.connection)
@@ -215,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
         """http.server's, with a deadline and a byte budget on the request head."""
         self.command, self.request_version, self.requestline = None, "HTTP/1.0", ""
         try:
-            self.rfile.begin(self.request_timeout)
+            self.rfile.begin(self.request_timeout, self.head_timeout)
             self.raw_requestline = self.rfile.readline()
             if not self.raw_requestline:
                 self.close_connection = True
@@ -233,8 +261,14 @@ class _Handler(BaseHTTPRequestHandler):
         except http.client.LineTooLong as e:  # the request line itself (header lines: parse_request)
             self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, str(e))
         except TimeoutError:
-            log.info("%s: request not received within %g s (or its reply not taken): connection closed",
-                     self.address_string(), self.request_timeout)
+            if self.rfile.in_head:
+                # Idle keep-alive connections end here too: debug, not info.
+                log.log(logging.INFO if self.rfile.head_started else logging.DEBUG,
+                        "%s: request head not received within %g s: connection closed",
+                        self.address_string(), self.head_timeout)
+            else:
+                log.info("%s: request not received within %g s (or its reply not taken): connection closed",
+                         self.address_string(), self.request_timeout)
             self.close_connection = True
         except (ConnectionError, OSError) as e:
             log.debug("%s: connection failed: %s", self.address_string(), e)
