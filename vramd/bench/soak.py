@@ -26,7 +26,8 @@ Memory is flat when, per daemon (quarters taken after a warm-up of the
 first tenth of the samples): the median RSS of the last quarter is within
 --rss-bound-mib MiB or --rss-bound-pct % (whichever is larger) of the
 median of the first; the C heap in use (glibc's count, in the daemon's
-status) grew by at most --heap-bound-mib; the device bytes only ever take
+status; on a CPU device less its device bytes, which it mallocs) grew by
+at most --heap-bound-mib; the device bytes only ever take
 values from a small set (what is resident when warm, parked or cold) no
 larger than the model's warm footprint; and the residency core's heap usage
 beyond its regions does not grow.  RSS alone cannot tell a leak from
@@ -250,7 +251,10 @@ class Config:
     max_hold: float = 0.5
     rss_bound_mib: float = 8.0
     rss_bound_pct: float = 5.0
-    heap_bound_mib: float = 1.0
+    # Every daemon's host-side C heap steps up once by about 0.93 MiB (one
+    # mmapped block, between switch 540 and 720, then nothing in 3000
+    # switches; docs/reliability.md): the bound leaves room for it.
+    heap_bound_mib: float = 2.0
     max_failures: int = 50
 
 
@@ -411,6 +415,9 @@ class Soak:
                 "heap_in_use": (st.get("host_heap") or {}).get("in_use", 0),
                 "heap_free": (st.get("host_heap") or {}).get("free", 0),
                 "rss": _rss(d.proc.pid)}
+            r = row["daemons"][d.name]
+            # A CPU device (lavapipe) mallocs its device memory: the host side is the rest.
+            r["heap_host"] = r["heap_in_use"] - (r["device"] if st["device"]["type"] == "cpu" else 0)
         row["switches"] = total
         with self.lock:
             row["requests"] = self.requests
@@ -580,7 +587,7 @@ def memory_summary(samples: list[dict], footprint: dict[str, int], cfg: Config) 
         # (on lavapipe: the host shadows, staging, memory waiting for the reclaimer).
         other = [r["heap_usage"] - r["device"] for _x, r in rows]
         o1, o4 = _quarters(other)
-        in_use = [r.get("heap_in_use", 0) for _x, r in rows]
+        in_use = [r.get("heap_host", 0) for _x, r in rows]
         h1, h4 = _quarters(in_use)
         kept = [r.get("heap_free", 0) for _x, r in rows]
         k1, k4 = _quarters(kept)
@@ -596,10 +603,11 @@ def memory_summary(samples: list[dict], footprint: dict[str, int], cfg: Config) 
             "device_distinct": len({r["device"] for _x, r in rows}),
             "heap_other_first_quartile_median": statistics.median(o1),
             "heap_other_last_quartile_median": statistics.median(o4),
-            # The C heap (glibc): bytes in use (a leak grows these) and freed but kept.
-            "heap_in_use_first_quartile_median": statistics.median(h1),
-            "heap_in_use_last_quartile_median": statistics.median(h4),
-            "heap_in_use_growth": statistics.median(h4) - statistics.median(h1) if any(in_use) else None,
+            # The C heap (glibc): bytes in use on the host side (a leak grows these; on a CPU
+            # device its device memory is left out) and bytes freed but kept.
+            "heap_host_first_quartile_median": statistics.median(h1),
+            "heap_host_last_quartile_median": statistics.median(h4),
+            "heap_host_growth": statistics.median(h4) - statistics.median(h1) if any(in_use) else None,
             "heap_free_first_quartile_median": statistics.median(k1),
             "heap_free_last_quartile_median": statistics.median(k4),
         }
@@ -636,8 +644,8 @@ def verdict(r: dict, cfg: Config) -> list[str]:
             why.append(f"{name}: {m['device_max']} device bytes, more than its warm footprint {m['footprint']}")
         if m["device_distinct"] > 8:
             why.append(f"{name}: device bytes took {m['device_distinct']} different values")
-        if m["heap_in_use_growth"] is not None and m["heap_in_use_growth"] > cfg.heap_bound_mib * 2**20:
-            why.append(f"{name}: the C heap in use grew {m['heap_in_use_growth'] / 2**20:.2f} MiB "
+        if m["heap_host_growth"] is not None and m["heap_host_growth"] > cfg.heap_bound_mib * 2**20:
+            why.append(f"{name}: the C heap in use grew {m['heap_host_growth'] / 2**20:.2f} MiB "
                        f"(bound {cfg.heap_bound_mib:g} MiB)")
         growth = m["heap_other_last_quartile_median"] - m["heap_other_first_quartile_median"]
         if growth > 0:
@@ -659,11 +667,12 @@ def svg_plot(result: dict, title: str = "") -> str:
     xmax = max(1, max(s["switches"] for s in samples))
     xticks = [x for x in _ticks(0, xmax, 8)[2] if x <= xmax]   # the axis ends at the last sample
     panels = [("host RSS (MiB)", "rss", 2**20, T, "line"),
-              ("C heap in use (MiB, glibc mallinfo2)", "heap_in_use", 2**20, T + ph + GAP, "line"),
+              ("C heap in use, host side (MiB, glibc; a CPU device's memory left out)", "heap_host", 2**20,
+               T + ph + GAP, "line"),
               ("device bytes (KiB, residency core)", "device", 1024, T + 2 * (ph + GAP), "dots")]
-    if not any(s["daemons"][n].get("heap_in_use") for s in samples for n in s["daemons"]):
+    if not any(s["daemons"][n].get("heap_host") for s in samples for n in s["daemons"]):
         panels = [(label, key, unit, T + i * (ph + GAP), style)
-                  for i, (label, key, unit, _t, style) in enumerate(p for p in panels if p[1] != "heap_in_use")]
+                  for i, (label, key, unit, _t, style) in enumerate(p for p in panels if p[1] != "heap_host")]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
            'font-family="sans-serif" font-size="11">', f'<rect width="{W}" height="{H}" fill="white"/>']
     if title:
@@ -732,7 +741,7 @@ def summary(r: dict) -> str:
         lines.append(f"  {name}: RSS {m['rss_first_quartile_median'] / 2**20:.1f} -> "
                      f"{m['rss_last_quartile_median'] / 2**20:.1f} MiB (first/last quarter medians, "
                      f"{m['rss_growth'] / 2**20:+.2f} MiB, bound {m['rss_bound'] / 2**20:.1f}); C heap in use "
-                     f"{_mib(m['heap_in_use_growth'])}; device bytes "
+                     f"{_mib(m['heap_host_growth'])}; device bytes "
                      f"by state " + ", ".join(f"{s} {v}" for s, v in m["device_values_by_state"].items()))
     lines.append("PASS" if r["ok"] else "FAIL: " + "; ".join(r["verdict"]))
     return "\n".join(lines)
@@ -759,7 +768,7 @@ def summary(r: dict) -> str:
               help="The daemons' --max-hold: a busy daemon yields after this long.")
 @click.option("--rss-bound-mib", type=click.FloatRange(min=0), default=8.0, show_default=True)
 @click.option("--rss-bound-pct", type=click.FloatRange(min=0), default=5.0, show_default=True)
-@click.option("--heap-bound-mib", type=click.FloatRange(min=0), default=1.0, show_default=True,
+@click.option("--heap-bound-mib", type=click.FloatRange(min=0), default=2.0, show_default=True,
               help="Most the daemons' C heap in use may grow (first to last quarter).")
 @click.option("--workdir", type=click.Path(path_type=Path), default=None,
               help="Keep models, arena and daemon logs here (default: a temporary directory).")
