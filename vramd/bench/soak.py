@@ -252,7 +252,7 @@ class Config:
     rss_bound_mib: float = 8.0
     rss_bound_pct: float = 5.0
     # Every daemon's host-side C heap steps up once by about 0.93 MiB (one
-    # mmapped block, between switch 540 and 720, then nothing in 3000
+    # mmapped block, between switch 440 and 720, then nothing in 3000
     # switches; docs/reliability.md): the bound leaves room for it.
     heap_bound_mib: float = 2.0
     max_failures: int = 50
@@ -701,12 +701,18 @@ def svg_plot(result: dict, title: str = "") -> str:
             c = COLORS[j % len(COLORS)]
             pts = [(X(s["switches"]), Y(s["daemons"][n].get(key, 0) / unit)) for s in samples if n in s["daemons"]]
             if style == "line":
+                # Half-pixel steps: a point that moves the line by less is left out.
+                line = [(round(x * 2) / 2, round(y * 2) / 2) for x, y in pts]
+                line = [q for i, q in enumerate(line) if i in (0, len(line) - 1) or q[1] != line[i - 1][1]
+                        or q[1] != line[i + 1][1]]
                 out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.2" points="'
-                           + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts) + '"/>')
+                           + " ".join(f"{x:g},{y:g}" for x, y in line) + '"/>')
             else:
                 dy = (j - 1) * 2.5  # daemons at the same value side by side, not on top of each other
                 dots = dict.fromkeys((round(x), round(y + dy)) for x, y in pts)   # one dot a pixel
-                out.append("".join(f'<circle cx="{x}" cy="{y}" r="1.6" fill="{c}"/>' for x, y in dots))
+                # Each dot a zero-length segment with round caps: one path, a few bytes a dot.
+                out.append(f'<path fill="none" stroke="{c}" stroke-width="3.2" stroke-linecap="round" d="'
+                           + "".join(f"M{x} {y}h0" for x, y in dots) + '"/>')
             out.append(f'<rect x="{W - R + 12}" y="{top + 14 * j:.1f}" width="10" height="10" fill="{c}"/>'
                        f'<text x="{W - R + 27}" y="{top + 9 + 14 * j:.1f}">{_esc(n)}</text>')
     out.append(f'<text x="{L + (W - L - R) / 2:.0f}" y="{H - 8}" text-anchor="middle">switches (all daemons)</text>')
