@@ -82,7 +82,7 @@ def test_a_profiled_step_times_every_dispatch(model, device):
     finally:
         timer.close()
     assert m.step_records == 2
-    n = m._step.dispatches + 3   # and the copies: id and position in, logits out
+    n = m._decode_step._graph.dispatches + 3   # and the copies: id and position in, logits out
     assert all(len(s) == n for s in steps)
     assert [label for label, _b, _ns in steps[0]].count("copy") == 3
     assert all(ns >= 0 for s in steps for _l, _b, ns in s)

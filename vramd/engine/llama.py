@@ -32,7 +32,7 @@ import numpy as np
 
 from vramd.engine.ops import Ops, Weight, view
 from vramd.errors import ModelError
-from vramd.gpu.kernels import HostBuffer
+from vramd.engine.decode_step import DecodeStep
 
 ARCHITECTURES = {"llama": False, "qwen2": True}   # architecture -> NeoX RoPE ordering
 MAX_BATCH = 256                                   # tokens per prefill chunk
@@ -176,11 +176,7 @@ class LlamaModel:
         self.act = scratch_region.tensors
         self._types = {t.name: t for t in mf.tensors}
         self._check_shapes()
-        self._step = None          # the recorded one-token decode step (a Batch), replayed per token
-        self._step_gen = None      # residency.generation it was recorded at; None: record again
-        self._io = None            # HostBuffer: [0:4] token id, [4:8] position, [16:] logits (f32)
-        self.timer = None          # a vramd.gpu.timing.Timestamps: time each dispatch of the step
-        self.step_records = 0      # times the step was recorded (tests: replay, re-record after a move)
+        self._decode_step = DecodeStep(self.ops, residency, self.act, self.cfg.n_vocab)  # replayed per token
 
     # -- weights -----------------------------------------------------------
 
@@ -259,37 +255,17 @@ class LlamaModel:
 
     def _decode(self, token: int, pos: int) -> np.ndarray:
         """One token at `pos` through the recorded step: the logits ([n_vocab])."""
-        ops, a = self.ops, self.act
-        n_logits = 4 * self.cfg.n_vocab
-        if self._io is None:
-            self._io = HostBuffer(self.residency.device, 16 + n_logits)
-        io = self._io
-        gen = self.residency.generation
-        if self._step is None:
-            self._step = ops.graph()
-        if self._step_gen != gen:
-            ops.sync()
-            self._step_gen = None      # a recording that fails half-way is never replayed
-            self._step.timer = self.timer
-            with ops.record(self._step):
-                ops.copy(io.view(0, 4), view(a["ids"], 0, 4), 4)
-                ops.copy(io.view(4, 4), view(a["pos"], 0, 4), 4)
-                self._record(1, want_all=False)
-                ops.copy(view(a["logits"], 0, n_logits), io.view(16, n_logits), n_logits)
-            self._step_gen = self.residency.generation
-            self.step_records += 1
-        ops.sync()  # the previous step is done with the host buffer
-        io.array[:8].view(np.int32)[:] = (token, pos)
-        self._step.submit()
-        ops.sync()
-        return io.array[16:16 + n_logits].view(np.float32).copy()
+        return self._decode_step.run(token, pos, lambda: self._record(1, want_all=False))
+
+    @property
+    def step_records(self) -> int:
+        return self._decode_step.records
 
     def profile(self, timer) -> None:
         """Times every dispatch of the decode step with `timer` (a
         vramd.gpu.timing.Timestamps; None: stop); read `timer.read()` after
         a forward of one token.  Re-records the step."""
-        self.timer = timer
-        self._step_gen = None
+        self._decode_step.profile(timer)
 
     def _record(self, n: int, want_all: bool) -> None:
         """Records the forward pass of n tokens (ids and positions in the
@@ -376,6 +352,4 @@ class LlamaModel:
 
     def close(self) -> None:
         self.ops.close()
-        if self._io is not None:
-            self._io.close()
-            self._io = None
+        self._decode_step.close()

@@ -40,7 +40,7 @@ from vramd.engine import hostmv
 from vramd.engine.llama import metadata_getter, rope_scale_factor, vocab_size
 from vramd.engine.ops import ROUTE_MAX_EXPERTS, ROUTE_MAX_USED, Ops, Weight, row_bytes, view
 from vramd.errors import ModelError
-from vramd.gpu.kernels import HostBuffer
+from vramd.engine.decode_step import DecodeStep
 
 MOE_ARCHITECTURES = ("qwen3moe", "qwen2moe", "llama")
 MAX_BATCH = 64
@@ -166,11 +166,7 @@ class MoEModel:
         self._check_expert_shapes()
         # Per layer: routed on the GPU (no readback) or on the host.
         self.gpu_routed = [gpu_routing and self._gpu_routable(i) for i in range(self.cfg.n_layer)]
-        self._step = None          # the recorded one-token decode step (a Batch), replayed per token
-        self._step_gen = None      # residency.generation it was recorded at; None: record again
-        self._io = None            # HostBuffer: [0:4] token id, [4:8] position, [16:] logits (f32)
-        self.timer = None          # a vramd.gpu.timing.Timestamps: time each dispatch of the step
-        self.step_records = 0      # times the step was recorded (tests: replay, re-record after a move)
+        self._decode_step = DecodeStep(self.ops, residency, self.act, self.cfg.n_vocab)  # replayed per token
 
     @property
     def replays_decode(self) -> bool:
@@ -320,41 +316,26 @@ class MoEModel:
         return np.concatenate(out, axis=0) if all_logits else out[-1]
 
     def _decode(self, token: int, pos: int) -> np.ndarray:
-        """One token at `pos` through the recorded step (every layer GPU-routed): the logits ([n_vocab])."""
-        ops, a = self.ops, self.act
-        n_logits = 4 * self.cfg.n_vocab
-        if self._io is None:
-            self._io = HostBuffer(self.residency.device, 16 + n_logits)
-        io = self._io
-        if self._step is None:
-            self._step = ops.graph()
-        if self._step_gen != self.residency.generation:
-            ops.sync()
-            self._step_gen = None      # a recording that fails half-way is never replayed
-            self._step.timer = self.timer
-            with ops.record(self._step):
-                ops.copy(io.view(0, 4), view(a["ids"], 0, 4), 4)
-                ops.copy(io.view(4, 4), view(a["pos"], 0, 4), 4)
-                self._embed(1)
-                for i in range(self.cfg.n_layer):
-                    self._attention(i, 1)
-                    self._gpu_experts(i, 1)
-                self._output(1, all_logits=False)
-                ops.copy(view(a["logits"], 0, n_logits), io.view(16, n_logits), n_logits)
-            self._step_gen = self.residency.generation
-            self.step_records += 1
-        ops.sync()  # the previous step is done with the host buffer
-        io.array[:8].view(np.int32)[:] = (token, pos)
-        self._step.submit()
-        ops.sync()
-        return io.array[16:16 + n_logits].view(np.float32).copy()
+        """One token at `pos` through the recorded step: the logits ([n_vocab])."""
+        return self._decode_step.run(token, pos, lambda: self._record_decode())
+
+    def _record_decode(self) -> None:
+        """The decode step's body: every layer routed on the GPU, no readback."""
+        self._embed(1)
+        for i in range(self.cfg.n_layer):
+            self._attention(i, 1)
+            self._gpu_experts(i, 1)
+        self._output(1, all_logits=False)
+
+    @property
+    def step_records(self) -> int:
+        return self._decode_step.records
 
     def profile(self, timer) -> None:
-        """Times every dispatch of the replayed decode step with `timer` (a
+        """Times every dispatch of the decode step with `timer` (a
         vramd.gpu.timing.Timestamps; None: stop); read `timer.read()` after
         a forward of one token.  Re-records the step."""
-        self.timer = timer
-        self._step_gen = None
+        self._decode_step.profile(timer)
 
     def _chunk(self, tokens: list[int], pos0: int, all_logits: bool) -> np.ndarray:
         cfg, ops, a = self.cfg, self.ops, self.act
@@ -542,6 +523,4 @@ class MoEModel:
 
     def close(self) -> None:
         self.ops.close()
-        if self._io is not None:
-            self._io.close()
-            self._io = None
+        self._decode_step.close()
