@@ -20,7 +20,6 @@ needs the GPU while cold goes warm first.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import os
 import queue
@@ -159,10 +158,9 @@ class Daemon:
 
     def _check_projector(self, mf, engine_cfg) -> None:
         """The --mmproj file against the model, from the files alone (before the device)."""
-        from vramd.engine.runner import model_class
         from vramd.model.gguf_check import validate_gguf
         from vramd.model.mmproj import load_mmproj
-        if "embeds" not in inspect.signature(model_class(mf).forward).parameters:
+        if not engine_cfg.takes_embeds:
             raise ModelError(f"{self.cfg.mmproj}: images are not supported with {mf.architecture} models yet")
         _cfg, info = load_mmproj(validate_gguf(self.cfg.mmproj))
         if info.n_embd_text != engine_cfg.n_embd:
@@ -719,7 +717,7 @@ class Daemon:
         cancelled = threading.Event()
 
         def work():
-            ids, embeds = self.engine.prompt(req)
+            ids, embeds = self.engine.prompt(req.prompt_input())
             builder.prompt_tokens = len(ids)
             if req.echo:
                 builder.echo_text = req.prompt if isinstance(req.prompt, str) else self.engine.detokenize(ids)
@@ -728,7 +726,7 @@ class Daemon:
             def emit(piece):
                 events.put(("piece", piece))
                 return not cancelled.is_set()
-            return self.engine.generate(ids, req, emit, embeds)
+            return self.engine.generate(ids, req.sampling(), emit, embeds)
 
         job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout)
         self.submit_nowait(job)
