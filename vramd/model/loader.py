@@ -79,6 +79,12 @@ def kv_shape(mf: ModelFile, ctx: int) -> KVShape | None:
     return KVShape(layers, ctx, k_dim * n_head_kv, v_dim * n_head_kv)
 
 
+def kv_layout(shape: KVShape) -> list[tuple[str, int]]:
+    """The KV cache region's tensors, [(name, nbytes)]: one K and one V per layer."""
+    k_bytes, v_bytes = shape.layer_bytes
+    return [t for layer in range(shape.layers) for t in ((f"cache_k_l{layer}", k_bytes), (f"cache_v_l{layer}", v_bytes))]
+
+
 def scratch_bytes(mf: ModelFile) -> int:
     """Compute buffers for one prefill batch: activations plus logits (an estimate
     until the engine sizes its own; it is what the breakdown shows meanwhile)."""
@@ -106,11 +112,7 @@ def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
         shape = kv_shape(mf, ctx)
         kv = None
         if shape is not None:
-            k_bytes, v_bytes = shape.layer_bytes
-            tensors = []
-            for layer in range(shape.layers):
-                tensors += [(f"cache_k_l{layer}", k_bytes), (f"cache_v_l{layer}", v_bytes)]
-            kv = residency.region("state", f"{name}/kv", tensors)
+            kv = residency.region("state", f"{name}/kv", kv_layout(shape))
             regions.append(kv)
         scratch = residency.region("scratch", f"{name}/scratch", scratch or [("compute", scratch_bytes(mf))])
         regions.append(scratch)

@@ -113,7 +113,7 @@ class Daemon:
     # -- set-up ------------------------------------------------------------
 
     def setup(self) -> None:
-        from vramd.engine.runner import Engine, scratch_layout
+        from vramd.engine.runner import Engine
         from vramd.gpu.device import Device
         from vramd.gpu.residency import Residency
         from vramd.model import loader
@@ -131,9 +131,9 @@ class Daemon:
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
         self.residency = Residency(self.device)
-        on_host = self._expert_placement(mf, engine_cfg, scratch_layout(engine_cfg))
+        self.footprint = fp = self._footprint(mf)
         self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf,
-                                 scratch=scratch_layout(engine_cfg), host_tensors=on_host)
+                                 scratch=fp.layouts["scratch"], host_tensors=fp.host_tensors)
         if cfg.mmproj:
             self.encoder = self._load_encoder()
         for w in self.model.file.warnings:
@@ -175,22 +175,19 @@ class Daemon:
         return VisionEncoder(self.cfg.mmproj, self.residency, name=f"{self.name}/mmproj",
                              resident=self.cfg.mmproj_resident)
 
-    def _expert_placement(self, mf, engine_cfg, scratch) -> list[str]:
-        """Expert tensors kept on the host for --n-cpu-moe (none without the flag or the experts)."""
-        from vramd.model import loader, placement
-        if self.cfg.n_cpu_moe is None:
-            return []
-        if not placement.expert_tensors(mf):
+    def _footprint(self, mf):
+        """The model's regions as vramd/model/footprint.py sizes them (what `vramd plan` prints),
+        with the expert tensors --n-cpu-moe keeps on the host."""
+        from vramd.model import placement
+        from vramd.model.footprint import footprint
+        n = self.cfg.n_cpu_moe
+        if n is not None and not placement.expert_tensors(mf):
             log.info("%s: %s has no expert tensors; --n-cpu-moe changes nothing", self.name, self.cfg.model)
-            return []
-        n = placement.parse_n_cpu_moe(self.cfg.n_cpu_moe)
-        if n == "auto":
-            shape = loader.kv_shape(mf, self.cfg.ctx)
-            kv = 0 if shape is None else sum(shape.layer_bytes) * shape.layers
-            p = placement.smallest_fit(mf, self._budget(), kv, sum(b for _n, b in scratch))
-            log.info("%s: --n-cpu-moe auto: %g layers of experts on the host", self.name, p.n_cpu_moe)
-            n = p.n_cpu_moe
-        return placement.host_tensors(mf, n)
+            n = None
+        fp = footprint(mf, self.cfg.ctx, n_cpu_moe=n, budget=self._budget(), limits=self.residency.limits)
+        if n is not None and placement.parse_n_cpu_moe(n) == "auto":
+            log.info("%s: --n-cpu-moe auto: %g layers of experts on the host", self.name, fp.plan.n_cpu_moe)
+        return fp
 
     def _refuse_duplicate_name(self) -> None:
         for m in Registry(self.arena.members_dir).list():
