@@ -3,7 +3,7 @@ import os
 
 import numpy as np
 
-from vramd.gpu.kernels import StateStep
+from tests.gpu.state_step import StateStep
 
 MiB = 1 << 20
 

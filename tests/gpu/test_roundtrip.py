@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from vramd.errors import UsageError
-from vramd.gpu.kernels import StateStep
+from tests.gpu.state_step import StateStep
 
 MiB = 1 << 20
 # Sizes that cross the 1 MiB blocks of the `res` fixture in every way: a
