@@ -7,12 +7,15 @@ plan sized a MoE model's scratch as a llama model's (918,784 B against the
 daemon's 332,800 B for the default synthetic qwen3moe).
 """
 
+import base64
+import io
 import json
 import subprocess
 import sys
 import urllib.request
 
 import pytest
+from PIL import Image
 
 from tests.engine.models import write_llama
 from tests.engine.models_gemma3 import write_gemma3
@@ -31,12 +34,16 @@ def plan(path, *flags) -> dict:
     return json.loads(r.stdout)
 
 
-def served(d) -> dict:
-    """The daemon's breakdown once a request ran (its first compute brought the scratch in)."""
-    body = json.dumps({"model": d.name, "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}).encode()
-    req = urllib.request.Request(d.member().endpoint + "/v1/completions", body, {"Content-Type": "application/json"})
+def post(d, route: str, body: dict) -> None:
+    req = urllib.request.Request(d.member().endpoint + route, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         assert r.status == 200
+
+
+def served(d) -> dict:
+    """The daemon's breakdown once a request ran (its first compute brought the scratch in)."""
+    post(d, "/v1/completions", {"model": d.name, "prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0})
     return d.ask("status")["breakdown"]
 
 
@@ -75,9 +82,19 @@ def test_plan_counts_the_vision_encoder_as_serve_loads_it(arena, tmp_path, daemo
     lm = write_llama(tmp_path / "lm.gguf", seed=8, n_embd=96, n_head=4, n_vocab=384, vocab="spm")
     mm = write_mmproj(tmp_path / "mm.gguf", "mlp")
     want = plan(lm, "--mmproj", str(mm))
-    d = daemons(arena, lm, "vision", "--mmproj", str(mm))
+    # --mmproj-resident: after an image the encoder and its activations stay, so they show.
+    d = daemons(arena, lm, "vision", "--mmproj", str(mm), "--mmproj-resident")
     got = served(d)
     assert want["encoder_bytes"] > 0 and got["encoder"]["host"] == want["host"]["encoder"] == want["encoder_bytes"]
     assert got["encoder"]["device"] == 0   # in host memory until an image comes
     assert {k: got[k]["device"] for k in ("weights", "state", "scratch")} == \
         {k: want["device"][k] for k in ("weights", "state", "scratch")}
+    png = io.BytesIO()
+    Image.new("RGB", (24, 24), (200, 40, 90)).save(png, "PNG")
+    uri = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    image = {"type": "image_url", "image_url": {"url": uri}}
+    post(d, "/v1/chat/completions", {"model": d.name, "max_tokens": 1, "temperature": 0,
+                                     "messages": [{"role": "user", "content": [image]}]})
+    got = d.ask("status")["breakdown"]
+    assert got["encoder"]["device"] == want["device"]["encoder"] == want["encoder_bytes"]
+    assert got["scratch"]["device"] == want["device"]["scratch"] + want["encode_scratch_bytes"]

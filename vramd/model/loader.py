@@ -82,7 +82,8 @@ def kv_shape(mf: ModelFile, ctx: int) -> KVShape | None:
 def kv_layout(shape: KVShape) -> list[tuple[str, int]]:
     """The KV cache region's tensors, [(name, nbytes)]: one K and one V per layer."""
     k_bytes, v_bytes = shape.layer_bytes
-    return [t for layer in range(shape.layers) for t in ((f"cache_k_l{layer}", k_bytes), (f"cache_v_l{layer}", v_bytes))]
+    return [t for layer in range(shape.layers)
+            for t in ((f"cache_k_l{layer}", k_bytes), (f"cache_v_l{layer}", v_bytes))]
 
 
 def scratch_bytes(mf: ModelFile) -> int:
