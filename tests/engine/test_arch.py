@@ -113,8 +113,7 @@ def test_a_dense_architecture_with_experts_and_an_moe_one_without_are_refused(tm
 def test_plan_sizes_scratch_as_serve_allocates_it(tmp_path, name):
     """`vramd plan` and `vramd serve` ask the same function (the MoE case used to
     differ: plan sized scratch with the llama config, 918,784 B against 332,800 B)."""
-    from vramd.cli import model_overheads
+    from vramd.model.footprint import footprint
     path, _ = _file(tmp_path, name)
     mf = validate_gguf(path)
-    _kv, scratch = model_overheads(mf, 64)
-    assert scratch == sum(n for _name, n in scratch_layout(spec_for(mf)))
+    assert footprint(mf, 64).layouts["scratch"] == scratch_layout(spec_for(mf))
