@@ -19,7 +19,9 @@ import numpy as np
 
 
 def vramd_logits(device, path, tokens: list[int], ctx: int, decode_from: int | None = None) -> np.ndarray:
-    from vramd.engine import runner
+    from vramd.engine.arch import spec_for
+    from vramd.engine.model import TransformerModel
+    from vramd.engine.scratch import scratch_layout
     from vramd.gpu.residency import Residency
     from vramd.model import loader
     from vramd.model.gguf_check import validate_gguf
@@ -29,13 +31,13 @@ def vramd_logits(device, path, tokens: list[int], ctx: int, decode_from: int | N
     if not 1 <= d <= len(tokens):
         raise ValueError(f"decode_from {decode_from} outside 1..{len(tokens)}")
     mf = validate_gguf(path)
-    cfg = runner.Engine.check(mf)
+    spec = spec_for(mf)
     res = Residency(device)
     model = None
     try:
-        lm = loader.load(path, res, ctx, mf=mf, scratch=runner.scratch_layout(cfg), progress=False)
+        lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(spec), progress=False)
         res.restore(["weights", "state"])
-        model = runner.model_class(mf)(lm, res, ctx, lm.scratch)
+        model = TransformerModel(lm, res, ctx, lm.scratch, spec=spec)
         rows = [np.asarray(model.forward(tokens[:d], 0, all_logits=True), np.float32)]
         for i in range(d, len(tokens)):
             rows.append(np.asarray(model.forward([tokens[i]], i), np.float32)[None, :])
