@@ -60,7 +60,8 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
             try:
                 rng = np.random.default_rng(0)
                 ids = [int(x) for x in rng.integers(3, cfg.n_vocab, prompt)]
-                m.forward(ids[:8], 0)                     # warm-up: pipelines compiled, scratch allocated
+                m.forward(ids[:16], 0)    # warm-up: pipelines compiled, scratch and the chunk batch allocated
+                # (16 > model.REPLAY_TOKENS: the prefill path, not a replayed step, is what gets warm)
                 t0 = time.monotonic()
                 logits = m.forward(ids, 0)
                 prefill_s = time.monotonic() - t0
