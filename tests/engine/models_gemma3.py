@@ -120,6 +120,12 @@ def make_gemma3_weights(spec: Gemma3Spec) -> dict[str, np.ndarray]:
 def write_gemma3(path: str | Path, **options) -> Path:
     """Write a synthetic gemma3 model (Gemma3Spec's fields as keywords) to `path`."""
     spec = Gemma3Spec(**options).check()
+    return write_gemma3_weights(path, spec, make_gemma3_weights(spec))
+
+
+def write_gemma3_weights(path: str | Path, spec: Gemma3Spec, weights: dict[str, np.ndarray]) -> Path:
+    """Write `weights` (numpy order, float32) with the metadata and vocabulary of `spec`."""
+    spec = spec.check()
     path = Path(path)
     qtype = WEIGHT_TYPES[spec.weight_type]
     writer = gguf.GGUFWriter(str(path), "gemma3")
@@ -143,7 +149,7 @@ def write_gemma3(path: str | Path, **options) -> Path:
     if spec.softcap is not None:
         writer.add_final_logit_softcapping(spec.softcap)
     _write_vocab(writer, LlamaSpec(n_vocab=spec.n_vocab, vocab="spm", chat_template="").resolve())
-    for name, value in make_gemma3_weights(spec).items():
+    for name, value in weights.items():
         add_tensor(writer, name, value, Q.F32 if value.ndim == 1 else qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

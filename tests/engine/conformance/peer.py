@@ -25,7 +25,10 @@ How the server is run, and why
   --swa-full             a full-size cache for sliding-window layers (the
                          window is a mask either way), so the prompt cache
                          is reusable from one request to the next.
-  -t 2 --no-warmup, 127.0.0.1 on a free port, the web UI off.
+  -t 1 --no-warmup      one thread: the models are tiny, and a second one spins
+                         (ggml's threads busy-wait) on a machine whose cores
+                         are shared; no warm-up run.  127.0.0.1 on a free
+                         port, the web UI off.
   The process gets PR_SET_PDEATHSIG(SIGKILL): it dies with the test process
   even when that is killed, so no server outlives a run.
 
@@ -101,7 +104,7 @@ def _ascii_token(path: Path) -> int:
 class LlamaServer:
     """`with LlamaServer(path, ctx=256) as peer: peer.greedy_chain(ids, 16, 8)`."""
 
-    def __init__(self, path: str | os.PathLike, ctx: int = 256, threads: int = 2):
+    def __init__(self, path: str | os.PathLike, ctx: int = 256, threads: int = 1):
         self.path = Path(path)
         self.ctx = ctx
         self.pinned = _ascii_token(self.path)
