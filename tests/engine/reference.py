@@ -119,7 +119,7 @@ Greedy decoding picks np.argmax, i.e. the lowest token id among equal maxima.
 Checked against llama.cpp
 -------------------------
 Once, by hand (llama-cpp-python 0.3.36 built from source is not a test
-dependency), on tests/engine/models.py's models with a 40-token prefill, CPU,
+dependency), on tests/ggufgen/llama.py's models with a 40-token prefill, CPU,
 f32 KV cache, no flash attention: with F32 weights the logits agree within
 2e-5 (5e-6 of their std) for llama, mistral-style GQA (8 query / 2 KV heads),
 qwen2 (NeoX RoPE, q/k/v biases), tied output and linear RoPE scaling with

@@ -99,7 +99,7 @@ ggml_argsort_top_k does not promise an order among equal values (each backend
 implements its argsort its own way; not checked), so a test must not rely
 on ties: `Route.margin` is the gap between the k-th and the (k+1)-th router
 logit (the amount by which the choice is decided; +inf when k == n_expert),
-models_moe.py's routers make a small gap rare (its docstring gives the
+tests/ggufgen/moe.py's routers make a small gap rare (its docstring gives the
 rates) and `well_routed_prompt()` picks prompts without one.  The order of the ids within a token's top-k
 does not change the result beyond float rounding (a sum).
 
@@ -464,7 +464,7 @@ def well_routed_prompt(model: ReferenceMoE, length: int, *, min_margin: float = 
                        seed: int = 0, tries: int = 200) -> list[int]:
     """The first of a deterministic series of random prompts (numpy default_rng(seed),
     token ids uniform in 0..n_vocab-1) whose every route, in every layer, is decided
-    by at least `min_margin` (see Route.margin).  With models_moe.py's routers about
+    by at least `min_margin` (see Route.margin).  With tests/ggufgen/moe.py's routers about
     3% of routes have a margin below 0.05, so a 12-token, 3-layer prompt qualifies
     about one time in three.  Raises ValueError after `tries` candidates."""
     rng = np.random.default_rng(seed)

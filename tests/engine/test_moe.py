@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.engine.models_moe import write_moe
+from tests.ggufgen.moe import write_moe
 from tests.engine.reference_moe import ReferenceMoE
 from vramd.engine.moe import MoEConfig, MoEModel, moe_scratch_layout, route
 from vramd.errors import UsageError

@@ -3,7 +3,7 @@
 Owns: the evidence that tests/engine/reference.py is self-consistent (prefill
 vs incremental decoding, prefix reuse, GQA vs repeated heads, tied vs untied
 output, biases, the two RoPE orderings one permutation apart, dequantization
-equal to gguf's) and that tests/engine/models.py writes valid, deterministic,
+equal to gguf's) and that tests/ggufgen/llama.py writes valid, deterministic,
 well-conditioned models with complete tokenizer metadata.
 """
 
@@ -17,9 +17,9 @@ import pytest
 
 from vramd.model.gguf_check import validate_gguf
 
-from tests.engine.models import (BYTE, CONTROL, ENGINE_WEIGHT_TYPES, LLAMA_CPP_TOKENIZATIONS, NORMAL,
-                                 WEIGHT_TYPES, LlamaSpec, gpt2_byte_chars, make_vocab, make_weights,
-                                 write_llama, write_weights)
+from tests.ggufgen.llama import LlamaSpec, make_weights, write_llama, write_weights
+from tests.ggufgen.quant import ENGINE_WEIGHT_TYPES, WEIGHT_TYPES
+from tests.ggufgen.vocab import BYTE, CONTROL, LLAMA_CPP_TOKENIZATIONS, NORMAL, gpt2_byte_chars, make_vocab
 from tests.engine.reference import ReferenceModel, rope, rope_angles, top2_margin
 
 ARCHS = ("llama", "mistral", "qwen2")
@@ -352,7 +352,7 @@ def test_refuses_what_it_does_not_implement(tmp_path):
     w["blk.0.attn_q_norm.weight"] = np.ones(spec.resolve().head_dim, np.float32)   # Qwen3's
     with pytest.raises(ValueError, match="attn_q_norm"):
         ReferenceModel(write_weights(tmp_path / "extra.gguf", spec, w))
-    from tests.model.ggufgen import write_model
+    from tests.ggufgen.check import write_model
     with pytest.raises(ValueError, match="gemma3"):
         ReferenceModel(write_model(tmp_path / "gemma.gguf", arch="gemma3"))
 

@@ -11,8 +11,8 @@ past it fails, so an encode that succeeds under it never exceeded it.
 import numpy as np
 import pytest
 
-from tests.engine.models import write_llama
-from tests.engine.models_vision import write_mmproj
+from tests.ggufgen.llama import write_llama
+from tests.ggufgen.vision import write_mmproj
 from tests.engine.reference_vision import ReferenceVision
 from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
 from vramd.engine.vision import VisionEncoder

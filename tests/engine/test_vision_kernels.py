@@ -600,7 +600,7 @@ def encode_on_device(vops, bufs, path, pixels):
     ("gemma3", {"image_size": 64, "n_merge": 4}),   # an 8x8 grid pooled 4x4 (the real model's pool)
 ], ids=["mlp", "mlp-f32-56px", "gemma3", "gemma3-pool4"])
 def test_encoder_matches_reference_vision(vops, bufs, rng, tmp_path, projector, more):
-    """The whole encoder of a synthetic mmproj file (tests/engine/models_vision.py)
+    """The whole encoder of a synthetic mmproj file (tests/ggufgen/vision.py)
     through the device kernels equals tests/engine/reference_vision.py (float64
     numpy, written from llama.cpp's clip graph by another hand): the layouts
     assumed here (image planes, patch kernel, raster order, pooling grid,
@@ -608,7 +608,7 @@ def test_encoder_matches_reference_vision(vops, bufs, rng, tmp_path, projector, 
     magnitude: f32 through two or three layers against float64 (measured on
     lavapipe: at most 9e-7 of it); a wrong layout is off by the order of the
     values, and even the erf GELU in place of the tanh one is caught."""
-    from tests.engine.models_vision import write_mmproj
+    from tests.ggufgen.vision import write_mmproj
     from tests.engine.reference_vision import ReferenceVision
 
     path = write_mmproj(tmp_path / "mmproj.gguf", projector, **more)

@@ -18,7 +18,7 @@ reference, tests/engine/reference_gemma3.py).
 import openai
 import pytest
 
-from tests.engine.models import write_llama
+from tests.ggufgen.llama import write_llama
 
 from .conftest import DaemonProc
 

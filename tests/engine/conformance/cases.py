@@ -38,19 +38,19 @@ def cases() -> list[tuple[str, str]]:
 
 def _spec(arch: str):
     """The architecture's spec in F32 (the weight type is set per file) and its writer."""
-    from tests.engine import models, models_gemma3, models_moe
+    from tests.ggufgen import gemma3, llama, moe
 
     if arch in ("llama", "qwen2"):
-        return models.LlamaSpec(arch=arch, weight_type="F32", **_DENSE), models.make_weights, models.write_weights
+        return llama.LlamaSpec(arch=arch, weight_type="F32", **_DENSE), llama.make_weights, llama.write_weights
     if arch == "qwen3":
-        return (models.LlamaSpec(arch=arch, weight_type="F32", key_length=128, tied_output=True, n_head_kv=2,
-                                 **_DENSE), models.make_weights, models.write_weights)
+        return (llama.LlamaSpec(arch=arch, weight_type="F32", key_length=128, tied_output=True, n_head_kv=2,
+                                 **_DENSE), llama.make_weights, llama.write_weights)
     if arch == "gemma3":
-        return (models_gemma3.Gemma3Spec(weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
+        return (gemma3.Gemma3Spec(weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
                                          head_dim=64, n_layer=7, window=8, seed=5),
-                models_gemma3.make_gemma3_weights, models_gemma3.write_gemma3_weights)
-    return (models_moe.MoESpec(arch=arch, weight_type="F32", **_MOE), models_moe.make_moe_weights,
-            models_moe.write_moe_weights)
+                gemma3.make_gemma3_weights, gemma3.write_gemma3_weights)
+    return (moe.MoESpec(arch=arch, weight_type="F32", **_MOE), moe.make_moe_weights,
+            moe.write_moe_weights)
 
 
 @functools.lru_cache(maxsize=None)
