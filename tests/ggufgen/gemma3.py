@@ -46,7 +46,7 @@ from gguf import GGMLQuantizationType as Q
 
 from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal
 from tests.ggufgen.llama import LlamaSpec
-from tests.ggufgen.quant import FILE_TYPES, WEIGHT_TYPES, add_tensor
+from tests.ggufgen.quant import FILE_TYPES, WEIGHT_TYPES, write_tensors
 from tests.ggufgen.vocab import write_vocab
 
 
@@ -143,10 +143,5 @@ def write_gemma3_weights(path: str | Path, spec: Gemma3Spec, weights: dict[str, 
     if spec.softcap is not None:
         writer.add_final_logit_softcapping(spec.softcap)
     write_vocab(writer, LlamaSpec(n_vocab=spec.n_vocab, vocab="spm", chat_template="").resolve())
-    for name, value in weights.items():
-        add_tensor(writer, name, value, Q.F32 if value.ndim == 1 else qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
     return path

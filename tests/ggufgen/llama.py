@@ -68,8 +68,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal
-from tests.ggufgen.quant import FILE_TYPES, WEIGHT_TYPES, add_tensor
+from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal, start_writer
+from tests.ggufgen.quant import WEIGHT_TYPES, write_tensors
 from tests.ggufgen.vocab import CHATML_TEMPLATE, LLAMA2_TEMPLATE, MISTRAL_TEMPLATE, QWEN3_TEMPLATE, write_vocab
 
 # Per style: (general.architecture, default n_head_kv given n_head, rope base, eps,
@@ -194,19 +194,7 @@ def write_weights(path: str | Path, spec: LlamaSpec, weights: dict[str, np.ndarr
     spec = spec.resolve()
     path = Path(path)
     qtype = WEIGHT_TYPES[spec.weight_type]
-    arch = spec.gguf_arch
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name(f"synthetic-{spec.arch}-{spec.weight_type}-{spec.seed}")
-    writer.add_file_type(FILE_TYPES[qtype])
-    writer.add_context_length(spec.context_length)
-    writer.add_embedding_length(spec.n_embd)
-    writer.add_feed_forward_length(spec.n_ff)
-    writer.add_block_count(spec.n_layer)
-    writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(spec.n_head_kv)
-    writer.add_layer_norm_rms_eps(spec.eps)
-    writer.add_rope_freq_base(spec.rope_freq_base)
-    writer.add_rope_dimension_count(spec.head_dim)
+    writer = start_writer(path, spec, spec.n_ff)
     if spec.qk_norm or spec.key_length is not None:     # Qwen3 conversions always write them
         writer.add_key_length(spec.head_dim)
         writer.add_value_length(spec.head_dim)
@@ -215,12 +203,7 @@ def write_weights(path: str | Path, spec: LlamaSpec, weights: dict[str, np.ndarr
         writer.add_rope_scaling_factor(spec.rope_scaling_factor)
     writer.add_vocab_size(spec.n_vocab)
     write_vocab(writer, spec)
-    for name, value in weights.items():
-        add_tensor(writer, name, value, Q.F32 if np.ndim(value) == 1 else qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
     return path
 
 

@@ -80,8 +80,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal
-from tests.ggufgen.quant import FILE_TYPES, WEIGHT_TYPES, add_tensor
+from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal, start_writer
+from tests.ggufgen.quant import WEIGHT_TYPES, write_tensors
 from tests.ggufgen.vocab import CHATML_TEMPLATE, MISTRAL_TEMPLATE, write_vocab
 
 ROUTER_STD = 4.0
@@ -221,18 +221,7 @@ def write_moe_weights(path: str | Path, spec: MoESpec, weights: dict[str, np.nda
     spec = spec.resolve()
     path = Path(path)
     qtype = WEIGHT_TYPES[spec.weight_type]
-    arch = spec.gguf_arch
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name(f"synthetic-{spec.arch}-{spec.weight_type}-{spec.seed}")
-    writer.add_file_type(FILE_TYPES[qtype])
-    writer.add_context_length(spec.context_length)
-    writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(spec.n_layer)
-    writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(spec.n_head_kv)
-    writer.add_layer_norm_rms_eps(spec.eps)
-    writer.add_rope_freq_base(spec.rope_freq_base)
-    writer.add_rope_dimension_count(spec.head_dim)
+    writer = start_writer(path, spec, None)
     writer.add_expert_count(spec.n_expert)
     writer.add_expert_used_count(spec.n_expert_used)
     if spec.arch == "mixtral":
@@ -249,13 +238,8 @@ def write_moe_weights(path: str | Path, spec: MoESpec, weights: dict[str, np.nda
         writer.add_value_length(spec.head_dim)
     writer.add_vocab_size(spec.n_vocab)
     write_vocab(writer, spec)
-    for name, value in weights.items():
-        f32 = np.ndim(value) == 1 or name.endswith("ffn_gate_inp.weight")
-        add_tensor(writer, name, value, Q.F32 if f32 else qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1
+                  or name.endswith("ffn_gate_inp.weight") else qtype)
     return path
 
 

@@ -2,8 +2,8 @@
 
 Owns `WEIGHT_TYPES` (the types a writer can store, by name), `ENGINE_WEIGHT_TYPES`,
 `FILE_TYPES` (general.file_type per type), `add_tensor` (one float32 tensor
-into a GGUFWriter as a given type) and `quantize_k` (Q4_K, Q5_K, Q6_K blocks,
-which gguf.quants cannot make).  Q4_1, Q5_0, Q5_1, Q8_0, BF16 come from
+into a GGUFWriter as a given type), `write_tensors` (them all, then the file)
+and `quantize_k` (Q4_K, Q5_K, Q6_K blocks, which gguf.quants cannot make).  Q4_1, Q5_0, Q5_1, Q8_0, BF16 come from
 gguf.quants.quantize.  Whatever is written, gguf.quants.dequantize of the
 bytes defines the values a test compares with.
 """
@@ -40,6 +40,16 @@ def add_tensor(writer: gguf.GGUFWriter, name: str, value: np.ndarray, qtype: Q) 
         writer.add_tensor(name, quantize_k(value, qtype), raw_dtype=qtype)
     else:
         writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+
+
+def write_tensors(writer: gguf.GGUFWriter, weights: dict[str, np.ndarray], type_of) -> None:
+    """Add every tensor of `weights` as type_of(name, value), write the file, close it."""
+    for name, value in weights.items():
+        add_tensor(writer, name, value, type_of(name, value))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 # --- K-quants -------------------------------------------------------------------------
