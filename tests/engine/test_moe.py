@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.ggufgen.moe import write_moe
-from tests.engine.reference_moe import ReferenceMoE
+from tests.engine.reference.moe import ReferenceMoE
 from vramd.engine.moe import MoEConfig, MoEModel, moe_scratch_layout, route
 from vramd.errors import UsageError
 from vramd.model import loader, placement

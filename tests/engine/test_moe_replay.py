@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.ggufgen.moe import MoESpec, make_moe_weights, write_moe, write_moe_weights
-from tests.engine.reference_moe import ReferenceMoE, well_routed_prompt
+from tests.engine.reference.moe import ReferenceMoE, well_routed_prompt
 from tests.engine.test_moe import TOL, rel_err
 from vramd.engine.moe import MoEConfig, MoEModel, moe_scratch_layout
 from vramd.model import loader, placement

@@ -1,6 +1,6 @@
 """Tests of the numpy reference forward pass and of the synthetic model generator.
 
-Owns: the evidence that tests/engine/reference.py is self-consistent (prefill
+Owns: the evidence that tests/engine/reference/llama.py is self-consistent (prefill
 vs incremental decoding, prefix reuse, GQA vs repeated heads, tied vs untied
 output, biases, the two RoPE orderings one permutation apart, dequantization
 equal to gguf's) and that tests/ggufgen/llama.py writes valid, deterministic,
@@ -20,7 +20,8 @@ from vramd.model.gguf_check import validate_gguf
 from tests.ggufgen.llama import LlamaSpec, make_weights, write_llama, write_weights
 from tests.ggufgen.quant import ENGINE_WEIGHT_TYPES, WEIGHT_TYPES
 from tests.ggufgen.vocab import BYTE, CONTROL, LLAMA_CPP_TOKENIZATIONS, NORMAL, gpt2_byte_chars, make_vocab
-from tests.engine.reference import ReferenceModel, rope, rope_angles, top2_margin
+from tests.engine.reference.common import rope, rope_angles, top2_margin
+from tests.engine.reference.llama import ReferenceModel
 
 ARCHS = ("llama", "mistral", "qwen2")
 PROMPT = [17, 4, 300, 88, 123, 9, 250, 61, 402, 77, 5, 199]

@@ -1,4 +1,4 @@
-"""Tests of the MoE numpy reference (tests/engine/reference_moe.py) and of the
+"""Tests of the MoE numpy reference (tests/engine/reference/moe.py) and of the
 synthetic MoE models (tests/ggufgen/moe.py).
 
 Owns: the evidence that ReferenceMoE is self-consistent and computes what its
@@ -26,8 +26,9 @@ from vramd.model.gguf_check import validate_gguf
 from tests.ggufgen.llama import LlamaSpec, write_weights
 from tests.ggufgen.moe import (MOE_WEIGHT_TYPES, MoESpec, make_moe_weights, write_moe,
                                      write_moe_weights)
-from tests.engine.reference import ReferenceModel, dequantize_tensor, top2_margin
-from tests.engine.reference_moe import ReferenceMoE, sigmoid, well_routed_prompt
+from tests.engine.reference.common import dequantize_tensor, top2_margin
+from tests.engine.reference.llama import ReferenceModel
+from tests.engine.reference.moe import ReferenceMoE, sigmoid, well_routed_prompt
 
 ARCHS = ("qwen3moe", "qwen2moe", "mixtral")
 PROMPT = [17, 4, 300, 88, 123, 9, 250, 61, 302, 77, 5, 199]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.ggufgen.llama import write_llama
-from tests.engine.reference import ReferenceModel
+from tests.engine.reference.llama import ReferenceModel
 from tests.engine.test_forward import TOL, rel_err
 from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
 from vramd.model import loader

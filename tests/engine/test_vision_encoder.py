@@ -13,7 +13,7 @@ import pytest
 
 from tests.ggufgen.llama import write_llama
 from tests.ggufgen.vision import write_mmproj
-from tests.engine.reference_vision import ReferenceVision
+from tests.engine.reference.vision import ReferenceVision
 from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
 from vramd.engine.vision import VisionEncoder
 from vramd.errors import OutOfDeviceMemory

@@ -6,7 +6,7 @@ complete tokenizer metadata, in any type of quant.py (K-quants with rows of 256)
 vocabularies, chat templates and random streams are the package's (vocab.py,
 common.py): the same seed gives the same tokenizer as a
 dense model.  Nothing is committed as a binary; a default model is ~0.8 MB in
-F16 and takes well under 0.1 s to write.  tests/engine/reference_moe.py says what the
+F16 and takes well under 0.1 s to write.  tests/engine/reference/moe.py says what the
 files compute.
 
 Architectures
@@ -64,7 +64,7 @@ Near-ties: a linear router cannot exclude a tie for every possible input, and
 the rates above mean that a prompt of a dozen tokens has a near-tie (< 0.05)
 in one of its 36 routes about two times in three.  ReferenceMoE reports every
 route's margin (`last_routes[l].margin`, `min_route_margin(tokens)`), and
-reference_moe.well_routed_prompt(model, length) finds, deterministically, a
+reference.moe.well_routed_prompt(model, length) finds, deterministically, a
 prompt whose routes are all decided by >= 0.05, far above an f32 engine's
 error in router logits (~1e-3): an engine test should compare logits on such
 prompts, or check the margin of the prompt it uses.  Exact ties do not occur
