@@ -282,6 +282,30 @@ def test_qwen2_biases_are_applied(tmp_path):
         assert np.abs(alone - without).max() > 1e-3, kind
 
 
+def test_qwen3_qk_norm_is_applied_and_its_template_written(tmp_path):
+    """A qwen3 file: QK-norm gains that change the result (unit gains give a
+    different model, not an error), key_length's head_dim, Qwen3's own template
+    with its enable_thinking switch, and no biases accepted."""
+    import jinja2
+    spec = LlamaSpec(arch="qwen3", weight_type="F32", key_length=64, n_embd=96, n_head=4).resolve()
+    w = make_weights(spec)
+    assert w["blk.0.attn_q.weight"].shape == (4 * 64, 96) and w["blk.0.attn_q_norm.weight"].shape == (64,)
+    unit = {k: (np.ones_like(v) if k.endswith(("_q_norm.weight", "_k_norm.weight")) else v) for k, v in w.items()}
+    ref = ReferenceModel(write_weights(tmp_path / "q3.gguf", spec, w))
+    assert (ref.arch, ref.rope_ordering, ref.head_dim_k) == ("qwen3", "neox", 64)
+    flat = ReferenceModel(write_weights(tmp_path / "unit.gguf", spec, unit)).forward(PROMPT)
+    assert np.abs(ref.forward(PROMPT) - flat).max() > 1e-2
+    template = ref.file.metadata["tokenizer.chat_template"]
+    render = jinja2.Environment().from_string(template).render
+    msgs = [{"role": "user", "content": "hi"}]
+    assert render(messages=msgs, add_generation_prompt=True) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert render(messages=msgs, add_generation_prompt=True, enable_thinking=False).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    biased = dict(w, **{"blk.0.attn_q.bias": np.zeros(4 * 64, np.float32)})
+    with pytest.raises(ValueError, match="no attention biases"):
+        ReferenceModel(write_weights(tmp_path / "bias.gguf", spec, biased))
+
+
 def test_neox_and_normal_rope_are_one_permutation_apart(tmp_path):
     """A qwen2 (NeoX) model equals a llama (normal RoPE) model whose q/k rows are
     permuted within each head the way convert_hf_to_gguf.py permutes HF Llama
