@@ -13,10 +13,10 @@ import dataclasses
 import pytest
 from gguf import GGUFValueType as V
 
-from tests.engine.models import write_llama
-from tests.engine.models_gemma3 import write_gemma3
-from tests.engine.models_moe import write_moe
-from tests.model.ggufgen import GGUFImage
+from tests.ggufgen.llama import write_llama
+from tests.ggufgen.gemma3 import write_gemma3
+from tests.ggufgen.moe import write_moe
+from tests.ggufgen.check import GGUFImage
 from vramd.engine.arch import ARCHITECTURES, spec_for
 from vramd.engine.scratch import scratch_layout
 from vramd.errors import ModelError

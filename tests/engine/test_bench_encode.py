@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.engine.models_vision import MmprojSpec, mmproj_metadata, write_mmproj
+from tests.ggufgen.vision import MmprojSpec, mmproj_metadata, write_mmproj
 from vramd.bench.vision_models import VisionShape, clip_metadata, write_llava_mmproj
 from vramd.model.gguf_check import validate_gguf
 from vramd.model.mmproj import load_mmproj
@@ -81,7 +81,7 @@ def test_restore_stands_next_to_bytes_over_the_link(report):
 
 
 def test_the_benchmark_projector_has_the_tests_projector_layout(tmp_path):
-    """Same sizes, same file layout (names, shapes, types, clip keys) as tests/engine/models_vision.py's
+    """Same sizes, same file layout (names, shapes, types, clip keys) as tests/ggufgen/vision.py's
     LLaVA-style writer; only the values differ.  The loader takes it."""
     shape = VisionShape.preset("small", n_embd_text=96)
     ours = validate_gguf(str(write_llava_mmproj(tmp_path / "bench.gguf", shape)))

@@ -1,4 +1,4 @@
-"""The GPU forward pass against the numpy reference (tests/engine/reference.py).
+"""The GPU forward pass against the numpy reference (tests/engine/reference/llama.py).
 
 Tolerance: logits agree to 2e-3 of their largest magnitude.  The GPU keeps
 the KV cache in f16 and sums in a different order; the reference here keeps
@@ -9,8 +9,9 @@ arithmetic.  Greedy generations must match token for token.
 import numpy as np
 import pytest
 
-from tests.engine.models import write_llama
-from tests.engine.reference import ReferenceModel, top2_margin  # margins explain a failure
+from tests.ggufgen.llama import write_llama
+from tests.engine.reference.common import top2_margin  # margins explain a failure
+from tests.engine.reference.llama import ReferenceModel
 from vramd.engine.arch import spec_for
 from vramd.engine.model import TransformerModel
 from vramd.engine.scratch import scratch_layout
@@ -100,7 +101,7 @@ def test_state_survives_release_and_restore(build):
 
 
 def test_unsupported_architecture_and_type_are_load_errors(tmp_path):
-    from tests.model.ggufgen import GGUFImage, write_model
+    from tests.ggufgen.check import GGUFImage, write_model
     from gguf import GGUFValueType as V
     from vramd.errors import ModelError
     path = write_model(tmp_path / "x.gguf", seed=1)

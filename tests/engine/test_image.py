@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.engine.models_vision import write_mmproj
+from tests.ggufgen.vision import write_mmproj
 from vramd.errors import UsageError
 from vramd.model.gguf_check import validate_gguf
 from vramd.model.image import (MAX_IMAGE_BYTES, ImageLimits, decode_image, fit_square, normalize,

@@ -1,6 +1,6 @@
 """The mmproj file: MmprojConfig.from_model and check_tensors on synthetic projector
-files (tests/engine/models_vision.py), every refusal with its one-line message,
-and the numpy reference (tests/engine/reference_vision.py) checked against
+files (tests/ggufgen/vision.py), every refusal with its one-line message,
+and the numpy reference (tests/engine/reference/vision.py) checked against
 independent computations of its pieces.  No GPU: files and numpy only."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.engine.models_vision import (CLIP_MEAN, MmprojSpec, make_mmproj_weights, mmproj_metadata,
+from tests.ggufgen.vision import (CLIP_MEAN, MmprojSpec, make_mmproj_weights, mmproj_metadata,
                                         write_mmproj, write_mmproj_weights)
-from tests.engine.reference_vision import (ReferenceVision, attention, avg_pool, gelu_quick, gelu_tanh,
+from tests.engine.reference.vision import (ReferenceVision, attention, avg_pool, gelu_quick, gelu_tanh,
                                            layer_norm, patch_embed)
 from vramd.errors import ModelError
 from vramd.model.gguf_check import validate_gguf

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.engine.models_moe import write_moe
-from tests.engine.reference_moe import ReferenceMoE
+from tests.ggufgen.moe import write_moe
+from tests.engine.reference.moe import ReferenceMoE
 from vramd.engine.arch import spec_for
 from vramd.engine.model import TransformerModel
 from vramd.engine.scratch import scratch_layout

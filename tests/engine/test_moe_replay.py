@@ -4,7 +4,7 @@ _gpu_experts), against the numpy reference and the host-routed path.
 With every expert on the device (--n-cpu-moe 0) each layer routes on the GPU
 (moe_route, matvec_id, moe_combine: tests/engine/test_moe_kernels.py checks
 them one by one) and a decode step is recorded once and replayed.  Here, for
-each MoE layout of tests/engine/models_moe.py (qwen3moe; qwen2moe with its
+each MoE layout of tests/ggufgen/moe.py (qwen3moe; qwen2moe with its
 gated shared expert; mixtral): prefill and replayed decode logits within the
 reference's tolerance (tests/engine/test_moe.py's TOL, on prompts whose
 routes are decided by a margin no f32 rounding can flip), greedy tokens
@@ -15,8 +15,8 @@ route() breaks them; and the layers that fall back to the host-routed path.
 import numpy as np
 import pytest
 
-from tests.engine.models_moe import MoESpec, make_moe_weights, write_moe, write_moe_weights
-from tests.engine.reference_moe import ReferenceMoE, well_routed_prompt
+from tests.ggufgen.moe import MoESpec, make_moe_weights, write_moe, write_moe_weights
+from tests.engine.reference.moe import ReferenceMoE, well_routed_prompt
 from tests.engine.test_moe import TOL, rel_err
 from vramd.engine.arch import spec_for
 from vramd.engine.model import TransformerModel

@@ -1,9 +1,9 @@
 """Tests of the numpy reference forward pass and of the synthetic model generator.
 
-Owns: the evidence that tests/engine/reference.py is self-consistent (prefill
+Owns: the evidence that tests/engine/reference/llama.py is self-consistent (prefill
 vs incremental decoding, prefix reuse, GQA vs repeated heads, tied vs untied
 output, biases, the two RoPE orderings one permutation apart, dequantization
-equal to gguf's) and that tests/engine/models.py writes valid, deterministic,
+equal to gguf's) and that tests/ggufgen/llama.py writes valid, deterministic,
 well-conditioned models with complete tokenizer metadata.
 """
 
@@ -17,10 +17,11 @@ import pytest
 
 from vramd.model.gguf_check import validate_gguf
 
-from tests.engine.models import (BYTE, CONTROL, ENGINE_WEIGHT_TYPES, LLAMA_CPP_TOKENIZATIONS, NORMAL,
-                                 WEIGHT_TYPES, LlamaSpec, gpt2_byte_chars, make_vocab, make_weights,
-                                 write_llama, write_weights)
-from tests.engine.reference import ReferenceModel, rope, rope_angles, top2_margin
+from tests.ggufgen.llama import LlamaSpec, make_weights, write_llama, write_weights
+from tests.ggufgen.quant import ENGINE_WEIGHT_TYPES, WEIGHT_TYPES
+from tests.ggufgen.vocab import BYTE, CONTROL, LLAMA_CPP_TOKENIZATIONS, NORMAL, gpt2_byte_chars, make_vocab
+from tests.engine.reference.common import rope, rope_angles, top2_margin
+from tests.engine.reference.llama import ReferenceModel
 
 ARCHS = ("llama", "mistral", "qwen2")
 PROMPT = [17, 4, 300, 88, 123, 9, 250, 61, 402, 77, 5, 199]
@@ -281,6 +282,30 @@ def test_qwen2_biases_are_applied(tmp_path):
         assert np.abs(alone - without).max() > 1e-3, kind
 
 
+def test_qwen3_qk_norm_is_applied_and_its_template_written(tmp_path):
+    """A qwen3 file: QK-norm gains that change the result (unit gains give a
+    different model, not an error), key_length's head_dim, Qwen3's own template
+    with its enable_thinking switch, and no biases accepted."""
+    import jinja2
+    spec = LlamaSpec(arch="qwen3", weight_type="F32", key_length=64, n_embd=96, n_head=4).resolve()
+    w = make_weights(spec)
+    assert w["blk.0.attn_q.weight"].shape == (4 * 64, 96) and w["blk.0.attn_q_norm.weight"].shape == (64,)
+    unit = {k: (np.ones_like(v) if k.endswith(("_q_norm.weight", "_k_norm.weight")) else v) for k, v in w.items()}
+    ref = ReferenceModel(write_weights(tmp_path / "q3.gguf", spec, w))
+    assert (ref.arch, ref.rope_ordering, ref.head_dim_k) == ("qwen3", "neox", 64)
+    flat = ReferenceModel(write_weights(tmp_path / "unit.gguf", spec, unit)).forward(PROMPT)
+    assert np.abs(ref.forward(PROMPT) - flat).max() > 1e-2
+    template = ref.file.metadata["tokenizer.chat_template"]
+    render = jinja2.Environment().from_string(template).render
+    msgs = [{"role": "user", "content": "hi"}]
+    assert render(messages=msgs, add_generation_prompt=True) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert render(messages=msgs, add_generation_prompt=True, enable_thinking=False).endswith(
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    biased = dict(w, **{"blk.0.attn_q.bias": np.zeros(4 * 64, np.float32)})
+    with pytest.raises(ValueError, match="no attention biases"):
+        ReferenceModel(write_weights(tmp_path / "bias.gguf", spec, biased))
+
+
 def test_neox_and_normal_rope_are_one_permutation_apart(tmp_path):
     """A qwen2 (NeoX) model equals a llama (normal RoPE) model whose q/k rows are
     permuted within each head the way convert_hf_to_gguf.py permutes HF Llama
@@ -352,7 +377,7 @@ def test_refuses_what_it_does_not_implement(tmp_path):
     w["blk.0.attn_q_norm.weight"] = np.ones(spec.resolve().head_dim, np.float32)   # Qwen3's
     with pytest.raises(ValueError, match="attn_q_norm"):
         ReferenceModel(write_weights(tmp_path / "extra.gguf", spec, w))
-    from tests.model.ggufgen import write_model
+    from tests.ggufgen.check import write_model
     with pytest.raises(ValueError, match="gemma3"):
         ReferenceModel(write_model(tmp_path / "gemma.gguf", arch="gemma3"))
 

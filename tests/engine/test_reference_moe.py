@@ -1,5 +1,5 @@
-"""Tests of the MoE numpy reference (tests/engine/reference_moe.py) and of the
-synthetic MoE models (tests/engine/models_moe.py).
+"""Tests of the MoE numpy reference (tests/engine/reference/moe.py) and of the
+synthetic MoE models (tests/ggufgen/moe.py).
 
 Owns: the evidence that ReferenceMoE is self-consistent and computes what its
 docstring says -- prefill equals incremental decoding; the routed FFN equals a
@@ -23,11 +23,12 @@ import pytest
 
 from vramd.model.gguf_check import validate_gguf
 
-from tests.engine.models import LlamaSpec, write_weights
-from tests.engine.models_moe import (MOE_WEIGHT_TYPES, MoESpec, make_moe_weights, write_moe,
+from tests.ggufgen.llama import LlamaSpec, write_weights
+from tests.ggufgen.moe import (MOE_WEIGHT_TYPES, MoESpec, make_moe_weights, write_moe,
                                      write_moe_weights)
-from tests.engine.reference import ReferenceModel, dequantize_tensor, top2_margin
-from tests.engine.reference_moe import ReferenceMoE, sigmoid, well_routed_prompt
+from tests.engine.reference.common import dequantize_tensor, top2_margin
+from tests.engine.reference.llama import ReferenceModel
+from tests.engine.reference.moe import ReferenceMoE, sigmoid, well_routed_prompt
 
 ARCHS = ("qwen3moe", "qwen2moe", "mixtral")
 PROMPT = [17, 4, 300, 88, 123, 9, 250, 61, 302, 77, 5, 199]
@@ -359,7 +360,7 @@ def test_prefix_reuse_equals_fresh_prefill(models, arch):
 
 
 def test_refuses_what_it_does_not_implement(tmp_path):
-    from tests.engine.models import write_llama
+    from tests.ggufgen.llama import write_llama
     with pytest.raises(ValueError, match="expert_count"):
         ReferenceMoE(write_llama(tmp_path / "dense.gguf", arch="llama"))
     spec = MoESpec(arch="qwen3moe", weight_type="F32", n_layer=1)

@@ -10,8 +10,8 @@ timestamps of a step name every dispatch, with the bytes of each matvec.
 import numpy as np
 import pytest
 
-from tests.engine.models import write_llama
-from tests.engine.reference import ReferenceModel
+from tests.ggufgen.llama import write_llama
+from tests.engine.reference.llama import ReferenceModel
 from tests.engine.test_forward import TOL, rel_err
 from vramd.engine.arch import spec_for
 from vramd.engine.model import TransformerModel

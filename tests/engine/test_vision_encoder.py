@@ -11,9 +11,9 @@ past it fails, so an encode that succeeds under it never exceeded it.
 import numpy as np
 import pytest
 
-from tests.engine.models import write_llama
-from tests.engine.models_vision import write_mmproj
-from tests.engine.reference_vision import ReferenceVision
+from tests.ggufgen.llama import write_llama
+from tests.ggufgen.vision import write_mmproj
+from tests.engine.reference.vision import ReferenceVision
 from vramd.engine.arch import spec_for
 from vramd.engine.model import TransformerModel
 from vramd.engine.scratch import scratch_layout

@@ -508,7 +508,7 @@ def test_every_binding_at_an_unaligned_offset(vops, bufs, rng):
 def encode_on_device(vops, bufs, path, pixels):
     """The tower and projector of the mmproj file at `path`, composed from
     VisionOps as clip.cpp's graph runs them (the order of
-    tests/engine/reference_vision.py), in one batch: (tower output
+    tests/engine/reference/vision.py), in one batch: (tower output
     [n_pos, n_embd], projector output [n_tokens, n_text]).  The tensors are
     uploaded as the file's bytes, except mm.input_projection (gemma3), which
     llama.cpp multiplies transposed (y = x W, W numpy [n_embd, n_text]): it
@@ -600,16 +600,16 @@ def encode_on_device(vops, bufs, path, pixels):
     ("gemma3", {"image_size": 64, "n_merge": 4}),   # an 8x8 grid pooled 4x4 (the real model's pool)
 ], ids=["mlp", "mlp-f32-56px", "gemma3", "gemma3-pool4"])
 def test_encoder_matches_reference_vision(vops, bufs, rng, tmp_path, projector, more):
-    """The whole encoder of a synthetic mmproj file (tests/engine/models_vision.py)
-    through the device kernels equals tests/engine/reference_vision.py (float64
+    """The whole encoder of a synthetic mmproj file (tests/ggufgen/vision.py)
+    through the device kernels equals tests/engine/reference/vision.py (float64
     numpy, written from llama.cpp's clip graph by another hand): the layouts
     assumed here (image planes, patch kernel, raster order, pooling grid,
     head split) are the reference's.  Tolerance 1e-5 x the output's largest
     magnitude: f32 through two or three layers against float64 (measured on
     lavapipe: at most 9e-7 of it); a wrong layout is off by the order of the
     values, and even the erf GELU in place of the tanh one is caught."""
-    from tests.engine.models_vision import write_mmproj
-    from tests.engine.reference_vision import ReferenceVision
+    from tests.ggufgen.vision import write_mmproj
+    from tests.engine.reference.vision import ReferenceVision
 
     path = write_mmproj(tmp_path / "mmproj.gguf", projector, **more)
     ref = ReferenceVision(path)

@@ -18,7 +18,7 @@ Seeds (valid: every stage of tests/fuzz/loadpath.py accepts them):
   seed-mmproj-mlp.gguf     LLaVA-style projector (clip, mlp)
   seed-mmproj-gemma3.gguf  Gemma 3 projector (clip, gemma3)
 The malformed files are edits of seed-llama-spm.gguf (models) or of the
-projector seeds (mmproj-*), made with tests/model/ggufgen.py's GGUFImage.
+projector seeds (mmproj-*), made with tests/ggufgen/check.py's GGUFImage.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from gguf import GGUFValueType as V
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.engine.models_vision import write_mmproj  # noqa: E402
-from tests.model.ggufgen import GGUFImage, enc_kv, enc_string, enc_tensor_info, patch  # noqa: E402
+from tests.ggufgen.vision import write_mmproj  # noqa: E402
+from tests.ggufgen.check import GGUFImage, enc_kv, enc_string, enc_tensor_info, patch  # noqa: E402
 
 U64_MAX = (1 << 64) - 1
 E, FF, HEADS, LAYERS = 8, 8, 2, 1

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.fuzz import loadpath
-from tests.model.ggufgen import GGUFImage
+from tests.ggufgen.check import GGUFImage
 from gguf import GGUFValueType as V
 from vramd.engine import chat
 from vramd.errors import ModelError

@@ -32,7 +32,7 @@ def pin_malloc_mmap_threshold():
 
 
 def test_500_cycles_hold_memory_flat(res, rng, tmp_path):
-    from tests.engine.models_vision import write_mmproj
+    from tests.ggufgen.vision import write_mmproj
     from vramd.engine.vision import VisionEncoder
     pin_malloc_mmap_threshold()
     w = res.region("weights", "w", {"a": 2 * MiB, "b": MiB + 1})

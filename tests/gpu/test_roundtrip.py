@@ -81,7 +81,7 @@ def test_state_kept_resident_when_policy_says_so(res, rng):
 
 def test_encoder_just_in_time_evicts_weights_when_tight(res, rng, tmp_path):
     # The daemon's encoder session (VisionEncoder.session), over raw weights and state.
-    from tests.engine.models_vision import write_mmproj
+    from tests.ggufgen.vision import write_mmproj
     from vramd.engine.vision import VisionEncoder
     w = res.region("weights", "backbone", {"w": 3 * MiB})
     s = res.region("state", "kv", {"k": MiB})

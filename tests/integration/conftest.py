@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.model.ggufgen import ModelShape, write_model
+from tests.ggufgen.check import ModelShape, write_model
 from vramd.arena.members import Registry
 from vramd.server.control import request
 

@@ -8,7 +8,7 @@ import urllib.request
 import openai
 import pytest
 
-from tests.engine.models import write_llama
+from tests.ggufgen.llama import write_llama
 from vramd.arena.token import Token
 
 from .conftest import DaemonProc

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.arena.test_llama_peer import CPeer
-from tests.model.ggufgen import write_model
+from tests.ggufgen.check import write_model
 from vramd.arena.members import Member
 from vramd.arena.token import Token
 

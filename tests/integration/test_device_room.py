@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from tests.engine.models import write_llama
+from tests.ggufgen.llama import write_llama
 from vramd.arena.token import Token
 from vramd.gpu.memview import FOREIGN_SLACK
 

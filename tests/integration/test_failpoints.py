@@ -31,7 +31,7 @@ import urllib.request
 import psutil
 import pytest
 
-from tests.engine.models import write_llama
+from tests.ggufgen.llama import write_llama
 from vramd.arena.token import Token
 from vramd.failpoints import POINTS
 
@@ -50,7 +50,7 @@ COLD_SIDE = {"evict.mid", "evict.copied", "release.mid", "cold.before_unlock"}
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from tests.engine.models_vision import write_mmproj
+    from tests.ggufgen.vision import write_mmproj
     d = tmp_path_factory.mktemp("fp-models")
     return {"alpha": write_llama(d / "alpha.gguf", seed=31, n_embd=96, n_head=4, n_vocab=384, vocab="spm"),
             "beta": write_llama(d / "beta.gguf", seed=32, n_vocab=384, vocab="spm"),

@@ -17,10 +17,10 @@ import urllib.request
 import pytest
 from PIL import Image
 
-from tests.engine.models import write_llama
-from tests.engine.models_gemma3 import write_gemma3
-from tests.engine.models_moe import write_moe
-from tests.engine.models_vision import write_mmproj
+from tests.ggufgen.llama import write_llama
+from tests.ggufgen.gemma3 import write_gemma3
+from tests.ggufgen.moe import write_moe
+from tests.ggufgen.vision import write_mmproj
 
 from .conftest import ROOT, daemon_env
 
@@ -71,10 +71,11 @@ def test_plan_says_what_serve_allocates(arch, flags, arena, tmp_path, daemons):
 
 def test_the_scratch_plan_reported_for_moe_is_the_daemons(tmp_path):
     # The case that disagreed: plan's scratch for the default qwen3moe is its engine's, not llama's.
-    from vramd.engine.moe import MoEConfig, moe_scratch_layout
+    from vramd.engine.arch import spec_for
+    from vramd.engine.scratch import scratch_layout
     from vramd.model.gguf_check import validate_gguf
     path = write_moe(tmp_path / "moe.gguf", arch="qwen3moe", n_layer=3, seed=2)
-    want = sum(n for _t, n in moe_scratch_layout(MoEConfig.from_model(validate_gguf(path))))
+    want = sum(n for _t, n in scratch_layout(spec_for(validate_gguf(path))))
     assert plan(path)["regions"]["scratch"]["tensor_bytes"] == want == 332_800
 
 

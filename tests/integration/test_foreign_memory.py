@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.models import write_llama
+from tests.ggufgen.llama import write_llama
 from vramd.arena.token import Token
 
 from .conftest import ROOT, DaemonProc, daemon_env

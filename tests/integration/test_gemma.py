@@ -12,13 +12,13 @@ template: chat goes through the engine's Gemma template
 (<start_of_turn>user ... <start_of_turn>model), and a pretrained model
 answers a chat question when the conversation shows it how (one example
 turn); asked cold, it repeats the question (checked with the numpy
-reference, tests/engine/reference_gemma3.py).
+reference, tests/engine/reference/gemma3.py).
 """
 
 import openai
 import pytest
 
-from tests.engine.models import write_llama
+from tests.ggufgen.llama import write_llama
 
 from .conftest import DaemonProc
 

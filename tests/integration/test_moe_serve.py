@@ -2,7 +2,7 @@
 
 import openai
 
-from tests.engine.models_moe import write_moe
+from tests.ggufgen.moe import write_moe
 
 
 

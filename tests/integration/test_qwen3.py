@@ -10,8 +10,8 @@ switch really moves weights and KV cache off the device and back.
 import openai
 import pytest
 
-from tests.engine.models import write_llama
-from tests.engine.models_gemma3 import write_gemma3
+from tests.ggufgen.llama import write_llama
+from tests.ggufgen.gemma3 import write_gemma3
 
 from .conftest import DaemonProc
 

@@ -19,7 +19,7 @@ import openai
 import psutil
 import pytest
 
-from tests.engine.models import write_llama
+from tests.ggufgen.llama import write_llama
 
 from .conftest import ROOT, daemon_env
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.model.ggufgen import GGUFImage
+from tests.ggufgen.check import GGUFImage
 from vramd.arena.token import Token
 
 from .conftest import ROOT, DaemonProc, daemon_env

@@ -11,8 +11,8 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.engine.models import write_llama
-from tests.engine.models_vision import write_mmproj
+from tests.ggufgen.llama import write_llama
+from tests.ggufgen.vision import write_mmproj
 from vramd.arena.token import Token
 
 from .conftest import daemon_env
@@ -95,7 +95,7 @@ def test_bad_images_are_400s_and_a_model_without_an_encoder_says_so(arena, files
 
 
 def test_a_gemma3_model_with_the_gemma3_projector_takes_images(arena, tmp_path, daemons):
-    from tests.engine.models_gemma3 import write_gemma3
+    from tests.ggufgen.gemma3 import write_gemma3
     lm = write_gemma3(tmp_path / "g.gguf", n_embd=96, seed=2)
     mm = write_mmproj(tmp_path / "gm.gguf", "gemma3")     # 96-wide, pooled: 4 image positions
     d = daemons(arena, lm, "g", "--mmproj", str(mm), "--ctx", "128")

@@ -19,7 +19,7 @@ from gguf import GGUFValueType as V
 from vramd.errors import ModelError
 from vramd.model import gguf_check
 from vramd.model.gguf_check import ModelFile, validate_gguf, validate_gguf_bytes
-from tests.model.ggufgen import (GGUFImage, ModelShape, enc_kv, enc_string,
+from tests.ggufgen.check import (GGUFImage, ModelShape, enc_kv, enc_string,
                                  enc_tensor_info, patch, write_model)
 
 U64_MAX = (1 << 64) - 1

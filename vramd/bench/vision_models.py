@@ -9,7 +9,7 @@ conversion writes).  The data is streamed tensor by tensor into a sparse
 file (as vramd/bench/models.py does for the llama writer), so a 0.6 GB
 encoder is written in seconds without holding it in memory.
 
-Tests have their own writer (tests/engine/models_vision.py): it builds every
+Tests have their own writer (tests/ggufgen/vision.py): it builds every
 variant llama.cpp accepts and returns the float32 weights the numpy
 reference needs; this one writes one variant, big, fast.
 tests/engine/test_bench_encode.py checks both write the same layout.

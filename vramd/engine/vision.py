@@ -13,7 +13,7 @@ cache stays, and the encoder is freed before the weights come back, so the
 peak stays within the budget.
 
 The graph is clip.cpp's for the two projectors vramd supports (see
-tests/engine/reference_vision.py, the specification): patch embedding,
+tests/engine/reference/vision.py, the specification): patch embedding,
 position embedding, optional class token and pre/post LayerNorm, ViT
 layers (LayerNorm, non-causal attention, FFN with the file's activation),
 then the LLaVA MLP projector or Gemma 3's pool + RMSNorm + projection.

@@ -89,7 +89,7 @@ Uncertainties (stated, not guessed around)
   which drops patch 0 and keeps the class token: it looks like a regression.
   vramd follows CLIP (and llama.cpp's earlier clip.cpp): class token first,
   at position 0, patches at positions 1..n_patches, class token dropped
-  before the projector.  tests/engine/reference_vision.py does the same.
+  before the projector.  tests/engine/reference/vision.py does the same.
 * Image preprocessing: see vramd/model/image.py.
 """
 

@@ -1,23 +1,27 @@
 """The conformance suite's models: one small synthetic GGUF per (architecture, weight type).
 
-Owns `ARCHS`, `TYPES`, `cases()` (every pair a writer can make) and
-`write_case(arch, weight_type, path)`.  Every architecture uses rows of 256
-(n_embd, n_ff, the experts' n_ff, n_head * head_dim), so that every type,
-the 256-value K-quant blocks included, is written from the same float values:
-files of one architecture differ only by their weight type.
+Owns `ARCHS`, `TYPES`, `cases()` (every pair) and `write_case(arch,
+weight_type, path)`.  Every architecture uses rows of 256 (n_embd, n_ff, the
+experts' n_ff, n_head * head_dim), so that every type, the 256-value K-quant
+blocks included, is written from the same float values: the files of one
+architecture differ only by their weight type (the float weights are made
+once per architecture and cached).
 
 Shapes, chosen to be fast on llama.cpp's CPU backend and lavapipe (well under
 a second per file either way) and still exercise what the engines must get
-right: GQA everywhere (qwen3 and the MoEs 4 query heads on 2 KV heads,
-gemma3 4 on 1), head_dim != n_embd / n_head for qwen3 (128 x 4 heads on an
-n_embd of 256, as Qwen3-0.6B's 16 x 128 on 1024) and gemma3, tied output for
-qwen3 and gemma3, q/k/v biases for qwen2 and qwen2moe, a shared expert for
-qwen2moe, 8 experts of which 2 are used, and for gemma3 a sliding window of 8
-positions over 7 layers (layer 5 global), which the suite's prompts cross.
+right: GQA everywhere (qwen2 and qwen3 2 query heads per KV head, the MoEs
+too, gemma3 4 on 1), head_dim != n_embd / n_head for qwen3 (4 heads of 128
+on an n_embd of 256, as Qwen3-0.6B's 16 x 128 on 1024) and gemma3, tied
+output for qwen3 and gemma3, q/k/v biases for qwen2 and qwen2moe, a shared
+expert for qwen2moe, 8 experts of which 2 are used, and for gemma3 a sliding
+window of 8 positions over 7 layers (layer 5 global), which the suite's
+prompts cross.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
 from pathlib import Path
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral")
@@ -32,17 +36,29 @@ def cases() -> list[tuple[str, str]]:
     return [(a, t) for a in ARCHS for t in TYPES]
 
 
-def write_case(arch: str, weight_type: str, path: str | Path) -> Path:
-    from tests.engine.models import write_llama
-    from tests.engine.models_gemma3 import write_gemma3
-    from tests.engine.models_moe import write_moe
+def _spec(arch: str):
+    """The architecture's spec in F32 (the weight type is set per file) and its writer."""
+    from tests.ggufgen import gemma3, llama, moe
 
     if arch in ("llama", "qwen2"):
-        return write_llama(path, arch=arch, weight_type=weight_type, **_DENSE)
+        return llama.LlamaSpec(arch=arch, weight_type="F32", **_DENSE), llama.make_weights, llama.write_weights
     if arch == "qwen3":
-        return write_llama(path, arch=arch, weight_type=weight_type, key_length=128, tied_output=True,
-                           n_head_kv=2, **_DENSE)
+        return (llama.LlamaSpec(arch=arch, weight_type="F32", key_length=128, tied_output=True, n_head_kv=2,
+                                 **_DENSE), llama.make_weights, llama.write_weights)
     if arch == "gemma3":
-        return write_gemma3(path, weight_type=weight_type, n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
-                            head_dim=64, n_layer=7, window=8, seed=5)
-    return write_moe(path, arch=arch, weight_type=weight_type, **_MOE)
+        return (gemma3.Gemma3Spec(weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
+                                         head_dim=64, n_layer=7, window=8, seed=5),
+                gemma3.make_gemma3_weights, gemma3.write_gemma3_weights)
+    return (moe.MoESpec(arch=arch, weight_type="F32", **_MOE), moe.make_moe_weights,
+            moe.write_moe_weights)
+
+
+@functools.lru_cache(maxsize=None)
+def _weights(arch: str) -> dict:
+    spec, make, _ = _spec(arch)
+    return make(spec)
+
+
+def write_case(arch: str, weight_type: str, path: str | Path) -> Path:
+    spec, _, write = _spec(arch)
+    return write(path, replace(spec, weight_type=weight_type), _weights(arch))

@@ -15,17 +15,24 @@ How the server is run, and why
                          be the CPU anyway; --device none keeps it so on a
                          machine with a real GPU too, and the environment
                          variable is removed.  The CPU backend is the
-                         reference: deterministic and the same everywhere.
+                         reference: deterministic (its rounding may differ
+                         with a CPU's SIMD paths: the suite's tolerances
+                         have margin).
   -np 1 -c CTX           one slot owning the whole context (the default is
                          several slots sharing -c).
   KV cache f16           the default (-ctk/-ctv f16), as vramd's.
-  -fa off                the classic attention graph (K.Q in f32 from an f16
-                         cache, softmax, V.softmax); "auto" would pick the
-                         CPU's flash attention, which rounds differently.
+  -fa off                the classic attention graph (K.Q and V.softmax as
+                         products with the f16 cache, q and the softmax
+                         weights rounded to f16; the softmax in f32); "auto"
+                         would pick the CPU's flash attention, another
+                         order of operations.
   --swa-full             a full-size cache for sliding-window layers (the
                          window is a mask either way), so the prompt cache
                          is reusable from one request to the next.
-  -t 2 --no-warmup, 127.0.0.1 on a free port, the web UI off.
+  -t 1 --no-warmup      one thread: the models are tiny, and a second one spins
+                         (ggml's threads busy-wait) on a machine whose cores
+                         are shared; no warm-up run.  127.0.0.1 on a free
+                         port, the web UI off.
   The process gets PR_SET_PDEATHSIG(SIGKILL): it dies with the test process
   even when that is killed, so no server outlives a run.
 
@@ -101,7 +108,7 @@ def _ascii_token(path: Path) -> int:
 class LlamaServer:
     """`with LlamaServer(path, ctx=256) as peer: peer.greedy_chain(ids, 16, 8)`."""
 
-    def __init__(self, path: str | os.PathLike, ctx: int = 256, threads: int = 2):
+    def __init__(self, path: str | os.PathLike, ctx: int = 256, threads: int = 1):
         self.path = Path(path)
         self.ctx = ctx
         self.pinned = _ascii_token(self.path)

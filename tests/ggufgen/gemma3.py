@@ -4,7 +4,7 @@ Owns: `write_gemma3` (and `Gemma3Spec`, `make_gemma3_weights`), which writes a
 small, deterministic model with general.architecture "gemma3": QK-norm,
 post-attention and post-FFN norms, a GELU FFN, sliding-window and global
 layers, separate RoPE bases, optional linear RoPE scaling and logit
-soft-capping, tied output by default (as Gemma), and tests/engine/models.py's
+soft-capping, tied output by default (as Gemma), and tests/ggufgen/vocab.py's
 SentencePiece vocabulary (no chat template: the engine falls back to its
 Gemma template for this architecture).  Nothing binary is committed; tests
 write the files they need (the default is ~0.3 MB in F16, ~0.1 s).
@@ -16,7 +16,7 @@ short prompt already slides; the 270M's is 512), rope.freq_base 1e6 for the
 global layers (the sliding ones use 10000, from no key).
 
 Weights, well-conditioned (numpy default_rng streams seeded by (seed,
-crc32(name)), as in models.py, so one option leaves every other tensor alone):
+crc32(name)), common.py's, so one option leaves every other tensor alone):
     token_embd          N(0, (0.25/sqrt(n_embd))^2): times sqrt(n_embd) in the graph, the
                         embedding enters the residual stream at std ~0.25, a small part
                         next to the layers' normalized outputs (std ~1 each), so a tied
@@ -36,6 +36,7 @@ Norm vectors are F32; every matrix (token_embd included) takes `weight_type`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,10 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from tests.engine.models import _FILE_TYPES, LOGIT_STD, TIED_EMBD, WEIGHT_TYPES, LlamaSpec, _write_vocab, add_tensor
+from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal
+from tests.ggufgen.llama import LlamaSpec
+from tests.ggufgen.quant import FILE_TYPES, WEIGHT_TYPES, write_tensors
+from tests.ggufgen.vocab import write_vocab
 
 
 @dataclass(frozen=True)
@@ -76,55 +80,51 @@ class Gemma3Spec:
         return self
 
 
-def _rng(seed: int, name: str) -> np.random.Generator:
-    import zlib
-    return np.random.default_rng([seed, zlib.crc32(name.encode())])
-
-
 def make_gemma3_weights(spec: Gemma3Spec) -> dict[str, np.ndarray]:
     """Every tensor as float32 in numpy order ([rows, row length]), in file order."""
     spec = spec.check()
-    e, hd, f, s = spec.n_embd, spec.head_dim, spec.n_ff, spec.seed
-
-    def normal(name, shape, std):
-        return (_rng(s, name).standard_normal(shape) * std).astype(np.float32)
-
-    def gain(name, n, scale=1.0):
-        return (scale * (1.0 + 0.1 * _rng(s, name).standard_normal(n))).astype(np.float32)
-
-    w = {"token_embd.weight": normal("token_embd.weight", (spec.n_vocab, e), TIED_EMBD / np.sqrt(e))}
+    e, hd, f = spec.n_embd, spec.head_dim, spec.n_ff
+    normal_ = functools.partial(normal, spec)
+    gain_ = functools.partial(gain, spec)
+    w = {"token_embd.weight": normal_("token_embd.weight", (spec.n_vocab, e), TIED_EMBD / np.sqrt(e))}
     for i in range(spec.n_layer):
         p = f"blk.{i}."
-        w[p + "attn_norm.weight"] = gain(p + "attn_norm.weight", e)
-        w[p + "attn_q.weight"] = normal(p + "attn_q.weight", (spec.n_head * hd, e), 1 / np.sqrt(e))
-        w[p + "attn_k.weight"] = normal(p + "attn_k.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
-        w[p + "attn_v.weight"] = normal(p + "attn_v.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
-        w[p + "attn_q_norm.weight"] = gain(p + "attn_q_norm.weight", hd, 1.5)
-        w[p + "attn_k_norm.weight"] = gain(p + "attn_k_norm.weight", hd, 1.5)
-        w[p + "attn_output.weight"] = normal(p + "attn_output.weight", (e, spec.n_head * hd),
+        w[p + "attn_norm.weight"] = gain_(p + "attn_norm.weight", e)
+        w[p + "attn_q.weight"] = normal_(p + "attn_q.weight", (spec.n_head * hd, e), 1 / np.sqrt(e))
+        w[p + "attn_k.weight"] = normal_(p + "attn_k.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
+        w[p + "attn_v.weight"] = normal_(p + "attn_v.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
+        w[p + "attn_q_norm.weight"] = gain_(p + "attn_q_norm.weight", hd, 1.5)
+        w[p + "attn_k_norm.weight"] = gain_(p + "attn_k_norm.weight", hd, 1.5)
+        w[p + "attn_output.weight"] = normal_(p + "attn_output.weight", (e, spec.n_head * hd),
                                              1 / np.sqrt(spec.n_head * hd))
-        w[p + "post_attention_norm.weight"] = gain(p + "post_attention_norm.weight", e)
-        w[p + "ffn_norm.weight"] = gain(p + "ffn_norm.weight", e)
-        w[p + "ffn_gate.weight"] = normal(p + "ffn_gate.weight", (f, e), 1 / np.sqrt(e))
-        w[p + "ffn_up.weight"] = normal(p + "ffn_up.weight", (f, e), 1 / np.sqrt(e))
-        w[p + "ffn_down.weight"] = normal(p + "ffn_down.weight", (e, f), 1 / np.sqrt(f))
-        w[p + "post_ffw_norm.weight"] = gain(p + "post_ffw_norm.weight", e)
+        w[p + "post_attention_norm.weight"] = gain_(p + "post_attention_norm.weight", e)
+        w[p + "ffn_norm.weight"] = gain_(p + "ffn_norm.weight", e)
+        w[p + "ffn_gate.weight"] = normal_(p + "ffn_gate.weight", (f, e), 1 / np.sqrt(e))
+        w[p + "ffn_up.weight"] = normal_(p + "ffn_up.weight", (f, e), 1 / np.sqrt(e))
+        w[p + "ffn_down.weight"] = normal_(p + "ffn_down.weight", (e, f), 1 / np.sqrt(f))
+        w[p + "post_ffw_norm.weight"] = gain_(p + "post_ffw_norm.weight", e)
     if spec.tied_output:
-        w["output_norm.weight"] = gain("output_norm.weight", e, LOGIT_STD / TIED_EMBD)
+        w["output_norm.weight"] = gain_("output_norm.weight", e, LOGIT_STD / TIED_EMBD)
     else:
-        w["output_norm.weight"] = gain("output_norm.weight", e)
-        w["output.weight"] = normal("output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))
+        w["output_norm.weight"] = gain_("output_norm.weight", e)
+        w["output.weight"] = normal_("output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))
     return w
 
 
 def write_gemma3(path: str | Path, **options) -> Path:
     """Write a synthetic gemma3 model (Gemma3Spec's fields as keywords) to `path`."""
     spec = Gemma3Spec(**options).check()
+    return write_gemma3_weights(path, spec, make_gemma3_weights(spec))
+
+
+def write_gemma3_weights(path: str | Path, spec: Gemma3Spec, weights: dict[str, np.ndarray]) -> Path:
+    """Write `weights` (numpy order, float32) with the metadata and vocabulary of `spec`."""
+    spec = spec.check()
     path = Path(path)
     qtype = WEIGHT_TYPES[spec.weight_type]
     writer = gguf.GGUFWriter(str(path), "gemma3")
     writer.add_name(f"synthetic-gemma3-{spec.weight_type}-{spec.seed}")
-    writer.add_file_type(_FILE_TYPES[qtype])
+    writer.add_file_type(FILE_TYPES[qtype])
     writer.add_context_length(4096)
     writer.add_embedding_length(spec.n_embd)
     writer.add_feed_forward_length(spec.n_ff)
@@ -142,11 +142,6 @@ def write_gemma3(path: str | Path, **options) -> Path:
         writer.add_rope_scaling_factor(spec.rope_scaling_factor)
     if spec.softcap is not None:
         writer.add_final_logit_softcapping(spec.softcap)
-    _write_vocab(writer, LlamaSpec(n_vocab=spec.n_vocab, vocab="spm", chat_template="").resolve())
-    for name, value in make_gemma3_weights(spec).items():
-        add_tensor(writer, name, value, Q.F32 if value.ndim == 1 else qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_vocab(writer, LlamaSpec(n_vocab=spec.n_vocab, vocab="spm", chat_template="").resolve())
+    write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
     return path

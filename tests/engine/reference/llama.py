@@ -1,7 +1,9 @@
 """The numpy reference forward pass of the llama family: the specification the engine is checked against.
 
-Owns: `ReferenceModel` (a GGUF file -> dequantized float32 weights -> logits),
-`ReferenceKV` (its explicit KV cache), `rope()` and `rms_norm()`.  Plain numpy,
+Owns: `ReferenceModel` (a GGUF file -> dequantized float32 weights -> logits)
+and this specification; the pieces it is built from (`ReferenceKV`, `rope()`,
+`rms_norm()`, the metadata reader) are common.py's and shared with the other
+architectures' references.  Plain numpy,
 one obvious operation per line, no batching tricks: when the Vulkan engine and
 this module disagree, this module is meant to be the one that is easy to check
 by reading.  Nothing here is imported by vramd itself; it lives in the tests.
@@ -119,7 +121,7 @@ Greedy decoding picks np.argmax, i.e. the lowest token id among equal maxima.
 Checked against llama.cpp
 -------------------------
 Once, by hand (llama-cpp-python 0.3.36 built from source is not a test
-dependency), on tests/engine/models.py's models with a 40-token prefill, CPU,
+dependency), on tests/ggufgen/llama.py's models with a 40-token prefill, CPU,
 f32 KV cache, no flash attention: with F32 weights the logits agree within
 2e-5 (5e-6 of their std) for llama, mistral-style GQA (8 query / 2 KV heads),
 qwen2 (NeoX RoPE, q/k/v biases), tied output and linear RoPE scaling with
@@ -140,9 +142,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, quants
 
-from vramd.model.gguf_check import ModelFile, TensorInfo, validate_gguf
+from tests.engine.reference.common import (ReferenceKV, Tensors, dequantize_tensor, metadata_key, read_attention,
+                                           rms_norm, rope, rope_angles, silu, start_forward)
+from vramd.model.gguf_check import validate_gguf
 
 # llama.cpp's rope type per architecture (llama_model_rope_type).
 ROPE_ORDERING = {"llama": "normal", "qwen2": "neox", "qwen3": "neox"}
@@ -152,59 +155,6 @@ QK_NORM_ARCHS = ("qwen3",)
 
 _LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _LAYER_NORMS = ("attn_norm", "ffn_norm")
-
-
-def dequantize_tensor(mf: ModelFile, info: TensorInfo) -> np.ndarray:
-    """The tensor's values as float32 in numpy order (ggml shape reversed)."""
-    block_size, block_bytes = GGML_QUANT_SIZES[info.type]
-    row_len = info.shape[0]
-    if row_len % block_size:
-        raise ValueError(f"{info.name}: row length {row_len} is not a multiple of "
-                         f"{info.type.name}'s block {block_size}")
-    n_rows = info.n_elements // row_len
-    with open(mf.path, "rb") as f:
-        f.seek(info.offset)
-        raw = f.read(info.nbytes)
-    if len(raw) != info.nbytes:
-        raise ValueError(f"{info.name}: file shorter than the tensor")
-    data = np.frombuffer(raw, dtype=np.uint8).reshape(n_rows, row_len // block_size * block_bytes)
-    values = quants.dequantize(data, info.type)
-    return np.asarray(values, dtype=np.float32).reshape(info.numpy_shape)
-
-
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) * weight, over the last axis."""
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
-
-
-def rope_angles(positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float,
-                freq_factors: np.ndarray | None = None) -> np.ndarray:
-    """theta[n, i] for each position n and pair i < n_rot/2, in float64."""
-    i = np.arange(n_rot // 2, dtype=np.float64)
-    inv_freq = freq_base ** (-2.0 * i / n_rot)
-    if freq_factors is not None:
-        inv_freq = inv_freq / freq_factors.astype(np.float64)
-    return freq_scale * np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-
-
-def rope(x: np.ndarray, theta: np.ndarray, ordering: str) -> np.ndarray:
-    """Rotate x [n_tokens, n_heads, head_dim] by theta [n_tokens, n_rot/2] in `ordering`."""
-    n_rot = 2 * theta.shape[1]
-    out = x.copy()
-    cos = np.cos(theta)[:, None, :].astype(x.dtype)
-    sin = np.sin(theta)[:, None, :].astype(x.dtype)
-    if ordering == "normal":
-        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-        out[..., 0:n_rot:2] = a * cos - b * sin
-        out[..., 1:n_rot:2] = a * sin + b * cos
-    elif ordering == "neox":
-        half = n_rot // 2
-        a, b = x[..., :half], x[..., half:n_rot]
-        out[..., :half] = a * cos - b * sin
-        out[..., half:n_rot] = a * sin + b * cos
-    else:
-        raise ValueError(f"unknown RoPE ordering {ordering!r}")
-    return out
 
 
 @dataclass
@@ -221,34 +171,6 @@ class Layer:
     bias: dict[str, np.ndarray]     # matrix name (e.g. "attn_q") -> bias, only those present
     attn_q_norm: np.ndarray | None = None   # qwen3: [head_dim_k], one weight for every head
     attn_k_norm: np.ndarray | None = None
-
-
-class ReferenceKV:
-    """The K/V cache of one sequence: for every layer, K (after RoPE) and V of
-    positions 0 .. n-1, each [n, n_head_kv, head_dim], stored in `dtype`."""
-
-    def __init__(self, n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int,
-                 dtype: type = np.float32):
-        self.dtype = np.dtype(dtype)
-        self.k = [np.zeros((0, n_head_kv, head_dim_k), self.dtype) for _ in range(n_layer)]
-        self.v = [np.zeros((0, n_head_kv, head_dim_v), self.dtype) for _ in range(n_layer)]
-
-    def __len__(self) -> int:
-        return self.k[0].shape[0]
-
-    def truncate(self, n: int) -> None:
-        """Forget positions n and later (a prefix reuse keeps the first n)."""
-        if not 0 <= n <= len(self):
-            raise ValueError(f"cannot truncate a cache of {len(self)} positions to {n}")
-        self.k = [k[:n] for k in self.k]
-        self.v = [v[:n] for v in self.v]
-
-    def copy(self) -> "ReferenceKV":
-        other = ReferenceKV.__new__(ReferenceKV)
-        other.dtype = self.dtype
-        other.k = [k.copy() for k in self.k]
-        other.v = [v.copy() for v in self.v]
-        return other
 
 
 class ReferenceModel:
@@ -271,61 +193,16 @@ class ReferenceModel:
         self.rope_ordering = ROPE_ORDERING[self.arch]
         a = self.arch
 
-        def key(name: str, default=None, required: bool = False):
-            full = f"{a}.{name}"
-            if full in md:
-                return md[full]
-            if required:
-                raise ValueError(f"{path}: missing {full}")
-            return default
+        key = metadata_key(md, a, path)
 
-        self.n_layer = int(key("block_count", required=True))
-        self.n_embd = int(key("embedding_length", required=True))
-        self.n_head = int(key("attention.head_count", required=True))
-        self.n_head_kv = int(key("attention.head_count_kv", self.n_head))
-        if self.n_head % self.n_head_kv:
-            raise ValueError(f"{path}: head_count {self.n_head} is not a multiple of "
-                             f"head_count_kv {self.n_head_kv}")
-        self.head_dim_k = int(key("attention.key_length", self.n_embd // self.n_head))
-        self.head_dim_v = int(key("attention.value_length", self.n_embd // self.n_head))
-        self.eps = float(key("attention.layer_norm_rms_epsilon", required=True))
-        self.n_rot = int(key("rope.dimension_count", self.head_dim_k))
-        if self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim_k:
-            raise ValueError(f"{path}: rope.dimension_count {self.n_rot} does not fit "
-                             f"head_dim {self.head_dim_k}")
-        self.freq_base = float(key("rope.freq_base", 10000.0))
-        scaling = key("rope.scaling.type", "linear")
-        factor = key("rope.scaling.factor", None)
-        if factor is None:
-            factor = key("rope.scale_linear", 0.0)
-        if scaling == "none":
-            self.freq_scale = 1.0
-        elif scaling == "linear":
-            self.freq_scale = 1.0 if float(factor) == 0.0 else 1.0 / float(factor)
-        else:
-            raise ValueError(f"{path}: RoPE scaling {scaling!r} is not implemented by the reference")
-        self.n_ctx_train = key("context_length", None)
-        self.bos = md.get("tokenizer.ggml.bos_token_id")
-        self.eos = md.get("tokenizer.ggml.eos_token_id")
+        read_attention(self, key, md, path)
 
         self.tensors = {t.name: dequantize_tensor(self.file, t) for t in self.file.tensors}
         self._load_weights(str(path), key("feed_forward_length", None))
 
     def _load_weights(self, path: str, n_ff_key) -> None:
-        t = dict(self.tensors)
-        known: set[str] = set()
-
-        def take(name: str, shape: tuple[int, ...] | None, optional: bool = False):
-            if name not in t:
-                if optional:
-                    return None
-                raise ValueError(f"{path}: missing tensor {name}")
-            known.add(name)
-            value = t[name]
-            if shape is not None and value.shape != shape:
-                raise ValueError(f"{path}: {name} has shape {value.shape} (numpy order), "
-                                 f"expected {shape}")
-            return value.astype(self.dtype)
+        tensors = Tensors(self.tensors, path, self.dtype)
+        t, known, take = tensors.tensors, tensors.known, tensors.take
 
         e, qd, kd, vd = (self.n_embd, self.n_head * self.head_dim_k,
                          self.n_head_kv * self.head_dim_k, self.n_head_kv * self.head_dim_v)
@@ -386,21 +263,8 @@ class ReferenceModel:
         pos0 None means len(kv); pos0 < len(kv) first drops positions >= pos0
         (prefix reuse); pos0 > len(kv) is an error.  kv None means a fresh cache
         (so pos0 must be 0 or None)."""
-        if kv is None:
-            kv = self.new_kv()
-        if pos0 is None:
-            pos0 = len(kv)
-        if pos0 > len(kv):
-            raise ValueError(f"pos0 {pos0} beyond the {len(kv)} cached positions")
-        kv.truncate(pos0)
-        ids = np.asarray(list(tokens), dtype=np.int64)
-        if ids.ndim != 1 or len(ids) == 0:
-            raise ValueError("forward needs a non-empty list of token ids")
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            raise ValueError(f"token id outside 0..{self.n_vocab - 1}")
-
+        kv, ids, positions = start_forward(self, tokens, kv, pos0)
         n = len(ids)
-        positions = np.arange(pos0, pos0 + n)
         theta = rope_angles(positions, self.n_rot, self.freq_base, self.freq_scale,
                             self.freq_factors)
         x = self.token_embd[ids]                              # [n, n_embd]
@@ -477,13 +341,3 @@ class ReferenceModel:
         return out, np.array(rows).reshape(len(rows), self.n_vocab)
 
 
-def silu(z: np.ndarray) -> np.ndarray:
-    """z * sigmoid(z) = z / (1 + exp(-z)), written with tanh so that it never overflows."""
-    return z * 0.5 * (1.0 + np.tanh(0.5 * z))
-
-
-def top2_margin(logits: np.ndarray) -> np.ndarray:
-    """For each row, the highest logit minus the runner-up: how far a greedy
-    choice is from flipping."""
-    part = np.partition(logits, -2, axis=-1)
-    return part[..., -1] - part[..., -2]

@@ -2,11 +2,11 @@
 
 Owns: `write_moe` (and `MoESpec`, `make_moe_weights`, `write_moe_weights`), which
 writes small, deterministic qwen3moe, qwen2moe and mixtral-style models with
-complete tokenizer metadata, in F32, F16, Q8_0 or Q4_0 (BF16 and Q5_0 too).  The
-vocabularies, chat templates and random streams are tests/engine/models.py's
-(make_vocab, _write_vocab, _rng): the same seed gives the same tokenizer as a
+complete tokenizer metadata, in any type of quant.py (K-quants with rows of 256).  The
+vocabularies, chat templates and random streams are the package's (vocab.py,
+common.py): the same seed gives the same tokenizer as a
 dense model.  Nothing is committed as a binary; a default model is ~0.8 MB in
-F16 and takes well under 0.1 s to write.  tests/engine/reference_moe.py says what the
+F16 and takes well under 0.1 s to write.  tests/engine/reference/moe.py says what the
 files compute.
 
 Architectures
@@ -26,21 +26,21 @@ Architectures
               llama.feed_forward_length (as llama.cpp's converter writes Mixtral).
   `vocab=` overrides the vocabulary ("spm" or "bpe"; the template follows it).
 
-Sizes: n_vocab defaults to 320, not 256: models.py's SentencePiece vocabulary
+Sizes: n_vocab defaults to 320, not 256: vocab.py's SentencePiece vocabulary
 needs at least 305 tokens (259 fixed + CORPUS's characters) and the BPE one 259.
 n_embd, n_ff_exp and n_ff_shexp must be multiples of the weight type's block (32
 for Q8_0/Q4_0).
 
 Weights (numpy's default_rng, one stream per tensor seeded by (seed, crc32(name)),
-as models.py; scales as models.py's so that activations stay O(1)):
-    token_embd               N(0, 1)                        (tied_output: see models.py)
+as llama.py; scales as llama.py's so that activations stay O(1)):
+    token_embd               N(0, 1)                        (tied_output: see llama.py)
     attn_q, attn_k           N(0, (1.5/sqrt(n_embd))^2)  (qwen3moe: N(0, 1/n_embd), the
                                                           QK-norm sets the scale instead)
     attn_v                   N(0, 1/n_embd);  attn_output N(0, 1/(n_head*head_dim))
     q/k/v biases (qwen2moe)  N(0, 0.5^2), N(0, 0.5^2), N(0, 0.1^2)
     attn_q_norm, attn_k_norm (qwen3moe)  QK_NORM_GAIN * (1 + N(0, 0.1^2)), QK_NORM_GAIN = 1.5:
                              after the norm each head has |q| ~ |k| ~ 1.5 sqrt(head_dim),
-                             so q.k/sqrt(head_dim) has std ~1.5^2, as in models.py
+                             so q.k/sqrt(head_dim) has std ~1.5^2, as in llama.py
     ffn_gate_exps, ffn_up_exps   N(0, 1/n_embd); ffn_down_exps N(0, 1/n_ff_exp)
                              (every expert its own slab of one stream)
     ffn_{gate,up}_shexp      N(0, 1/n_embd); ffn_down_shexp N(0, 1/n_ff_shexp)
@@ -64,7 +64,7 @@ Near-ties: a linear router cannot exclude a tie for every possible input, and
 the rates above mean that a prompt of a dozen tokens has a near-tie (< 0.05)
 in one of its 36 routes about two times in three.  ReferenceMoE reports every
 route's margin (`last_routes[l].margin`, `min_route_margin(tokens)`), and
-reference_moe.well_routed_prompt(model, length) finds, deterministically, a
+reference.moe.well_routed_prompt(model, length) finds, deterministically, a
 prompt whose routes are all decided by >= 0.05, far above an f32 engine's
 error in router logits (~1e-3): an engine test should compare logits on such
 prompts, or check the margin of the prompt it uses.  Exact ties do not occur
@@ -80,13 +80,14 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from tests.engine.models import (CHATML_TEMPLATE, LOGIT_STD, MISTRAL_TEMPLATE, TIED_EMBD, WEIGHT_TYPES,
-                                 _FILE_TYPES, _gain, _normal, _write_vocab, add_tensor)
+from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal, start_writer
+from tests.ggufgen.quant import WEIGHT_TYPES, write_tensors
+from tests.ggufgen.vocab import CHATML_TEMPLATE, MISTRAL_TEMPLATE, write_vocab
 
 ROUTER_STD = 4.0
 QK_NORM_GAIN = 1.5
 # The types test_reference_moe checks at the default sizes (Q5_0: a type the native host
-# matvec leaves to gguf.quants).  write_moe takes every type of models.WEIGHT_TYPES
+# matvec leaves to gguf.quants).  write_moe takes every type of quant.WEIGHT_TYPES
 # (K-quants need n_embd, n_ff_exp, n_ff_shexp and n_head*head_dim multiples of 256).
 MOE_WEIGHT_TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0,
                     "Q5_0": Q.Q5_0}
@@ -101,8 +102,8 @@ _MOE_STYLES = {
 
 @dataclass(frozen=True)
 class MoESpec:
-    """Everything write_moe is told (field names follow models.LlamaSpec where they
-    mean the same, so models._write_vocab can read it)."""
+    """Everything write_moe is told (field names follow llama.LlamaSpec where they
+    mean the same, so vocab.write_vocab can read it)."""
 
     arch: str = "qwen3moe"
     n_vocab: int = 320
@@ -175,41 +176,41 @@ def make_moe_weights(spec: MoESpec) -> dict[str, np.ndarray]:
     qk = spec.arch == "qwen3moe"
     qk_std = (1.0 if qk else 1.5) / np.sqrt(e)
     embd_std = TIED_EMBD / np.sqrt(e) if spec.tied_output else 1.0
-    w: dict[str, np.ndarray] = {"token_embd.weight": _normal(spec, "token_embd.weight",
+    w: dict[str, np.ndarray] = {"token_embd.weight": normal(spec, "token_embd.weight",
                                                              (spec.n_vocab, e), embd_std)}
     for i in range(spec.n_layer):
         p = f"blk.{i}."
 
-        def normal(name: str, shape: tuple[int, ...], std: float) -> None:
-            w[p + name] = _normal(spec, p + name, shape, std)
+        def put(name: str, shape: tuple[int, ...], std: float) -> None:
+            w[p + name] = normal(spec, p + name, shape, std)
 
-        w[p + "attn_norm.weight"] = _gain(spec, p + "attn_norm.weight", e)
-        normal("attn_q.weight", (spec.n_head * hd, e), qk_std)
-        normal("attn_k.weight", (spec.n_head_kv * hd, e), qk_std)
-        normal("attn_v.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
+        w[p + "attn_norm.weight"] = gain(spec, p + "attn_norm.weight", e)
+        put("attn_q.weight", (spec.n_head * hd, e), qk_std)
+        put("attn_k.weight", (spec.n_head_kv * hd, e), qk_std)
+        put("attn_v.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
         if _MOE_STYLES[spec.arch][4]:
-            normal("attn_q.bias", (spec.n_head * hd,), 0.5)
-            normal("attn_k.bias", (spec.n_head_kv * hd,), 0.5)
-            normal("attn_v.bias", (spec.n_head_kv * hd,), 0.1)
+            put("attn_q.bias", (spec.n_head * hd,), 0.5)
+            put("attn_k.bias", (spec.n_head_kv * hd,), 0.5)
+            put("attn_v.bias", (spec.n_head_kv * hd,), 0.1)
         if qk:
-            w[p + "attn_q_norm.weight"] = _gain(spec, p + "attn_q_norm.weight", hd, QK_NORM_GAIN)
-            w[p + "attn_k_norm.weight"] = _gain(spec, p + "attn_k_norm.weight", hd, QK_NORM_GAIN)
-        normal("attn_output.weight", (e, spec.n_head * hd), 1 / np.sqrt(spec.n_head * hd))
-        w[p + "ffn_norm.weight"] = _gain(spec, p + "ffn_norm.weight", e)
-        normal("ffn_gate_inp.weight", (ne, e), ROUTER_STD / np.sqrt(e))
-        normal("ffn_gate_exps.weight", (ne, f, e), 1 / np.sqrt(e))
-        normal("ffn_up_exps.weight", (ne, f, e), 1 / np.sqrt(e))
-        normal("ffn_down_exps.weight", (ne, e, f), 1 / np.sqrt(f))
+            w[p + "attn_q_norm.weight"] = gain(spec, p + "attn_q_norm.weight", hd, QK_NORM_GAIN)
+            w[p + "attn_k_norm.weight"] = gain(spec, p + "attn_k_norm.weight", hd, QK_NORM_GAIN)
+        put("attn_output.weight", (e, spec.n_head * hd), 1 / np.sqrt(spec.n_head * hd))
+        w[p + "ffn_norm.weight"] = gain(spec, p + "ffn_norm.weight", e)
+        put("ffn_gate_inp.weight", (ne, e), ROUTER_STD / np.sqrt(e))
+        put("ffn_gate_exps.weight", (ne, f, e), 1 / np.sqrt(e))
+        put("ffn_up_exps.weight", (ne, f, e), 1 / np.sqrt(e))
+        put("ffn_down_exps.weight", (ne, e, f), 1 / np.sqrt(f))
         if spec.arch == "qwen2moe":
-            normal("ffn_gate_inp_shexp.weight", (e,), 1 / np.sqrt(e))
-            normal("ffn_gate_shexp.weight", (fs, e), 1 / np.sqrt(e))
-            normal("ffn_up_shexp.weight", (fs, e), 1 / np.sqrt(e))
-            normal("ffn_down_shexp.weight", (e, fs), 1 / np.sqrt(fs))
+            put("ffn_gate_inp_shexp.weight", (e,), 1 / np.sqrt(e))
+            put("ffn_gate_shexp.weight", (fs, e), 1 / np.sqrt(e))
+            put("ffn_up_shexp.weight", (fs, e), 1 / np.sqrt(e))
+            put("ffn_down_shexp.weight", (e, fs), 1 / np.sqrt(fs))
     if spec.tied_output:
-        w["output_norm.weight"] = _gain(spec, "output_norm.weight", e, LOGIT_STD / TIED_EMBD)
+        w["output_norm.weight"] = gain(spec, "output_norm.weight", e, LOGIT_STD / TIED_EMBD)
     else:
-        w["output_norm.weight"] = _gain(spec, "output_norm.weight", e)
-        w["output.weight"] = _normal(spec, "output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))
+        w["output_norm.weight"] = gain(spec, "output_norm.weight", e)
+        w["output.weight"] = normal(spec, "output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))
     return w
 
 
@@ -220,18 +221,7 @@ def write_moe_weights(path: str | Path, spec: MoESpec, weights: dict[str, np.nda
     spec = spec.resolve()
     path = Path(path)
     qtype = WEIGHT_TYPES[spec.weight_type]
-    arch = spec.gguf_arch
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name(f"synthetic-{spec.arch}-{spec.weight_type}-{spec.seed}")
-    writer.add_file_type(_FILE_TYPES[qtype])
-    writer.add_context_length(spec.context_length)
-    writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(spec.n_layer)
-    writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(spec.n_head_kv)
-    writer.add_layer_norm_rms_eps(spec.eps)
-    writer.add_rope_freq_base(spec.rope_freq_base)
-    writer.add_rope_dimension_count(spec.head_dim)
+    writer = start_writer(path, spec, None)
     writer.add_expert_count(spec.n_expert)
     writer.add_expert_used_count(spec.n_expert_used)
     if spec.arch == "mixtral":
@@ -247,14 +237,9 @@ def write_moe_weights(path: str | Path, spec: MoESpec, weights: dict[str, np.nda
         writer.add_key_length(spec.head_dim)
         writer.add_value_length(spec.head_dim)
     writer.add_vocab_size(spec.n_vocab)
-    _write_vocab(writer, spec)
-    for name, value in weights.items():
-        f32 = np.ndim(value) == 1 or name.endswith("ffn_gate_inp.weight")
-        add_tensor(writer, name, value, Q.F32 if f32 else qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_vocab(writer, spec)
+    write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1
+                  or name.endswith("ffn_gate_inp.weight") else qtype)
     return path
 
 

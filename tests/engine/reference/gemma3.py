@@ -3,9 +3,9 @@
 Owns: `Gemma3Reference` (a gemma3 GGUF file -> dequantized weights -> logits;
 `.forward(tokens, kv, pos0)`, `.new_kv(dtype)`, `.greedy()`, `.greedy_logits()`),
 `gelu()` and `softcap()`.  Plain numpy, one obvious operation per line, in the
-style of tests/engine/reference.py, from which it takes the pieces the two
-families share (`dequantize_tensor`, `rms_norm`, `rope_angles`, `rope`,
-`ReferenceKV`, `top2_margin`).  Nothing here is imported by vramd; it does not
+style of llama.py; the pieces the families share (`dequantize_tensor`,
+`rms_norm`, `rope_angles`, `rope`, `ReferenceKV`, `top2_margin`, the metadata
+reader) are common.py's.  Nothing here is imported by vramd; it does not
 import vramd/engine/arch/gemma3.py either (the two are written independently from
 llama.cpp's gemma3 graph, src/models/gemma3.cpp, and hparams, llama-model.cpp).
 
@@ -54,7 +54,7 @@ stored value.  See vramd/engine/arch/gemma3.py's docstring for the evidence.
 
 Precision
 ---------
-Like reference.py: weights are the exact dequantized values, the arithmetic
+Like llama.py: weights are the exact dequantized values, the arithmetic
 is float64 by default, K/V are stored in the cache in the ReferenceKV's dtype
 (float16 to mirror the engine).  One exception, for size: the token embedding
 (also the tied output matrix: 262144 x 640 in the 270M, 0.7 GB as float32) is
@@ -71,7 +71,8 @@ from typing import Sequence
 
 import numpy as np
 
-from tests.engine.reference import ReferenceKV, dequantize_tensor, rms_norm, rope, rope_angles, top2_margin
+from tests.engine.reference.common import (ReferenceKV, dequantize_tensor, metadata_key, rms_norm, rope, rope_angles,
+                                           start_forward, top2_margin)
 from vramd.model.gguf_check import validate_gguf
 
 __all__ = ["Gemma3Reference", "gelu", "softcap", "top2_margin"]
@@ -105,13 +106,7 @@ class Gemma3Reference:
         if mf.architecture != "gemma3":
             raise ValueError(f"{path}: architecture {mf.architecture!r} is not gemma3")
 
-        def key(name: str, default=None, required: bool = False):
-            full = f"gemma3.{name}"
-            if full in md:
-                return md[full]
-            if required:
-                raise ValueError(f"{path}: missing {full}")
-            return default
+        key = metadata_key(md, "gemma3", path)
 
         self.n_layer = int(key("block_count", required=True))
         self.n_embd = int(key("embedding_length", required=True))
@@ -191,18 +186,8 @@ class Gemma3Reference:
         """Logits [len(tokens), n_vocab] of `tokens` at positions pos0.. (as
         reference.ReferenceModel.forward: `kv` is extended in place; pos0 None
         means len(kv); a smaller pos0 drops the positions from it on)."""
-        if kv is None:
-            kv = self.new_kv()
-        if pos0 is None:
-            pos0 = len(kv)
-        if pos0 > len(kv):
-            raise ValueError(f"pos0 {pos0} beyond the {len(kv)} cached positions")
-        kv.truncate(pos0)
-        ids = np.asarray(list(tokens), dtype=np.int64)
-        if ids.ndim != 1 or len(ids) == 0 or ids.min() < 0 or ids.max() >= self.n_vocab:
-            raise ValueError("forward needs a non-empty list of ids in the vocabulary")
+        kv, ids, positions = start_forward(self, tokens, kv, pos0)
         n, hd = len(ids), self.head_dim
-        positions = np.arange(pos0, pos0 + n)
         theta_global = rope_angles(positions, self.n_rot, self.freq_base, self.freq_scale)
         theta_swa = rope_angles(positions, self.n_rot, SWA_FREQ_BASE, 1.0)
         x = self.token_embd[ids].astype(self.dtype) * math.sqrt(self.n_embd)

@@ -4,10 +4,11 @@ Owns: `ReferenceMoE` (a qwen3moe / qwen2moe / mixtral GGUF file -> dequantized
 float32 weights -> logits; the API of reference.ReferenceModel: `.forward(tokens,
 kv, pos0)`, `.new_kv(dtype)`, `.greedy()`, `.greedy_logits()`, plus `.route()`,
 the expert choice of one layer, and `.last_routes`), `Route`, `sigmoid()`.
-Plain numpy in the style of tests/engine/reference.py, from which it takes
-everything the families share (`dequantize_tensor`, `rms_norm`, `rope_angles`,
-`rope`, `silu`, `ReferenceKV`, `top2_margin`, and ReferenceModel's attention,
-greedy loop and cache handling, by subclassing).  Nothing here is imported by
+Plain numpy in the style of llama.py; it takes what the families share from
+common.py (`dequantize_tensor`, `rms_norm`, `rope_angles`, `rope`, `silu`,
+`ReferenceKV`, `top2_margin`, the metadata reader and the attention
+hyper-parameters) and ReferenceModel's attention, greedy loop and cache
+handling from llama.py, by subclassing.  Nothing here is imported by
 vramd, and it imports nothing of vramd's engine.
 
 What it computes is what llama.cpp computes, from the GGUF as stored, for
@@ -25,7 +26,7 @@ are refused with a ValueError rather than computed wrongly.
 
 Metadata keys read (`A` = general.architecture)
 -----------------------------------------------
-  As reference.py: A.block_count, A.embedding_length, A.attention.head_count
+  As llama.py: A.block_count, A.embedding_length, A.attention.head_count
   (required), A.attention.head_count_kv, A.attention.key_length / value_length,
   A.attention.layer_norm_rms_epsilon (required), A.rope.dimension_count,
   A.rope.freq_base, A.rope.scaling.type / .factor, A.context_length,
@@ -44,7 +45,7 @@ Metadata keys read (`A` = general.architecture)
 
 Layouts
 -------
-ggml order as in reference.py: a tensor of ggml shape (ne0, ne1, ne2) is held
+ggml order as in llama.py: a tensor of ggml shape (ne0, ne1, ne2) is held
 as numpy (ne2, ne1, ne0).  The stacked expert tensors
   ffn_gate_exps, ffn_up_exps   ggml (n_embd, n_ff_exp, n_expert) -> numpy [n_expert, n_ff_exp, n_embd]
   ffn_down_exps                ggml (n_ff_exp, n_embd, n_expert) -> numpy [n_expert, n_embd, n_ff_exp]
@@ -56,9 +57,9 @@ e * (bytes of one slab).
   ffn_gate_inp_shexp qwen2moe, ggml (n_embd) -> [n_embd]: one row, a dot product
   ffn_gate_shexp, ffn_up_shexp [n_ff_shexp, n_embd], ffn_down_shexp [n_embd, n_ff_shexp]
   attn_q_norm, attn_k_norm     qwen3moe, [head_dim_k]: one weight for all heads
-Attention tensors and biases as reference.py; qwen3moe has no biases (a bias
+Attention tensors and biases as llama.py; qwen3moe has no biases (a bias
 tensor in a qwen3moe file is refused: llama.cpp's qwen3moe does not load one),
-qwen2moe has q/k/v biases (optional here), llama accepts all of reference.py's.
+qwen2moe has q/k/v biases (optional here), llama accepts all of llama.py's.
 output.weight is optional (tied) for qwen3moe and llama, required for qwen2moe.
 
 The computation, per token at position p
@@ -71,8 +72,8 @@ The computation, per token at position p
               per head, over head_dim, eps = the model's rms eps, BEFORE RoPE
     q, k = rope(q, p), rope(k, p)   NeoX (pairs i, i + n_rot/2) for qwen3moe/qwen2moe,
                                     normal (pairs 2i, 2i+1) for llama; rope_freqs
-                                    (llama only) as in reference.py
-    attention exactly as reference.py (scale 1/sqrt(head_dim_k), causal, GQA, f16 cache option)
+                                    (llama only) as in llama.py
+    attention exactly as llama.py (scale 1/sqrt(head_dim_k), causal, GQA, f16 cache option)
     x = x + Wo concat(o) + bo
     h = rms_norm(x) * ffn_norm
     x = x + moe(l, h)                                    qwen2moe: + shared(h)
@@ -99,13 +100,13 @@ ggml_argsort_top_k does not promise an order among equal values (each backend
 implements its argsort its own way; not checked), so a test must not rely
 on ties: `Route.margin` is the gap between the k-th and the (k+1)-th router
 logit (the amount by which the choice is decided; +inf when k == n_expert),
-models_moe.py's routers make a small gap rare (its docstring gives the
+tests/ggufgen/moe.py's routers make a small gap rare (its docstring gives the
 rates) and `well_routed_prompt()` picks prompts without one.  The order of the ids within a token's top-k
 does not change the result beyond float rounding (a sum).
 
 Precision
 ---------
-As reference.py: exact dequantized float32 weights, float64 arithmetic by
+As llama.py: exact dequantized float32 weights, float64 arithmetic by
 default, K/V stored in the cache's dtype.  The routing is computed in the same
 dtype from the same h; an engine whose h differs by ~1e-3 relative (f16 cache)
 picks the same experts whenever every route's margin is well above ~1e-2
@@ -132,8 +133,9 @@ from typing import Sequence
 
 import numpy as np
 
-from tests.engine.reference import (ReferenceKV, ReferenceModel, dequantize_tensor, rms_norm, rope,
-                                    rope_angles, silu, top2_margin)
+from tests.engine.reference.common import (ReferenceKV, Tensors, dequantize_tensor, metadata_key, read_attention,
+                                           rms_norm, rope, rope_angles, silu, start_forward, top2_margin)
+from tests.engine.reference.llama import ReferenceModel
 from vramd.model.gguf_check import validate_gguf
 
 __all__ = ["ReferenceMoE", "Route", "sigmoid", "well_routed_prompt", "MOE_ARCHS", "ReferenceKV",
@@ -208,13 +210,7 @@ class ReferenceMoE(ReferenceModel):
                              f"this reference knows ({', '.join(MOE_ARCHS)})")
         self.rope_ordering, self.norm_topk, self.shared_expert, self.qk_norm = MOE_ARCHS[a]
 
-        def key(name: str, default=None, required: bool = False):
-            full = f"{a}.{name}"
-            if full in md:
-                return md[full]
-            if required:
-                raise ValueError(f"{path}: missing {full}")
-            return default
+        key = metadata_key(md, a, path)
 
         self.n_expert = int(key("expert_count", 0))
         if self.n_expert <= 0:
@@ -231,34 +227,7 @@ class ReferenceMoE(ReferenceModel):
         if gating is not None and int(gating) != GATING_SOFTMAX:
             raise ValueError(f"{path}: expert_gating_func {gating} (only softmax, 1, is implemented)")
 
-        self.n_layer = int(key("block_count", required=True))
-        self.n_embd = int(key("embedding_length", required=True))
-        self.n_head = int(key("attention.head_count", required=True))
-        self.n_head_kv = int(key("attention.head_count_kv", self.n_head))
-        if self.n_head % self.n_head_kv:
-            raise ValueError(f"{path}: head_count {self.n_head} is not a multiple of "
-                             f"head_count_kv {self.n_head_kv}")
-        self.head_dim_k = int(key("attention.key_length", self.n_embd // self.n_head))
-        self.head_dim_v = int(key("attention.value_length", self.n_embd // self.n_head))
-        self.eps = float(key("attention.layer_norm_rms_epsilon", required=True))
-        self.n_rot = int(key("rope.dimension_count", self.head_dim_k))
-        if self.n_rot % 2 or not 0 < self.n_rot <= self.head_dim_k:
-            raise ValueError(f"{path}: rope.dimension_count {self.n_rot} does not fit "
-                             f"head_dim {self.head_dim_k}")
-        self.freq_base = float(key("rope.freq_base", 10000.0))
-        scaling = key("rope.scaling.type", "linear")
-        factor = key("rope.scaling.factor", None)
-        if factor is None:
-            factor = key("rope.scale_linear", 0.0)
-        if scaling == "none":
-            self.freq_scale = 1.0
-        elif scaling == "linear":
-            self.freq_scale = 1.0 if float(factor) == 0.0 else 1.0 / float(factor)
-        else:
-            raise ValueError(f"{path}: RoPE scaling {scaling!r} is not implemented by the reference")
-        self.n_ctx_train = key("context_length", None)
-        self.bos = md.get("tokenizer.ggml.bos_token_id")
-        self.eos = md.get("tokenizer.ggml.eos_token_id")
+        read_attention(self, key, md, path)
 
         ff_key = "feed_forward_length" if a == "llama" else "expert_feed_forward_length"
         self.tensors = {t.name: dequantize_tensor(self.file, t) for t in self.file.tensors}
@@ -267,20 +236,8 @@ class ReferenceMoE(ReferenceModel):
         self.last_routes: list[Route] = []
 
     def _load_moe_weights(self, path: str, n_ff_key, ff_key_name: str, n_ff_shexp_key) -> None:
-        t = dict(self.tensors)
-        known: set[str] = set()
-
-        def take(name: str, shape: tuple[int, ...] | None, optional: bool = False):
-            if name not in t:
-                if optional:
-                    return None
-                raise ValueError(f"{path}: missing tensor {name}")
-            known.add(name)
-            value = t[name]
-            if shape is not None and value.shape != shape:
-                raise ValueError(f"{path}: {name} has shape {value.shape} (numpy order), "
-                                 f"expected {shape}")
-            return value.astype(self.dtype)
+        tensors = Tensors(self.tensors, path, self.dtype)
+        t, known, take = tensors.tensors, tensors.known, tensors.take
 
         e, ne = self.n_embd, self.n_expert
         qd, kd, vd = (self.n_head * self.head_dim_k, self.n_head_kv * self.head_dim_k,
@@ -358,21 +315,8 @@ class ReferenceMoE(ReferenceModel):
                 pos0: int | None = None) -> np.ndarray:
         """Logits [len(tokens), n_vocab], as ReferenceModel.forward (same cache
         rules).  Sets self.last_routes to this call's Route of every layer."""
-        if kv is None:
-            kv = self.new_kv()
-        if pos0 is None:
-            pos0 = len(kv)
-        if pos0 > len(kv):
-            raise ValueError(f"pos0 {pos0} beyond the {len(kv)} cached positions")
-        kv.truncate(pos0)
-        ids = np.asarray(list(tokens), dtype=np.int64)
-        if ids.ndim != 1 or len(ids) == 0:
-            raise ValueError("forward needs a non-empty list of token ids")
-        if ids.min() < 0 or ids.max() >= self.n_vocab:
-            raise ValueError(f"token id outside 0..{self.n_vocab - 1}")
-
+        kv, ids, positions = start_forward(self, tokens, kv, pos0)
         n = len(ids)
-        positions = np.arange(pos0, pos0 + n)
         theta = rope_angles(positions, self.n_rot, self.freq_base, self.freq_scale,
                             self.freq_factors)
         routes: list[Route] = []
@@ -464,7 +408,7 @@ def well_routed_prompt(model: ReferenceMoE, length: int, *, min_margin: float = 
                        seed: int = 0, tries: int = 200) -> list[int]:
     """The first of a deterministic series of random prompts (numpy default_rng(seed),
     token ids uniform in 0..n_vocab-1) whose every route, in every layer, is decided
-    by at least `min_margin` (see Route.margin).  With models_moe.py's routers about
+    by at least `min_margin` (see Route.margin).  With tests/ggufgen/moe.py's routers about
     3% of routes have a margin below 0.05, so a 12-token, 3-layer prompt qualifies
     about one time in three.  Raises ValueError after `tries` candidates."""
     rng = np.random.default_rng(seed)

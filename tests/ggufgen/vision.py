@@ -22,7 +22,7 @@ default (4 tokens; n_merge=None writes no key: llama.cpp's default 4, one
 token).  A file is ~0.2 MB in F16 and takes a few milliseconds to write.
 
 Weights (numpy default_rng streams seeded by (seed, crc32(name)), as
-tests/engine/models.py, so one option leaves every other tensor alone):
+tests/ggufgen/common.py, so one option leaves every other tensor alone):
     v.patch_embd.weight    N(0, 1/(3 p^2))       a patch's embedding has std ~1
     v.patch_embd.bias, v.class_embd   N(0, 0.1^2), N(0, 1)
     v.position_embd.weight N(0, 0.5^2)

@@ -75,7 +75,7 @@ import os
 
 import numpy as np
 
-from tests.engine.reference import dequantize_tensor
+from tests.engine.reference.common import dequantize_tensor
 from vramd.model.gguf_check import validate_gguf
 from vramd.model.mmproj import MmprojConfig, MmprojTensors, load_mmproj
 

@@ -1,0 +1,220 @@
+"""Synthetic llama-family GGUF models for the engine's tests.
+
+Owns: `write_llama` (and the pieces it is made of: `LlamaSpec`, `make_weights`,
+`write_weights`), which writes small, deterministic llama / mistral-style /
+qwen2 / qwen3 models with complete tokenizer metadata, in any type of
+tests/ggufgen/quant.py (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+Q5_K, Q6_K).  Nothing is committed as a binary: tests write the files they
+need (a default model is ~0.9 MB in F16, ~0.25 MB in Q4_0, ~0.1 s to write).
+
+Architectures ("arch" here is a style; general.architecture is what is written)
+    llama    general.architecture "llama", n_head_kv = n_head, rope base 1e4,
+             SentencePiece vocabulary, Llama-2 [INST]/<<SYS>> chat template.
+    mistral  general.architecture "llama" (as llama.cpp converts Mistral 7B),
+             GQA n_head_kv = n_head / 4 (at least 1), rope base 1e6, SentencePiece
+             vocabulary, Mistral [INST] chat template.
+    qwen2    general.architecture "qwen2" (NeoX RoPE), GQA n_head_kv = n_head / 2,
+             q/k/v biases, rope base 1e6, eps 1e-6, GPT-2 BPE vocabulary with
+             ChatML specials and template, no BOS added.
+    qwen3    general.architecture "qwen3" (src/models/qwen3.cpp): qwen2's shape
+             without biases, with attn_q_norm / attn_k_norm [head_dim] (gains
+             QK_NORM_GAIN (1 + N(0, 0.1^2)), QK_NORM_GAIN = 1.5, and attn_q/attn_k
+             N(0, 1/n_embd): the norm sets the scale), attention.key_length /
+             value_length always written (key_length= sets a head_dim other than
+             n_embd / n_head, as Qwen3's 128), BPE vocabulary with Qwen3's own
+             chat template (vocab.QWEN3_TEMPLATE).
+  Every default can be overridden (n_head_kv, with_bias, vocab, rope_freq_base...).
+
+Weights (all from numpy's default_rng, one stream per tensor seeded by
+(seed, crc32(name)), so changing one option leaves every other tensor as it was):
+    token_embd       N(0, 1); tied: N(0, (0.25/sqrt(n_embd))^2), see below
+    attn_q, attn_k   N(0, (1.5/sqrt(n_embd))^2)  q.k/sqrt(d) has std ~1.5^2: attention
+                                              is selective without being one-hot
+    attn_v           N(0, 1/n_embd)
+    attn_output      N(0, 1/(n_head*head_dim))
+    ffn_gate, ffn_up N(0, 1/n_embd);  ffn_down N(0, 1/n_ff)
+    q/k/v biases     N(0, 0.5^2), N(0, 0.5^2), N(0, 0.1^2)
+    attn_norm, ffn_norm   1 + N(0, 0.1^2)
+    output           N(0, (LOGIT_STD/sqrt(n_embd))^2), output_norm 1 + N(0, 0.1^2):
+                     logits have a standard deviation of about LOGIT_STD = 4.
+    tied output      no output.weight; token_embd N(0, (TIED_EMBD/sqrt(n_embd))^2) and
+                     output_norm (LOGIT_STD/TIED_EMBD) * (1 + N(0, 0.1^2)), TIED_EMBD = 0.25.
+      Why the small tied embedding: the final hidden state contains the current
+      token's own embedding e_t, and e_t.e_t ~ |e|^2 dwarfs e_t.e_v ~ |e|^2/sqrt(n_embd),
+      so with N(0, 1) embeddings a tied model predicts its last token forever
+      (llama.cpp does exactly that on such a file).  At 0.25/sqrt(n_embd) the
+      embedding is a small part of the residual stream (the first attn_norm
+      rescales it for layer 0), and the logits keep a std of ~LOGIT_STD.
+  With logits that spread, the gap between the best and the second-best token
+  is typically ~1 (median 0.6 to 1.3), so small numeric differences rarely flip
+  a greedy choice, and each layer's attention and FFN add at least as much to
+  the residual stream as the embedding: continuations depend on the whole
+  prompt, not only on its last token (test_reference checks both, tied models
+  included).  Quantized types quantize these values with gguf.quants.quantize,
+  K-quants with quant.quantize_k (what a test compares against is always the
+  dequantized file, never the float values).  Norm weights and biases are F32,
+  as in llama.cpp conversions; every matrix, token_embd and output included,
+  takes `weight_type`.
+  Vocabularies and templates: tests/ggufgen/vocab.py; types and quantization:
+  tests/ggufgen/quant.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal, start_writer
+from tests.ggufgen.quant import WEIGHT_TYPES, write_tensors
+from tests.ggufgen.vocab import CHATML_TEMPLATE, LLAMA2_TEMPLATE, MISTRAL_TEMPLATE, QWEN3_TEMPLATE, write_vocab
+
+# Per style: (general.architecture, default n_head_kv given n_head, rope base, eps,
+#             vocabulary, biases, chat template for that vocabulary)
+_STYLES = {
+    "llama": ("llama", lambda h: h, 10000.0, 1e-5, "spm", False, LLAMA2_TEMPLATE),
+    "mistral": ("llama", lambda h: max(1, h // 4), 1e6, 1e-5, "spm", False, MISTRAL_TEMPLATE),
+    "qwen2": ("qwen2", lambda h: max(1, h // 2), 1e6, 1e-6, "bpe", True, CHATML_TEMPLATE),
+    "qwen3": ("qwen3", lambda h: max(1, h // 2), 1e6, 1e-6, "bpe", False, QWEN3_TEMPLATE),
+}
+QK_NORM_GAIN = 1.5   # qwen3's attn_q_norm / attn_k_norm: see the module header
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """Everything write_llama is told; None fields take the style's default (see resolve())."""
+
+    arch: str = "llama"
+    n_vocab: int = 512
+    n_embd: int = 128
+    n_head: int = 4
+    n_head_kv: int | None = None
+    n_layer: int = 2
+    n_ff: int = 256
+    weight_type: str = "F16"
+    tied_output: bool = False
+    with_bias: bool | None = None
+    vocab: str | None = None
+    seed: int = 0
+    rope_freq_base: float | None = None
+    rope_scaling_factor: float | None = None   # written as rope.scaling.type linear + factor
+    eps: float | None = None
+    context_length: int = 4096
+    bpe_pre: str = "gpt-2"
+    chat_template: str | None = None           # None: the style's; "" writes none
+    key_length: int | None = None              # head_dim; None: n_embd / n_head
+
+    def resolve(self) -> "LlamaSpec":
+        if self.arch not in _STYLES:
+            raise ValueError(f"arch {self.arch!r}: expected one of {', '.join(_STYLES)}")
+        _, kv_heads, base, eps, vocab, bias, template = _STYLES[self.arch]
+        own = self.vocab is None or self.vocab == vocab
+        spec = replace(
+            self,
+            n_head_kv=kv_heads(self.n_head) if self.n_head_kv is None else self.n_head_kv,
+            rope_freq_base=base if self.rope_freq_base is None else self.rope_freq_base,
+            eps=eps if self.eps is None else self.eps,
+            vocab=vocab if self.vocab is None else self.vocab,
+            with_bias=bias if self.with_bias is None else self.with_bias,
+            chat_template=(self.chat_template if self.chat_template is not None else
+                           template if own else
+                           CHATML_TEMPLATE if self.vocab == "bpe" else LLAMA2_TEMPLATE))
+        if spec.weight_type not in WEIGHT_TYPES:
+            raise ValueError(f"weight_type {spec.weight_type!r}: expected one of {', '.join(WEIGHT_TYPES)}")
+        if spec.vocab not in ("spm", "bpe"):
+            raise ValueError(f"vocab {spec.vocab!r}: expected 'spm' or 'bpe'")
+        if spec.key_length is None and spec.n_embd % spec.n_head or spec.head_dim % 2:
+            raise ValueError(f"n_embd {spec.n_embd} must split into {spec.n_head} heads of even size")
+        if spec.n_head % spec.n_head_kv:
+            raise ValueError(f"n_head {spec.n_head} is not a multiple of n_head_kv {spec.n_head_kv}")
+        block = gguf.GGML_QUANT_SIZES[WEIGHT_TYPES[spec.weight_type]][0]
+        for name, cols in (("n_embd", spec.n_embd), ("n_ff", spec.n_ff)):
+            if cols % block:
+                raise ValueError(f"{name} {cols} is not a multiple of {spec.weight_type}'s block {block}")
+        return spec
+
+    @property
+    def gguf_arch(self) -> str:
+        return _STYLES[self.arch][0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.key_length or self.n_embd // self.n_head
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.arch == "qwen3"
+
+
+# --- weights -------------------------------------------------------------------------
+
+def make_weights(spec: LlamaSpec) -> dict[str, np.ndarray]:
+    """Every tensor of the model as float32 in numpy order ([rows, row length]),
+    in file order: token_embd, the blocks, output_norm, output."""
+    spec = spec.resolve()
+    e, hd, f = spec.n_embd, spec.head_dim, spec.n_ff
+    qk_std = (1.0 if spec.qk_norm else 1.5) / np.sqrt(e)   # with QK-norm the gains set the scale
+    embd_std = TIED_EMBD / np.sqrt(e) if spec.tied_output else 1.0
+    w: dict[str, np.ndarray] = {"token_embd.weight": normal(spec, "token_embd.weight", (spec.n_vocab, e),
+                                                             embd_std)}
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = gain(spec, p + "attn_norm.weight", e)
+        w[p + "attn_q.weight"] = normal(spec, p + "attn_q.weight", (spec.n_head * hd, e), qk_std)
+        w[p + "attn_k.weight"] = normal(spec, p + "attn_k.weight", (spec.n_head_kv * hd, e), qk_std)
+        w[p + "attn_v.weight"] = normal(spec, p + "attn_v.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
+        if spec.with_bias:
+            w[p + "attn_q.bias"] = normal(spec, p + "attn_q.bias", (spec.n_head * hd,), 0.5)
+            w[p + "attn_k.bias"] = normal(spec, p + "attn_k.bias", (spec.n_head_kv * hd,), 0.5)
+            w[p + "attn_v.bias"] = normal(spec, p + "attn_v.bias", (spec.n_head_kv * hd,), 0.1)
+        if spec.qk_norm:
+            w[p + "attn_q_norm.weight"] = gain(spec, p + "attn_q_norm.weight", hd, QK_NORM_GAIN)
+            w[p + "attn_k_norm.weight"] = gain(spec, p + "attn_k_norm.weight", hd, QK_NORM_GAIN)
+        w[p + "attn_output.weight"] = normal(spec, p + "attn_output.weight", (e, spec.n_head * hd),
+                                              1 / np.sqrt(spec.n_head * hd))
+        w[p + "ffn_norm.weight"] = gain(spec, p + "ffn_norm.weight", e)
+        w[p + "ffn_gate.weight"] = normal(spec, p + "ffn_gate.weight", (f, e), 1 / np.sqrt(e))
+        w[p + "ffn_up.weight"] = normal(spec, p + "ffn_up.weight", (f, e), 1 / np.sqrt(e))
+        w[p + "ffn_down.weight"] = normal(spec, p + "ffn_down.weight", (e, f), 1 / np.sqrt(f))
+    if spec.tied_output:
+        w["output_norm.weight"] = gain(spec, "output_norm.weight", e, LOGIT_STD / TIED_EMBD)
+    else:
+        w["output_norm.weight"] = gain(spec, "output_norm.weight", e)
+        w["output.weight"] = normal(spec, "output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))
+    return w
+
+
+def write_weights(path: str | Path, spec: LlamaSpec, weights: dict[str, np.ndarray]) -> Path:
+    """Write `weights` (numpy order, float32) with the metadata and vocabulary
+    of `spec`: 2-D tensors in spec.weight_type, 1-D ones in F32.  Tests use it
+    to write edited weights (an expanded GQA, a tied copy, zeroed biases)."""
+    spec = spec.resolve()
+    path = Path(path)
+    qtype = WEIGHT_TYPES[spec.weight_type]
+    writer = start_writer(path, spec, spec.n_ff)
+    if spec.qk_norm or spec.key_length is not None:     # Qwen3 conversions always write them
+        writer.add_key_length(spec.head_dim)
+        writer.add_value_length(spec.head_dim)
+    if spec.rope_scaling_factor is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(spec.rope_scaling_factor)
+    writer.add_vocab_size(spec.n_vocab)
+    write_vocab(writer, spec)
+    write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
+    return path
+
+
+def write_llama(path: str | Path, *, arch: str = "llama", n_vocab: int = 512, n_embd: int = 128,
+                n_head: int = 4, n_head_kv: int | None = None, n_layer: int = 2, n_ff: int = 256,
+                weight_type: str = "F16", tied_output: bool = False, with_bias: bool | None = None,
+                vocab: str | None = None, seed: int = 0, **more) -> Path:
+    """Write a synthetic model to `path` and return the path.  Same arguments,
+    same bytes.  `more` takes LlamaSpec's other fields (rope_freq_base,
+    rope_scaling_factor, eps, context_length, bpe_pre, chat_template, key_length)."""
+    spec = LlamaSpec(arch=arch, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+                     n_layer=n_layer, n_ff=n_ff, weight_type=weight_type, tied_output=tied_output,
+                     with_bias=with_bias, vocab=vocab, seed=seed, **more)
+    return write_weights(path, spec, make_weights(spec))
