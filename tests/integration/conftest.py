@@ -34,7 +34,7 @@ class DaemonProc:
         self.arena, self.name = arena, name
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vramd.cli", "serve", str(model), "--name", name, "--arena", str(arena),
-             "--port", "0", "--ctx", "64", "--quantum", "0", *flags],
+             "--port", "0", "--ctx", str(CTX), "--quantum", "0", *flags],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or daemon_env(), cwd=ROOT)
         self.lines: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
@@ -70,13 +70,20 @@ class DaemonProc:
         return next((m for m in Registry(self.arena / "members").list(clean=False) if m.name == self.name), None)
 
     def stop(self) -> int:
+        self.terminate()
+        return self.reap()
+
+    def terminate(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+
+    def reap(self) -> int:
+        """Wait for the process to end after `terminate` (SIGKILL after 30 s)."""
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         return self.proc.returncode
 
 
@@ -90,11 +97,22 @@ def daemons():
         return d
 
     yield start
+    for d in started:   # all at once: each one's shutdown (release, drain) overlaps the others'
+        d.terminate()
     for d in started:
-        d.stop()
+        d.reap()
 
 
 SHAPE = ModelShape(n_vocab=128, n_embd=128, n_ff=256, n_layer=2, n_head=4)
+CTX = 64   # DaemonProc's --ctx
+
+
+def planned(model: Path, ctx: int = CTX, **kw):
+    """What a daemon serving `model` allocates (vramd/model/footprint.py, as `vramd plan`
+    says; test_footprint.py holds it to a daemon's breakdown): no probe daemon needed."""
+    from vramd.model.footprint import footprint
+    from vramd.model.gguf_check import validate_gguf
+    return footprint(validate_gguf(model), ctx, **kw)
 
 
 @pytest.fixture

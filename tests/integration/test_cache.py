@@ -12,7 +12,7 @@ from tests.ggufgen.check import write_model
 from vramd.arena.members import Member
 from vramd.arena.token import Token
 
-from .conftest import ROOT, SHAPE, daemon_env
+from .conftest import ROOT, SHAPE, daemon_env, planned
 
 
 def device(d) -> int:
@@ -30,10 +30,10 @@ def compute(d) -> None:
     c.completions.create(model=d.name, prompt=[1, 2, 3], max_tokens=1, temperature=0)
 
 
-def footprint(d) -> int:
+def footprint(model) -> int:
     """What a model needs on the device to run: weights, KV cache and compute scratch
-    (the bytes it asked for when it first went warm)."""
-    return d.member().wants_bytes
+    (what it asks for when it first goes warm: its member record's wants_bytes)."""
+    return planned(model).device_bytes
 
 
 @pytest.fixture
@@ -63,9 +63,7 @@ def test_models_that_fit_together_switch_back_with_no_upload(arena, models, daem
 
 
 def test_three_models_any_two_fit_evicts_exactly_the_lru(arena, three, daemons):
-    probe = daemons(arena, three[0], "probe")
-    one = footprint(probe)
-    assert probe.stop() == 0
+    one = footprint(three[0])   # the three are the same shape
     budget = str(2 * one + one // 2)
     a = daemons(arena, three[0], "a", "--vram-budget", budget)
     compute(a)
@@ -82,9 +80,7 @@ def test_three_models_any_two_fit_evicts_exactly_the_lru(arena, three, daemons):
 
 
 def test_a_pinned_model_is_never_evicted(arena, three, daemons):
-    probe = daemons(arena, three[0], "probe")
-    one = footprint(probe)
-    assert probe.stop() == 0
+    one = footprint(three[0])   # the three are the same shape
     budget = str(2 * one + one // 2)
     a = daemons(arena, three[0], "a", "--vram-budget", budget, "--pin")
     compute(a)
@@ -101,9 +97,7 @@ def test_a_pinned_model_is_never_evicted(arena, three, daemons):
 
 
 def test_priority_keeps_a_model_resident_over_a_more_recent_one(arena, three, daemons):
-    probe = daemons(arena, three[0], "probe")
-    one = footprint(probe)
-    assert probe.stop() == 0
+    one = footprint(three[0])   # the three are the same shape
     budget = str(2 * one + one // 2)
     a = daemons(arena, three[0], "a", "--vram-budget", budget, "--priority", "5")
     compute(a)

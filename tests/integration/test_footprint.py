@@ -69,6 +69,18 @@ def test_plan_says_what_serve_allocates(arch, flags, arena, tmp_path, daemons):
         assert want["device"]["weights"] < plan(path)["device"]["weights"]
 
 
+def test_plan_vram_budget_and_serve_n_cpu_moe_auto_pick_the_same_placement(arena, tmp_path, daemons):
+    path = MODELS["qwen3moe"](tmp_path / "moe.gguf")
+    full = plan(path)["device_bytes"]
+    budget = str(full - 1)                      # not all of it: some experts must go to the host
+    want = plan(path, "--vram-budget", budget)
+    assert 0 < want["n_cpu_moe"] and want["device_bytes"] <= int(budget) < full
+    d = daemons(arena, path, "auto", "--n-cpu-moe", "auto", "--vram-budget", budget)
+    assert f"--n-cpu-moe auto: {want['n_cpu_moe']:g} layers of experts on the host" in d.output
+    got = served(d)
+    assert {k: got[k]["device"] for k in ("weights", "state", "scratch", "encoder")} == want["device"]
+
+
 def test_the_scratch_plan_reported_for_moe_is_the_daemons(tmp_path):
     # The case that disagreed: plan's scratch for the default qwen3moe is its engine's, not llama's.
     from vramd.engine.arch import spec_for

@@ -11,12 +11,12 @@ import pytest
 
 from vramd.bench.soak import PROMPTS, Config, Soak, stream_request, svg_plot
 
-from .conftest import ROOT, daemon_env
+from .conftest import ROOT, daemon_env, planned
 
 
-def footprint(d) -> int:
-    """Device bytes a model needs warm (weights, KV cache, scratch): what it asked for at start-up."""
-    return d.member().wants_bytes
+def footprint(model) -> int:
+    """Device bytes a model needs warm (weights, KV cache, scratch): what it asks for at start-up."""
+    return planned(model).device_bytes
 
 
 def request(d, prompt: str = "the model") -> dict:
@@ -28,10 +28,7 @@ def test_an_exclusive_daemon_going_warm_evicts_what_a_parked_peer_holds(arena, m
     `--residency exclusive` daemon going warm did not ask parked peers to make
     room, restored its weights within what was left and failed its first
     request when the compute scratch did not fit (503, "out of device memory")."""
-    probe = daemons(arena, models[1], "probe")
-    request(probe)
-    one = footprint(probe)
-    assert probe.stop() == 0
+    one = footprint(models[1])
     budget = str(one + one // 2)           # one model and half another: never both
     cache = daemons(arena, models[1], "cache", "--vram-budget", budget)          # parks everything
     want = request(cache)

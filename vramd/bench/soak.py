@@ -294,25 +294,11 @@ class Soak:
 
     def footprints(self, models: dict[str, Path]) -> dict[str, int]:
         """Each model's device bytes when warm after a request (weights, KV cache,
-        scratch), measured by daemons in a scratch arena of their own."""
-        arena = self.workdir / "probe-arena"
-        out = {}
-        started = []
-        try:
-            for s in self.specs:
-                d = Daemon(arena, models[s.name], Spec(s.name, s.wtype, s.seed, ("--residency", "cache")),
-                           self.cfg.ctx, 0.0, 5.0, None, self.workdir / f"probe-{s.name}.log")
-                started.append(d)
-                d.wait_ready()
-                try:
-                    stream_request(d.endpoint, s.name, "completion", "go", 1)
-                except SoakFailure as e:
-                    raise VramdError(f"soak: {s.name} failed a request: {e}") from None
-                out[s.name] = sum(v["device"] for v in d.ask("status")["breakdown"].values())
-        finally:
-            for d in started:
-                d.stop()
-        return out
+        scratch): what its daemon allocates, as vramd/model/footprint.py (`vramd plan`)
+        sizes it (it used to be measured by a probe daemon per model)."""
+        from vramd.model.footprint import footprint
+        from vramd.model.gguf_check import validate_gguf
+        return {s.name: footprint(validate_gguf(models[s.name]), self.cfg.ctx).device_bytes for s in self.specs}
 
     def budget(self, models) -> tuple[int | None, dict]:
         v = self.cfg.vram_budget

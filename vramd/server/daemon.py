@@ -14,7 +14,8 @@ queue, flock) -> upload -> READY=1 -> serve jobs; at each idle point honour a
 peer's ring (after the quantum) or the idle-sleep timeout by going cold
 (weights and scratch freed, the KV cache kept on the device unless the
 eviction policy or the incoming peer's need says otherwise); a job that
-needs the GPU while cold goes warm first.
+needs the GPU while cold goes warm first.  What to keep, what to ask of
+parked peers and when to refuse is vramd/server/room.py's (`Room`).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class Daemon:
         self.stopping = False
         self.last_activity = time.monotonic()
         self.device = self.residency = self.model = self.participant = self.engine = self.encoder = None
+        self.room: Room | None = None   # the residency policy (vramd/server/room.py), made in setup
         self.control = self.http = None
         # Residency calls come from the loop thread and, for evictions asked by
         # the token holder while we are parked, from a control thread.
@@ -124,7 +126,7 @@ class Daemon:
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
         self.residency = Residency(self.device)
-        self.footprint = fp = self._footprint(mf)
+        fp = self._footprint(mf)
         self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf,
                                  scratch=fp.layouts["scratch"], host_tensors=fp.host_tensors)
         if cfg.mmproj:
