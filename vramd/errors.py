@@ -72,6 +72,13 @@ class ModelError(VramdError):
     http_status = 400
 
 
+class ShuttingDown(VramdError):
+    """The daemon is stopping (SIGTERM, `shutdown`): new, queued and cut-short work is refused."""
+
+    exit_code = 1
+    http_status = 503
+
+
 class PeerError(VramdError):
     """A named member, daemon or control socket is absent or does not answer."""
 

@@ -34,7 +34,8 @@ from typing import Any, Callable
 from vramd.arena.arbiter import Participant
 from vramd.arena.layout import Arena, default_base
 from vramd.arena.members import KINDS, Registry
-from vramd.errors import Interrupted, ModelError, OutOfDeviceMemory, PeerError, UsageError, VramdError
+from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError, ShuttingDown, UsageError,
+                           VramdError)
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
@@ -59,6 +60,12 @@ FREEING_POLL = 0.02
 # A status or /metrics call waits at most this long for the daemon's lock to look at device memory
 # (never in the middle of our own restore or release); past it, it shows the last look.
 SAMPLE_LOCK_WAIT = 0.5
+# Stopping (SIGTERM): queued work fails at once and the generation in flight ends at its next
+# step, so the loop is done in well under a second; it is waited for at most STOP_GRACE s and
+# the replies in flight at most REPLY_GRACE s more, inside systemd's TimeoutStopSec=30.
+STOP_GRACE = 10.0
+REPLY_GRACE = 2.0
+# A second SIGTERM/SIGINT while stopping: exit at once with 128 + the signal's number.
 
 
 @dataclass
@@ -109,6 +116,8 @@ class Daemon:
         self.vram_watch = None
         self._vram_lock = threading.Lock()
         self._vram_sampled = 0.0
+        self._inflight = 0   # generation replies being written (shutdown lets them finish)
+        self._inflight_lock = threading.Lock()
 
     # -- set-up ------------------------------------------------------------
 
@@ -517,7 +526,7 @@ class Daemon:
     def submit_nowait(self, job: Job) -> Job:
         with self._submit_lock:
             if self.stopping:
-                raise PeerError(f"{self.name} is shutting down")
+                raise ShuttingDown(f"{self.name} is shutting down")
             self.jobs.put(job)
         return job
 
@@ -526,7 +535,7 @@ class Daemon:
         # before the stop job (and failed or run by the loop) or refused here.
         with self._submit_lock:
             if self.stopping:
-                raise PeerError(f"{self.name} is shutting down")
+                raise ShuttingDown(f"{self.name} is shutting down")
             self.jobs.put(job)
         return job.wait()
 
@@ -583,7 +592,8 @@ class Daemon:
         result = error = None
         try:
             if job.needs_gpu:
-                self._ensure_warm(job.timeout)
+                # A stop gives up the wait for the GPU at once (Interrupted, a 503).
+                self._ensure_warm(job.timeout, cancel=lambda: self.stopping)
             result = job.fn() if job.fn else None
             self.metrics.count("requests")
             if job.needs_gpu:
@@ -625,12 +635,19 @@ class Daemon:
         self.metrics.observe_switch((m.last_switch_ms or 0.0) / 1000, m.bytes_h2d - h2d_before)
 
     def _fail_pending(self, why: str) -> None:
+        """Fail every queued job now (pokes and the stop job are the loop's: put back)."""
+        keep = []
         while True:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
-                return
-            job.finish(error=PeerError(f"{self.name}: {why}"))
+                break
+            if job.kind in ("poke", "stop"):
+                keep.append(job)
+            else:
+                job.finish(error=ShuttingDown(f"{self.name}: {why}"))
+        for job in keep:
+            self.jobs.put(job)
 
     # -- requests --------------------------------------------------------------
 
@@ -725,13 +742,31 @@ class Daemon:
                 builder.echo_text = req.prompt if isinstance(req.prompt, str) else self.engine.detokenize(ids)
             events.put(("start", None))
 
+            made = [0]
+
             def emit(piece):
+                made[0] += 1
                 events.put(("piece", piece))
-                return not cancelled.is_set()
-            return self.engine.generate(ids, req, emit, embeds)
+                # A stop ends the generation at its next step (a clean finish, never a dead loop).
+                return not cancelled.is_set() and not self.stopping
+            finish = self.engine.generate(ids, req, emit, embeds)
+            if finish == "cancelled" and not cancelled.is_set():
+                raise ShuttingDown(f"{self.name} is shutting down: the generation was ended after "
+                                   f"{made[0]} tokens")
+            return finish
 
         job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout)
         self.submit_nowait(job)
+        with self._inflight_lock:
+            self._inflight += 1
+        try:
+            self._answer(req, ex, builder, job, events, cancelled)
+        finally:
+            with self._inflight_lock:
+                self._inflight -= 1
+
+    def _answer(self, req, ex: Exchange, builder, job: Job, events: queue.Queue, cancelled: threading.Event) -> None:
+        """The reply to a generation job: one JSON body, or the stream as the pieces come."""
         if not req.stream:
             finish = job.wait()
             while not events.empty():
@@ -770,6 +805,12 @@ class Daemon:
             raise
         try:
             finish = job.wait()
+        except ShuttingDown as e:
+            # Ended by a stop: a finish the client can see, then why, then the end.
+            ex.send(openai_api.sse(builder.chunk([], finish_reason="abort", first=first)))
+            ex.send(openai_api.sse(openai_api.error_body(e)[1]))
+            ex.send(openai_api.sse(b"[DONE]"))
+            return
         except VramdError as e:
             ex.send(openai_api.sse(openai_api.error_body(e)[1]))
             return
@@ -779,6 +820,8 @@ class Daemon:
         ex.send(openai_api.sse(b"[DONE]"))
 
     def health(self) -> tuple[int, dict]:
+        if self.stopping:
+            return 503, {"status": "stopping", "name": getattr(self, "name", None)}
         if not self.loaded:
             return 503, {"status": "loading"}
         return 200, {"status": "ok", "name": self.name, "state": self.participant.state}
@@ -798,6 +841,7 @@ class Daemon:
                 "evictions": self.metrics.evictions, "evicted_bytes": self.metrics.evicted_bytes,
                 "engine": dict(self.engine.stats) if self.engine else None,
                 "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url,
+                "inflight": self._inflight,   # generation requests submitted and not yet answered
                 "device_memory": self._device_memory_status()}
 
     def _device_memory_status(self) -> dict | None:
@@ -821,7 +865,8 @@ class Daemon:
     # -- life and death -------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Ask the loop to stop (queued work fails cleanly) and wait for it."""
+        """Stop accepting, fail every queued job now, ask the loop to stop and wait for it
+        (at most STOP_GRACE s: the job in flight ends at its next step)."""
         with self._submit_lock:
             first = not self.stopping
             self.stopping = True
@@ -832,8 +877,9 @@ class Daemon:
                 self.jobs.put(job)
         if first:
             systemd.stopping()
+        self._fail_pending("shutting down")
         if job is not None and self._loop is not None and self._loop.is_alive():
-            job.done.wait(60)
+            job.done.wait(STOP_GRACE)
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT or a `shutdown` request; returns the exit code."""
@@ -841,6 +887,11 @@ class Daemon:
         pending: list[int] = []
 
         def on_signal(signum, _frame):  # only queue; the main thread acts
+            if pending or self.stopping:
+                # A second signal while stopping: the operator means now.  The kernel
+                # drops our flocks with the process; a stale record is cleaned by its pid.
+                os.write(2, f"vramd: signal {signum} while stopping: exiting now\n".encode())
+                os._exit(128 + signum)
             pending.append(signum)
             os.write(wake_w, b"s")
 
@@ -877,13 +928,25 @@ class Daemon:
             os.close(wake_w)
         return 0
 
+    def _wait_replies(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while self._inflight and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def shutdown(self) -> None:
         """Stop the loop, release the token, remove the member record and control socket; idempotent."""
         self.request_stop()
         loop_alive = self._loop is not None and self._loop.is_alive()
         if loop_alive:
-            self._loop.join(60)
+            self._loop.join(STOP_GRACE)
             loop_alive = self._loop.is_alive()
+        if loop_alive:
+            # Never release buffers (or the token) under a loop that still computes: the
+            # process's exit frees both once it is gone.
+            log.error("%s: the loop did not stop within %g s (a device call that does not return); "
+                      "exiting without releasing under it", self.name, STOP_GRACE)
+            return
+        self._wait_replies(REPLY_GRACE)   # the cut-short replies reach their clients
         for closer in (self.control, self.http):
             if closer is not None:
                 try:
@@ -892,9 +955,6 @@ class Daemon:
                     pass
         if self.participant is not None:
             self.participant.close()
-        if loop_alive:
-            log.error("%s: the loop is stuck in a device call; leaving the device to the process's exit", self.name)
-            return
         if self.engine is not None:
             self.engine.close()
         if self.encoder is not None:
