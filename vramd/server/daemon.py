@@ -39,7 +39,7 @@ from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError,
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
-from vramd.server import openai_api
+from vramd.server import openai_api, prompts
 from vramd.server.http import Exchange, HttpServer, json_route
 from vramd.server.metrics import Metrics
 
@@ -731,12 +731,17 @@ class Daemon:
         req = openai_api.parse_request(kind, ex.body(), set(self.model_names()))
         if self.engine is None:
             raise PeerError(f"{self.name} is still loading")
+        if self.stopping:
+            raise ShuttingDown(f"{self.name} is shutting down")
+        # Validated, rendered and tokenized here, before the job is queued: a bad request
+        # is a 400 that never rings a peer nor takes the GPU (vramd/server/prompts.py).
+        prepared = prompts.prepare(self.engine, req, self.encoder is not None)
         builder = openai_api.ResponseBuilder(req, self.name)
         events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         cancelled = threading.Event()
 
         def work():
-            ids, embeds = self.engine.prompt(req)
+            ids, embeds = (prepared, {}) if prepared is not None else self.engine.prompt(req)
             builder.prompt_tokens = len(ids)
             if req.echo:
                 builder.echo_text = req.prompt if isinstance(req.prompt, str) else self.engine.detokenize(ids)

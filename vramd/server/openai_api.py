@@ -15,6 +15,7 @@ when the GPU could not be had in time).
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -71,6 +72,8 @@ def _number(body: dict, key: str, default, lo=None, hi=None, integer=False):
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
         raise UsageError(f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}")
+    if isinstance(v, float) and not math.isfinite(v):   # JSON's NaN and Infinity, which every comparison lets through
+        raise UsageError(f"'{key}' must be a finite number, got {v!r}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise UsageError(f"'{key}' must be between {lo} and {hi}, got {v!r}")
     return v
@@ -103,7 +106,7 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     req.top_p = float(_number(body, "top_p", 1.0, 0.0, 1.0))
     req.top_k = _number(body, "top_k", 0, 0, 1 << 20, integer=True)
     req.min_p = float(_number(body, "min_p", 0.0, 0.0, 1.0))
-    req.seed = _number(body, "seed", None, integer=True)
+    req.seed = _number(body, "seed", None, 0, (1 << 64) - 1, integer=True)
     req.stream = bool(body.get("stream", False))
     opts = body.get("stream_options") or {}
     req.include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
