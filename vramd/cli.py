@@ -54,13 +54,13 @@ def cli():
 def status(arena_path, allow_shared_arena, as_json):
     """Show the token holder, the waiters and every member of the arena(s)."""
     from vramd.arena.layout import Arena, ENV_ARENA, default_base
-    from vramd.arena.status import arena_status, discover_arenas
+    from vramd.arena.status import arena_status, discover_arenas, flag_claims
 
     if arena_path or os.environ.get(ENV_ARENA):
         arenas = [Arena.open(arena_path, create=False, allow_shared=True)]
     else:
         arenas = [Arena.open(p, create=False) for p in discover_arenas()]
-    reports = [ask_daemons(arena_status(a)) for a in arenas]
+    reports = [flag_claims(ask_daemons(arena_status(a))) for a in arenas]
     if as_json:
         out = reports[0] if len(reports) == 1 else {"arenas": reports}
         click.echo(json.dumps(out, indent=2))
@@ -138,7 +138,8 @@ def render_status(r: dict) -> str:
     for m in r["members"]:
         d = m["device_bytes"]
         state = m["state"] + (" pinned" if m.get("pinned") else "") + \
-            (" (no answer)" if "daemon" in m and m["daemon"] is None else "")
+            (" (stopped)" if m.get("stopped") else
+             " (no answer)" if "daemon" in m and m["daemon"] is None else "")
         rows.append(("*" if m["holds_token"] else "", m["name"], str(m["pid"]), state,
                      human_bytes(m["device_total"]), human_bytes(d["weights"]), human_bytes(d["state"]),
                      human_bytes(d["encoder"]), human_bytes(d["scratch"]), human_bytes(m["host_total"]),
@@ -147,6 +148,10 @@ def render_status(r: dict) -> str:
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     lines.append("(* holds the token)")
+    if r.get("split_brain"):
+        lines.append(f"SPLIT   {len(r['claims_gpu'])} members claim the GPU at once: {', '.join(r['claims_gpu'])} "
+                     "(token.lock was replaced while one held it: each holds its own inode; stop the one "
+                     "without the * (a running daemon exits 4 by itself))")
     for m in r["members"]:
         if m.get("failpoints"):
             lines.append(f"failpoints {m['name']}: {m['failpoints']} armed (VRAMD_FAILPOINTS: fault injection "

@@ -132,6 +132,9 @@ class Token:
         self.path = Path(path)
         self._fd: int | None = None
         self.acquired_at: float | None = None  # time.monotonic() of the last acquire
+        # check() may run on another thread (the daemon's guard) than release(): without
+        # this, a released fd's number reused by another file would look like a replaced token.
+        self._fd_lock = threading.Lock()
 
     @property
     def held(self) -> bool:
@@ -165,13 +168,14 @@ class Token:
 
     def release(self) -> None:
         """Drop the token.  A no-op when not held."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        with self._fd_lock:
+            fd, self._fd = self._fd, None
+            if fd is None:
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
 
     def key(self) -> tuple[int, int, int]:
         """(major, minor, inode) of the token as /proc/locks names it."""
@@ -185,8 +189,9 @@ class Token:
 
     def check(self) -> None:
         """Verify, while holding, that the token at the path is still ours."""
-        if self._fd is not None:
-            check_same_inode(self._fd, self.path)
+        with self._fd_lock:
+            if self._fd is not None:
+                check_same_inode(self._fd, self.path)
 
 
 def check_same_inode(fd: int, path: Path) -> None:

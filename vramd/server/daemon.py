@@ -7,7 +7,10 @@ Threads and what each may touch:
               one at a time, so a yield can only happen between them
     warden    (the Participant's) sets a flag when a peer rings, pokes the loop
     control   the Unix control socket: turns requests into jobs, waits
-    http      /health, /vramd/status, /metrics: reads only
+    http      /health, /vramd/status, /metrics: reads only; a generation request
+              is validated and tokenized here (prompts.py), then queued
+    guard     (guard.py) the token's inode and the arena every 100 ms, and
+              systemd's watchdog while the loop's heartbeat moves
 
 Life: validate and read the model into host shadows -> take the token (ring,
 queue, flock) -> upload -> READY=1 -> serve jobs; at each idle point honour a
@@ -35,10 +38,11 @@ from vramd.arena.arbiter import Participant
 from vramd.arena.layout import Arena, default_base
 from vramd.arena.members import KINDS, Registry
 from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError, ShuttingDown, UsageError,
-                           VramdError)
+                           TokenError, VramdError)
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
+from vramd.server.guard import Guard
 from vramd.server import openai_api, prompts
 from vramd.server.http import Exchange, HttpServer, json_route
 from vramd.server.metrics import Metrics
@@ -117,6 +121,10 @@ class Daemon:
         self._vram_lock = threading.Lock()
         self._vram_sampled = 0.0
         self._inflight = 0   # generation replies being written (shutdown lets them finish)
+        self.beat = time.monotonic()   # the loop's heartbeat (guard.py feeds the watchdog by it)
+        self.lost: str | None = None   # why the token or the arena is no longer ours (guard.py)
+        self.exit_code = 0
+        self.guard = None
         self._inflight_lock = threading.Lock()
 
     # -- set-up ------------------------------------------------------------
@@ -542,15 +550,15 @@ class Daemon:
     def loop(self) -> None:
         """The one thread that touches the GPU."""
         wd = systemd.watchdog_interval()
-        last_ping = 0.0
         while True:
+            self.beat = time.monotonic()   # the guard pings the watchdog while this moves
             try:
                 job = self.jobs.get(timeout=self._next_wakeup(wd))
             except queue.Empty:
                 job = None
-            if wd is not None and time.monotonic() - last_ping >= wd:
-                systemd.watchdog()  # from the loop itself: a stuck GPU call stops the pings
-                last_ping = time.monotonic()
+            self.beat = time.monotonic()
+            if self.lost is not None:
+                self._leave_lost_token()
             if job is not None and job.kind == "stop":
                 self._fail_pending("shutting down")
                 job.finish()
@@ -569,6 +577,33 @@ class Daemon:
                 self._settle_frees()
             except Exception as e:
                 log.warning("%s: waiting for released memory failed: %s", self.name, e)
+
+    def _beat_or_give_up(self) -> bool:
+        """A wait's `cancel`, called every slice of it: the loop lives; give up when stopping."""
+        self.beat = time.monotonic()
+        return self.stopping or self.lost is not None
+
+    def on_lost(self, why: str) -> None:
+        """The guard's call (its thread): the token we hold, or the arena, is no longer the arena's.
+        The generation in flight stops at its next step; the loop goes cold and we exit 4."""
+        if self.lost is not None:
+            return
+        self.lost = why
+        self.exit_code = TokenError.exit_code
+        log.error("%s: %s; stopping (exit %d) so that nothing computes beside another holder",
+                  self.name, why, self.exit_code)
+        self.poke()
+
+    def _leave_lost_token(self) -> None:
+        """On the loop: release what we hold and the orphaned flock, then stop (once)."""
+        if self.stopping:
+            return
+        try:
+            self._release_everything = True
+            self.participant.go_cold(reason="token lost")
+        except Exception as e:  # the token is released by then (go_cold's finally)
+            log.error("%s: going cold failed: %s", self.name, e)
+        threading.Thread(target=self.request_stop, name="vramd-stop", daemon=True).start()
 
     def _next_wakeup(self, watchdog_period: float | None) -> float:
         t = watchdog_period or 1.0
@@ -591,9 +626,11 @@ class Daemon:
     def _run(self, job: Job) -> None:
         result = error = None
         try:
+            if self.lost is not None:
+                raise ShuttingDown(f"{self.name}: {self.lost}; stopping")
             if job.needs_gpu:
                 # A stop gives up the wait for the GPU at once (Interrupted, a 503).
-                self._ensure_warm(job.timeout, cancel=lambda: self.stopping)
+                self._ensure_warm(job.timeout, cancel=self._beat_or_give_up)
             result = job.fn() if job.fn else None
             self.metrics.count("requests")
             if job.needs_gpu:
@@ -751,10 +788,14 @@ class Daemon:
 
             def emit(piece):
                 made[0] += 1
+                self.beat = time.monotonic()
                 events.put(("piece", piece))
-                # A stop ends the generation at its next step (a clean finish, never a dead loop).
-                return not cancelled.is_set() and not self.stopping
+                # A stop ends the generation at its next step (a clean finish, never a dead loop);
+                # so does a token that is no longer the arena's (never compute beside another holder).
+                return not cancelled.is_set() and not self.stopping and self.lost is None
             finish = self.engine.generate(ids, req, emit, embeds)
+            if finish == "cancelled" and self.lost is not None:
+                raise ShuttingDown(f"{self.name}: {self.lost}: the generation was ended after {made[0]} tokens")
             if finish == "cancelled" and not cancelled.is_set():
                 raise ShuttingDown(f"{self.name} is shutting down: the generation was ended after "
                                    f"{made[0]} tokens")
@@ -906,10 +947,11 @@ class Daemon:
         # stopping process alive (systemd would only SIGKILL it later).
         self._loop = threading.Thread(target=self.loop, name="vramd-loop", daemon=True)
         self.participant.start()
+        self.guard = Guard(self.name, self.arena, self.participant.token, lambda: self.beat, self.on_lost).start()
         try:
             # Acquire before the first upload, then upload: the seeds' rule.
             # A signal while we wait for the token gives up the wait.
-            self._ensure_warm(None, cancel=lambda: bool(pending))
+            self._ensure_warm(None, cancel=lambda: bool(pending) or self._beat_or_give_up())
             from vramd.engine.runner import Engine
             self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder, text=self.text)
             self.sample_device_memory()   # while we hold the token: the watchdog's baseline
@@ -926,12 +968,13 @@ class Daemon:
             if pending:
                 log.info("%s: signal %d, shutting down", self.name, pending[-1])
         except Interrupted:
-            log.info("%s: signal %d while waiting for the GPU, shutting down", self.name, pending[-1])
+            if pending:
+                log.info("%s: signal %d while waiting for the GPU, shutting down", self.name, pending[-1])
         finally:
             self.shutdown()
             os.close(wake_r)
             os.close(wake_w)
-        return 0
+        return self.exit_code
 
     def _wait_replies(self, grace: float) -> None:
         deadline = time.monotonic() + grace
@@ -952,6 +995,8 @@ class Daemon:
                       "exiting without releasing under it", self.name, STOP_GRACE)
             return
         self._wait_replies(REPLY_GRACE)   # the cut-short replies reach their clients
+        if self.guard is not None:
+            self.guard.close()
         for closer in (self.control, self.http):
             if closer is not None:
                 try:
