@@ -397,9 +397,10 @@ def model_overheads(mf, ctx: int) -> tuple[int, int]:
     shape = loader.kv_shape(mf, ctx)
     kv = 0 if shape is None else sum(shape.layer_bytes) * shape.layers
     try:
-        from vramd.engine.llama import LlamaConfig, scratch_layout
-        scratch = sum(n for _name, n in scratch_layout(LlamaConfig.from_model(mf)))
-    except VramdError:  # an architecture the llama engine does not run: the loader's estimate
+        from vramd.engine.arch import spec_for
+        from vramd.engine.scratch import scratch_layout
+        scratch = sum(n for _name, n in scratch_layout(spec_for(mf)))   # what `vramd serve` allocates
+    except VramdError:  # an architecture the engine does not run: the loader's estimate
         scratch = loader.scratch_bytes(mf)
     return kv, scratch
 

@@ -1,4 +1,4 @@
-"""The numpy reference forward pass of gemma3: the specification vramd/engine/gemma3.py is checked against.
+"""The numpy reference forward pass of gemma3: the specification vramd/engine/arch/gemma3.py is checked against.
 
 Owns: `Gemma3Reference` (a gemma3 GGUF file -> dequantized weights -> logits;
 `.forward(tokens, kv, pos0)`, `.new_kv(dtype)`, `.greedy()`, `.greedy_logits()`),
@@ -6,7 +6,7 @@ Owns: `Gemma3Reference` (a gemma3 GGUF file -> dequantized weights -> logits;
 style of tests/engine/reference.py, from which it takes the pieces the two
 families share (`dequantize_tensor`, `rms_norm`, `rope_angles`, `rope`,
 `ReferenceKV`, `top2_margin`).  Nothing here is imported by vramd; it does not
-import vramd/engine/gemma3.py either (the two are written independently from
+import vramd/engine/arch/gemma3.py either (the two are written independently from
 llama.cpp's gemma3 graph, src/models/gemma3.cpp, and hparams, llama-model.cpp).
 
 Metadata keys read (`A` = "gemma3")
@@ -50,7 +50,7 @@ The computation, per token t at position p
 
 Norm weights are used exactly as stored: llama.cpp's converter already added
 Gemma's "+1" (HF computes x_hat * (1 + w)), and its graph multiplies by the
-stored value.  See vramd/engine/gemma3.py's docstring for the evidence.
+stored value.  See vramd/engine/arch/gemma3.py's docstring for the evidence.
 
 Precision
 ---------

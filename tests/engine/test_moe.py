@@ -9,7 +9,10 @@ import pytest
 
 from tests.engine.models_moe import write_moe
 from tests.engine.reference_moe import ReferenceMoE
-from vramd.engine.moe import MoEConfig, MoEModel, moe_scratch_layout, route
+from vramd.engine.arch import spec_for
+from vramd.engine.model import TransformerModel
+from vramd.engine.scratch import scratch_layout
+from vramd.engine.moe import route
 from vramd.errors import UsageError
 from vramd.model import loader, placement
 from vramd.model.gguf_check import validate_gguf
@@ -72,12 +75,12 @@ def gpu(device):
 
     def build(path, n):
         mf = validate_gguf(path)
-        cfg = MoEConfig.from_model(mf)
+        cfg = spec_for(mf)
         res = Residency(device)
-        lm = loader.load(path, res, CTX, mf=mf, scratch=moe_scratch_layout(cfg, 16),
+        lm = loader.load(path, res, CTX, mf=mf, scratch=scratch_layout(cfg, 16),
                          host_tensors=placement.host_tensors(mf, n))
         res.restore(["weights", "state"])
-        model = MoEModel(lm, res, CTX, lm.scratch, batch=16)
+        model = TransformerModel(lm, res, CTX, lm.scratch, batch=16)
         made.append((model, res))
         return model, res, lm
 

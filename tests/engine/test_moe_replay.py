@@ -1,4 +1,4 @@
-"""MoE decode routed on the GPU and replayed (vramd/engine/moe.py: MoEModel._decode,
+"""MoE decode routed on the GPU and replayed (vramd/engine/model.py: the replayed decode step; moe.py:
 _gpu_experts), against the numpy reference and the host-routed path.
 
 With every expert on the device (--n-cpu-moe 0) each layer routes on the GPU
@@ -18,7 +18,10 @@ import pytest
 from tests.engine.models_moe import MoESpec, make_moe_weights, write_moe, write_moe_weights
 from tests.engine.reference_moe import ReferenceMoE, well_routed_prompt
 from tests.engine.test_moe import TOL, rel_err
-from vramd.engine.moe import MoEConfig, MoEModel, moe_scratch_layout
+from vramd.engine.arch import spec_for
+from vramd.engine.model import TransformerModel
+from vramd.engine.scratch import scratch_layout
+from vramd.engine.moe import gpu_routable
 from vramd.model import loader, placement
 from vramd.model.gguf_check import validate_gguf
 
@@ -29,17 +32,17 @@ LAYOUTS = ["qwen3moe", "qwen2moe", "mixtral"]
 
 @pytest.fixture
 def build(device):
-    """build(path, n_cpu_moe=0, gpu_routing=True) -> (MoEModel, Residency), closed after the test."""
+    """build(path, n_cpu_moe=0, gpu_routing=True) -> (TransformerModel, Residency), closed after the test."""
     from vramd.gpu.residency import Residency
     made = []
 
     def make(path, n_cpu_moe=0, gpu_routing=True):
         mf = validate_gguf(path)
         res = Residency(device)
-        lm = loader.load(path, res, CTX, mf=mf, scratch=moe_scratch_layout(MoEConfig.from_model(mf), BATCH),
+        lm = loader.load(path, res, CTX, mf=mf, scratch=scratch_layout(spec_for(mf), BATCH),
                          host_tensors=placement.host_tensors(mf, n_cpu_moe))
         res.restore(["weights", "state"])
-        model = MoEModel(lm, res, CTX, lm.scratch, batch=BATCH, gpu_routing=gpu_routing)
+        model = TransformerModel(lm, res, CTX, lm.scratch, batch=BATCH, gpu_routing=gpu_routing)
         made.append((model, res))
         return model, res
 
@@ -184,9 +187,9 @@ def test_an_expert_larger_than_a_binding_falls_back_to_host_routing(build, tmp_p
     path = write_moe(tmp_path / "m.gguf", arch="qwen3moe", n_layer=2, seed=11)
     model, _ = build(path)
     ops = model.ops
-    slab = max(w.rows * w.row_bytes for w in (model._stack(f"blk.0.{k}.weight") for k in
+    slab = max(w.rows * w.row_bytes for w in (model.t.stack(f"blk.0.{k}.weight") for k in
                                                ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")))
     ops.max_range = slab + ops.align + 4
-    assert model._gpu_routable(0)
+    assert gpu_routable(model, 0)
     ops.max_range -= 1
-    assert not model._gpu_routable(0)
+    assert not gpu_routable(model, 0)

@@ -1,4 +1,4 @@
-"""Decode replays one recorded step (vramd/engine/llama.py, LlamaModel._decode),
+"""Decode replays one recorded step (vramd/engine/model.py: TransformerModel, decode_step.py),
 and a decode step can be timed per dispatch (vramd/gpu/timing.py).
 
 Correctness of the replayed logits against the numpy reference is
@@ -13,7 +13,9 @@ import pytest
 from tests.engine.models import write_llama
 from tests.engine.reference import ReferenceModel
 from tests.engine.test_forward import TOL, rel_err
-from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
+from vramd.engine.arch import spec_for
+from vramd.engine.model import TransformerModel
+from vramd.engine.scratch import scratch_layout
 from vramd.model import loader
 from vramd.model.gguf_check import validate_gguf
 
@@ -26,11 +28,11 @@ def model(device, tmp_path):
 
     path = write_llama(tmp_path / "m.gguf", weight_type="Q8_0", n_head=4, n_head_kv=2, seed=3)
     mf = validate_gguf(path)
-    cfg = LlamaConfig.from_model(mf)
+    cfg = spec_for(mf)
     res = Residency(device)
     lm = loader.load(path, res, CTX, mf=mf, scratch=scratch_layout(cfg, 16))
     res.restore(["weights", "state"])
-    m = LlamaModel(lm, res, CTX, lm.scratch, batch=16)
+    m = TransformerModel(lm, res, CTX, lm.scratch, batch=16)
     yield m, ReferenceModel(path), res
     m.close()
     res.close()
@@ -82,7 +84,7 @@ def test_a_profiled_step_times_every_dispatch(model, device):
     finally:
         timer.close()
     assert m.step_records == 2
-    n = m._decode_step._graph.dispatches + 3   # and the copies: id and position in, logits out
+    n = m._steps[1]._graph.dispatches + 3   # and the copies: id and position in, logits out
     assert all(len(s) == n for s in steps)
     assert [label for label, _b, _ns in steps[0]].count("copy") == 3
     assert all(ns >= 0 for s in steps for _l, _b, ns in s)

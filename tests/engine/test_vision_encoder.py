@@ -14,7 +14,9 @@ import pytest
 from tests.engine.models import write_llama
 from tests.engine.models_vision import write_mmproj
 from tests.engine.reference_vision import ReferenceVision
-from vramd.engine.llama import LlamaConfig, LlamaModel, scratch_layout
+from vramd.engine.arch import spec_for
+from vramd.engine.model import TransformerModel
+from vramd.engine.scratch import scratch_layout
 from vramd.engine.vision import VisionEncoder
 from vramd.errors import OutOfDeviceMemory
 from vramd.model import loader
@@ -63,10 +65,10 @@ def test_encode_matches_the_reference_and_leaves_nothing_on_the_device(residency
 def backbone(residency, tmp_path):
     path = write_llama(tmp_path / "lm.gguf", seed=3, n_embd=96)
     mf = validate_gguf(path)
-    cfg = LlamaConfig.from_model(mf)
+    cfg = spec_for(mf)
     lm = loader.load(path, residency, CTX, mf=mf, scratch=scratch_layout(cfg, 16))
     residency.restore(["weights", "state"])
-    model = LlamaModel(lm, residency, CTX, lm.scratch, batch=16)
+    model = TransformerModel(lm, residency, CTX, lm.scratch, batch=16)
     yield model, lm
     model.close()
 

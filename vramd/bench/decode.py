@@ -9,7 +9,7 @@ must read — every weight once, plus the K and V rows attended to — divided
 by the device's memory bandwidth (`--bandwidth`, GB/s; the H200's 4800 by
 default), and the report gives the measured rate as a fraction of it.
 
-Decode replays one recorded step per token (vramd/engine/llama.py).  With
+Decode replays one recorded step per token (vramd/engine/model.py).  With
 `--profile`, after the timed tokens, `--profile-steps` more tokens are decoded
 with a GPU timestamp after every dispatch (vramd/gpu/timing.py): the report
 adds the GPU time per kernel and shape summed over a step (median over the
@@ -34,7 +34,8 @@ import numpy as np
 def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx: int, bandwidth: float,
         profile_steps: int = 0) -> dict:
     from vramd.bench.models import LlamaShape, write_model
-    from vramd.engine.runner import Engine, model_class, scratch_layout
+    from vramd.engine.model import TransformerModel
+    from vramd.engine.runner import Engine, scratch_layout
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency
     from vramd.gpu.timing import Timestamps, summarize
@@ -54,7 +55,7 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
             t0 = time.monotonic()
             res.restore(["weights", "state"])
             restore_s = time.monotonic() - t0
-            m = model_class(mf)(lm, res, ctx, lm.scratch)
+            m = TransformerModel(lm, res, ctx, lm.scratch, spec=cfg)
             try:
                 rng = np.random.default_rng(0)
                 ids = [int(x) for x in rng.integers(3, cfg.n_vocab, prompt)]
@@ -181,9 +182,9 @@ def command(model, shape, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, ban
 
 
 def _is_moe(path: str) -> bool:
-    from vramd.engine.moe import MoEConfig
+    from vramd.engine.arch import spec_for
     from vramd.model.gguf_check import validate_gguf
-    return MoEConfig.is_moe(validate_gguf(path))
+    return spec_for(validate_gguf(path)).moe is not None
 
 
 def moe_command(model, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, as_json, json_out):

@@ -22,7 +22,9 @@ import numpy as np
 def run(model: str | None, wtype: str, n_values: list[float], prompt: int, tokens: int, ctx: int,
         n_layer: int | None = None) -> dict:
     from vramd.bench.models import MoEShape, write_moe_model
-    from vramd.engine.moe import MoEConfig, MoEModel, moe_scratch_layout
+    from vramd.engine.arch import spec_for
+    from vramd.engine.model import TransformerModel
+    from vramd.engine.scratch import scratch_layout
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency
     from vramd.model import loader, placement
@@ -34,16 +36,16 @@ def run(model: str | None, wtype: str, n_values: list[float], prompt: int, token
         shape = MoEShape() if n_layer is None else MoEShape(n_layer=n_layer)
         path = model or str(write_moe_model(Path(tmp) / "moe.gguf", shape, wtype=wtype))
         mf = validate_gguf(path)
-        cfg = MoEConfig.from_model(mf)
+        cfg = spec_for(mf)
         with Device() as dev:
             for n in n_values:
                 with Residency(dev) as res:
                     t0 = time.monotonic()
-                    lm = loader.load(path, res, ctx, mf=mf, scratch=moe_scratch_layout(cfg),
+                    lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(cfg),
                                      host_tensors=placement.host_tensors(mf, n))
                     load_s = time.monotonic() - t0
                     res.restore(["weights", "state"])
-                    m = MoEModel(lm, res, ctx, lm.scratch)
+                    m = TransformerModel(lm, res, ctx, lm.scratch, spec=cfg)
                     try:
                         ids = [int(x) for x in np.random.default_rng(0).integers(3, cfg.n_vocab, prompt)]
                         m.forward(ids[:4], 0)   # warm-up: pipelines, scratch

@@ -33,6 +33,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from vramd.errors import ModelError, UsageError
 
 MAX_OUTPUT_CHARS = 16 << 20       # far above any context window's worth of text
+MEDIA_MARKER = "<__vramd_media__>"   # where an image sits in a rendered chat prompt
 MAX_REPEAT_CHARS = 1 << 20        # "x" * n and [..] * n inside a template
 # A template's source: compiling costs ~10 us a character on a slow core, so a file's
 # 16 MiB string would take minutes at load; real templates are a few KiB (the longest

@@ -1,11 +1,12 @@
-"""The one-token decode step, recorded once and replayed per token.
+"""The decode step of n tokens, recorded once and replayed per step.
 
-Owns what the llama, gemma3 and MoE models share for decode: the mapped host
-buffer that carries the token id and position in and the logits out
-([0:4] id, [4:8] position, [16:] f32 logits), the recorded graph, and when
-to record it again — the residency generation moved (buffers may have), or
-a timer was attached.  The model gives the body: what runs between reading
-the id and position and writing the logits.  Replaying means no Python
+Owns what every architecture shares for decode (vramd/engine/model.py keeps
+one per batch size): the mapped host buffer that carries the token ids and
+positions in and the logits out ([0:4n] ids, [4n:8n] positions, then f32
+logits of the last token, 16-byte aligned), the recorded graph, and when to
+record it again — the residency generation moved (buffers may have), or a
+timer was attached.  The model gives the body: what runs between reading
+the ids and positions and writing the logits.  Replaying means no Python
 work per layer per token.
 """
 
@@ -20,20 +21,22 @@ from vramd.gpu.kernels import HostBuffer
 
 
 class DecodeStep:
-    def __init__(self, ops, residency, act: dict, n_vocab: int):
+    def __init__(self, ops, residency, act: dict, n_vocab: int, n_tokens: int = 1):
         self.ops, self.residency, self.act = ops, residency, act
+        self.n_tokens = n_tokens
         self.n_logits = 4 * n_vocab
+        self._at = -(-8 * n_tokens // 16) * 16   # where the logits start in the host buffer
         self.records = 0           # times the step was recorded (tests: replay, re-record after a move)
         self.timer = None          # a vramd.gpu.timing.Timestamps: time each dispatch of the step
         self._graph = None         # the recorded step (a Batch)
         self._gen = None           # residency.generation it was recorded at; None: record again
         self._io: HostBuffer | None = None
 
-    def run(self, token: int, pos: int, record_body: Callable[[], None]) -> np.ndarray:
-        """One token at `pos` through the step: the logits ([n_vocab])."""
-        ops, a, n = self.ops, self.act, self.n_logits
+    def run(self, ids, pos, record_body: Callable[[], None]) -> np.ndarray:
+        """n tokens (ids) at positions `pos` through the step: the last one's logits ([n_vocab])."""
+        ops, a, n, t, at = self.ops, self.act, self.n_logits, 4 * self.n_tokens, self._at
         if self._io is None:
-            self._io = HostBuffer(self.residency.device, 16 + n)
+            self._io = HostBuffer(self.residency.device, at + n)
         io = self._io
         if self._graph is None:
             self._graph = ops.graph()
@@ -42,17 +45,17 @@ class DecodeStep:
             self._gen = None       # a recording that fails half-way is never replayed
             self._graph.timer = self.timer
             with ops.record(self._graph):
-                ops.copy(io.view(0, 4), view(a["ids"], 0, 4), 4)
-                ops.copy(io.view(4, 4), view(a["pos"], 0, 4), 4)
+                ops.copy(io.view(0, t), view(a["ids"], 0, t), t)
+                ops.copy(io.view(t, t), view(a["pos"], 0, t), t)
                 record_body()
-                ops.copy(view(a["logits"], 0, n), io.view(16, n), n)
+                ops.copy(view(a["logits"], 0, n), io.view(at, n), n)
             self._gen = self.residency.generation
             self.records += 1
         ops.sync()  # the previous step is done with the host buffer
-        io.array[:8].view(np.int32)[:] = (token, pos)
+        io.array[:2 * t].view(np.int32)[:] = np.concatenate([np.asarray(ids, np.int32), np.asarray(pos, np.int32)])
         self._graph.submit()
         ops.sync()
-        return io.array[16:16 + n].view(np.float32).copy()
+        return io.array[at:at + n].view(np.float32).copy()
 
     def profile(self, timer) -> None:
         """Times every dispatch of the step with `timer` (None: stop): re-records it."""

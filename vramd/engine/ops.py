@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import struct
 
+from vramd.engine import linear
 from vramd.errors import DeviceError, ModelError, UsageError
 from vramd.gpu.kernels import Batch, Kernel, grid
 
@@ -63,12 +64,6 @@ _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 56), "attention_merge": (2, 20),
             "rope_kv_write": (4, 56), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36)}
 
-_MATMUL_ROWS, _MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
-_MATVEC_ROWS = 8          # rows per matvec_<type> work group (RPW in matvec.glsl)
-# types with a unit-per-thread decode matvec (matvec_w_<type>, matvec.glsl's MV_WORDS) -> its
-# rows per work group (MW_NR in matvec_w_<type>.comp)
-_MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
-_MATMUL_FROM = 4          # n_tokens from which the tiled form is used (matvec_<type> below)
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
 _SPLIT_GROUPS = 1024      # decode attention: work groups aimed at (heads x ranges), ~8 per SM of an H200;
@@ -352,20 +347,18 @@ class Ops:
         y_stride = w.rows if y_stride is None else int(y_stride)
         if n_tokens < 1 or x_stride < w.cols or y_stride < w.rows:
             raise UsageError(f"matvec: bad sizes (n_tokens {n_tokens}, strides {x_stride}/{y_stride}) for {w}")
-        tiled = n_tokens >= _MATMUL_FROM
-        gz = -(-n_tokens // _MATMUL_TOKENS) if tiled else n_tokens
-        if gz > self.max_groups[2]:
+        # The kernel is chosen by vramd/engine/linear.py's select(), per bound row chunk.
+        gz0 = -(-n_tokens // linear.MATMUL_TOKENS) if n_tokens >= linear.MATMUL_FROM else n_tokens
+        if gz0 > self.max_groups[2]:
             raise UsageError(f"matvec: {n_tokens} tokens exceed the device's grid")
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
-        k = self._kernel(("matmul_" if tiled else "matvec_") + w.suffix, "matvec")
-        words = not tiled and w.suffix in _MATVEC_ROWS_W and w.row_bytes % 16 == 0
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
-            per_group = _MATMUL_ROWS if tiled else _MATVEC_ROWS
-            if words and wo % 16 == 0:  # matvec.glsl's MV_WORDS form: rows on 16 bytes
-                k, per_group = self._kernel("matvec_w_" + w.suffix, "matvec"), _MATVEC_ROWS_W[w.suffix]
+            sel = linear.select(w, n_tokens, wo)
+            k = self._kernel(sel.name, "matvec")
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
-            gx, gy = grid(-(-n // per_group), self.max_groups)
+            gx, gy = grid(-(-n // sel.rows_per_group), self.max_groups)
+            gz = -(-n_tokens // sel.tokens_per_group)
             self._dispatch(k, [wv, xv, yv], push, (gx, gy, gz), label=f"{k.name} {w.rows}x{w.cols}",
                            nbytes=n * w.row_bytes)
 
@@ -418,11 +411,11 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_x - 1) * x_stride + w.cols), "matvec_id x")
         yv, yo = self._bind(y, 4 * ((n_slots - 1) * y_stride + w.rows), "matvec_id y")
         slab = w.rows * w.row_bytes
-        words = w.suffix in _MATVEC_ROWS_W and w.row_bytes % 16 == 0
+        words = w.suffix in linear.MATVEC_ROWS_W and w.row_bytes % 16 == 0
         for wv, wo, e0, n in self.expert_runs(w, n_expert):
-            k, per_group = self._kernel("matvec_id_" + w.suffix, "matvec_id"), _MATVEC_ROWS
+            k, per_group = self._kernel("matvec_id_" + w.suffix, "matvec_id"), linear.MATVEC_ROWS
             if words and wo % 16 == 0:  # the unit-per-thread form, as matvec's
-                k, per_group = self._kernel("matvec_id_w_" + w.suffix, "matvec_id"), _MATVEC_ROWS_W[w.suffix]
+                k, per_group = self._kernel("matvec_id_w_" + w.suffix, "matvec_id"), linear.MATVEC_ROWS_W[w.suffix]
             push = struct.pack("<13I", w.rows, w.cols, n_slots, wo, xo, x_stride, yo, y_stride, io, slab, e0, n,
                                x_div)
             gx, gy = grid(-(-w.rows // per_group), self.max_groups)

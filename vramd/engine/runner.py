@@ -1,7 +1,10 @@
 """Generation: prompt -> tokens -> forward passes -> sampled, streamed pieces.
 
-Owns: `Engine` (one model: tokenizer, chat template, forward pass, the one
-slot whose tokens' K/V sit in the cache) and its `generate` loop.  The KV
+Owns: `Prompt` (what is to be continued: completion text or token ids, or
+chat messages with their images), `Engine` (one model: tokenizer, chat
+template, forward pass, the one slot whose tokens' K/V sit in the cache)
+and its `generate` loop, which takes sampling parameters (SamplingParams),
+not API requests: nothing here knows the wire format.  The KV
 cache lives in a residency `state` region, so it survives cold/warm
 cycles; a request whose prompt shares a prefix with the tokens already in
 the cache does not recompute that prefix (prefix reuse), across switches
@@ -13,13 +16,16 @@ from __future__ import annotations
 import zlib
 from typing import Callable
 
-from vramd.engine import gemma3, llama, moe
-from vramd.engine.chat import ChatTemplate, encode_prompt
-from vramd.engine.llama import LlamaConfig, LlamaModel
-from vramd.engine.sampler import Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
+from vramd.engine.arch import ArchSpec, spec_for
+from vramd.engine.chat import MEDIA_MARKER, ChatTemplate, encode_prompt
+from vramd.engine.model import TransformerModel
+from vramd.engine.prompt import Prompt
+from vramd.engine.scratch import scratch_layout
+from vramd.engine.sampler import Piece, Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
 from vramd.engine.tokenizer import Tokenizer
 from vramd.errors import ModelError, UsageError
-from vramd.server.openai_api import GenerationRequest, Piece
+
+__all__ = ["Engine", "Prompt", "scratch_layout"]
 
 
 class Engine:
@@ -31,7 +37,8 @@ class Engine:
         self.ctx = ctx
         self.encoder = encoder            # a VisionEncoder (--mmproj), or None
         self.tokenizer, self.template = text if text is not None else self.text_front(mf)
-        self.model = model_class(mf)(loaded, residency, ctx, loaded.scratch)
+        self.spec = spec_for(mf)
+        self.model = TransformerModel(loaded, residency, ctx, loaded.scratch, spec=self.spec)
         self.cached: list[int] = []       # tokens whose K/V are in the cache, positions 0..
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
 
@@ -47,13 +54,9 @@ class Engine:
             raise ModelError(f"{mf.path}: {e}") from None
 
     @staticmethod
-    def check(mf) -> LlamaConfig | gemma3.Gemma3Config | moe.MoEConfig:
-        """Raise ModelError now (at load) if the model cannot be run."""
-        if moe.MoEConfig.is_moe(mf):
-            return moe.MoEConfig.from_model(mf)
-        if mf.architecture == gemma3.ARCH:
-            return gemma3.Gemma3Config.from_model(mf)
-        return LlamaConfig.from_model(mf)
+    def check(mf) -> ArchSpec:
+        """The model's spec; a ModelError now (at load) if it cannot be run."""
+        return spec_for(mf)
 
     # -- prompts -------------------------------------------------------------
 
@@ -62,7 +65,10 @@ class Engine:
             raise UsageError("this model has no tokenizer in its file: send the prompt as token ids")
         return self.tokenizer
 
-    def prompt(self, req: GenerationRequest) -> tuple[list[int], dict]:
+    def _render(self, req: Prompt) -> str:
+        return self.template.render(req.messages, add_generation_prompt=True, **req.template_kwargs)
+
+    def prompt(self, req: Prompt) -> tuple[list[int], dict]:
         """The prompt's token ids and, for images, the input embeddings at their positions.
 
         An image's slots carry negative ids derived from its bytes, so prefix
@@ -74,8 +80,7 @@ class Engine:
         if self.template is None:
             raise UsageError("this model has no chat template or tokenizer for an image prompt")
         from vramd.model.image import preprocess_image
-        from vramd.server.openai_api import MEDIA_MARKER
-        pieces = self.template.render(req.messages, add_generation_prompt=True).split(MEDIA_MARKER)
+        pieces = self._render(req).split(MEDIA_MARKER)
         if len(pieces) != len(req.images) + 1:
             raise UsageError("the chat template dropped or repeated an image")
         ids = encode_prompt(self.tokenizer, pieces[0])
@@ -103,9 +108,9 @@ class Engine:
             raise UsageError(f"the prompt has {len(ids)} tokens with its images; the context holds {self.ctx} (--ctx)")
         return ids, embeds
 
-    def prompt_ids(self, req: GenerationRequest) -> list[int]:
+    def prompt_ids(self, req: Prompt) -> list[int]:
         if req.kind == "chat":
-            text = self.template.render(req.messages, add_generation_prompt=True) if self.template else None
+            text = self._render(req) if self.template else None
             if text is None:
                 self._need_tokenizer()
             ids = encode_prompt(self.tokenizer, text)
@@ -113,7 +118,7 @@ class Engine:
             ids = self._need_tokenizer().encode(req.prompt, add_special=True, parse_special=False)
         else:
             ids = list(req.prompt)
-            n_vocab = self.model.cfg.n_vocab
+            n_vocab = self.spec.n_vocab
             bad = [t for t in ids if not 0 <= t < n_vocab]
             if bad:
                 raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
@@ -150,17 +155,14 @@ class Engine:
         self.stats["reused_tokens"] += keep
         return logits, keep
 
-    def generate(self, ids: list[int], req: GenerationRequest, emit: Callable[[Piece], bool],
+    def generate(self, ids: list[int], params: SamplingParams, emit: Callable[[Piece], bool],
                  embeds: dict | None = None) -> str:
-        """Generate after `ids`; `emit` gets each piece and returns False to cancel.
+        """Generate after `ids` with `params`; `emit` gets each piece and returns False to cancel.
 
         Returns the finish reason: "stop" (end of generation or a stop
         string), "length" (max_tokens or the context is full), or
         "cancelled" (the client went away).
         """
-        params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
-                                seed=req.seed, max_tokens=req.max_tokens, stop=tuple(req.stop),
-                                logprobs=req.logprobs)
         sampler = Sampler(params)
         stops = StopMatcher(params.stop)
         decoder = self.tokenizer.stream_decoder() if self.tokenizer else None
@@ -200,20 +202,3 @@ class Engine:
 
     def close(self) -> None:
         self.model.close()
-
-
-def model_class(mf):
-    """The forward-pass class for a model file, by architecture."""
-    if moe.MoEConfig.is_moe(mf):
-        return moe.MoEModel
-    return gemma3.Gemma3Model if mf.architecture == gemma3.ARCH else LlamaModel
-
-
-def scratch_layout(cfg) -> list[tuple[str, int]]:
-    """The scratch buffers of the forward pass for `cfg` (what Engine.check
-    returned), by architecture: what the daemon asks the loader to allocate."""
-    if isinstance(cfg, moe.MoEConfig):
-        return moe.moe_scratch_layout(cfg)
-    if isinstance(cfg, gemma3.Gemma3Config):
-        return gemma3.scratch_layout(cfg)
-    return llama.scratch_layout(cfg)

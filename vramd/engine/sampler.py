@@ -36,6 +36,16 @@ MAX_STOP_CHARS = 1024
 MAX_LOGPROBS = 20
 
 
+@dataclass
+class Piece:
+    """One generated token as the engine emits it (and the API reports it)."""
+
+    token: int
+    text: str                       # the text it completes (may be "" mid-character)
+    logprob: float | None = None
+    top: list[tuple[str, float]] | None = None   # (token text, logprob), best first
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """A request's sampling settings.  Defaults are llama-server's."""

@@ -215,7 +215,7 @@ class Residency:
         self.regions: list[Region] = []
         # Bumped by every release and restore (and region destroy): device
         # buffers may have moved since, so a command buffer recorded with
-        # the old ones must be re-recorded (LlamaModel's decode graph).
+        # the old ones must be re-recorded (the model's decode graphs).
         self.generation = 0
         lim = ffi.new("vramd_limits*")
         check(lib.vramd_ctx_limits(self._ctx, lim))

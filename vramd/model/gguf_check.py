@@ -34,6 +34,8 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from vramd.engine.arch import ARCHITECTURES
+from vramd.engine.arch.hparams import MAX_BY_KEY, MAX_HPARAM, REQUIRED_KEYS
 from vramd.errors import ModelError
 
 GGUF_MAGIC = b"GGUF"
@@ -86,16 +88,12 @@ _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8
 # Tensor types vramd knows the block layout of: {raw type: (block size, bytes per block)}.
 _TYPE_SIZES: dict[int, tuple[int, int]] = {int(t): s for t, s in GGML_QUANT_SIZES.items()}
 
-# Keys an architecture cannot be run without, beyond general.architecture.
-# Deliberately small and explicit: only the families vramd has engines for.
-REQUIRED_KEYS_BY_ARCH: dict[str, tuple[str, ...]] = {
-    "llama": ("block_count", "embedding_length", "attention.head_count"),
-    "gemma3": ("block_count", "embedding_length", "attention.head_count"),
-}
-# Upper bounds of those keys' values: a sanity check, so that a loader sizing
+# Keys an architecture cannot be run without, beyond general.architecture, and
+# their bounds: the engine's one metadata reader (vramd/engine/arch/hparams.py)
+# says which, for every architecture its registry runs, so that a loader sizing
 # buffers from them never multiplies absurd numbers.
-_REQUIRED_KEY_MAX = {"block_count": 1 << 12, "embedding_length": 1 << 20,
-                     "attention.head_count": 1 << 12}
+REQUIRED_KEYS_BY_ARCH: dict[str, tuple[str, ...]] = {arch: REQUIRED_KEYS for arch in ARCHITECTURES}
+_REQUIRED_KEY_MAX = {key: MAX_BY_KEY.get(key, MAX_HPARAM) for key in REQUIRED_KEYS}
 
 TOKENS_KEY = "tokenizer.ggml.tokens"
 # Arrays that run parallel to the token list: {key: element type}.

@@ -51,19 +51,14 @@ class LoadedModel:
     host: dict = field(default_factory=dict)
 
 
-# As vramd.engine.llama.MAX_HPARAM: the KV cache and scratch sized from these stay within 64 bits.
-MAX_HPARAM = 1 << 20
-
-
 def arch_int(mf: ModelFile, key: str, default: int | None = None) -> int | None:
-    value = mf.metadata.get(f"{mf.architecture}.{key}", default)
-    if value is None:
+    """`<architecture>.<key>` through the engine's one metadata reader
+    (vramd/engine/arch/hparams.py: bounded, so the KV cache and scratch sized
+    from it stay within 64 bits); None when absent without a default."""
+    from vramd.engine.arch.hparams import Hparams
+    if default is None and f"{mf.architecture}.{key}" not in mf.metadata:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_HPARAM:
-        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        raise ModelError(f"{mf.path}: {mf.architecture}.{key} = {shown} is not a positive integer "
-                         f"(1..{MAX_HPARAM})")
-    return value
+    return Hparams(mf).get(key, default)
 
 
 def kv_shape(mf: ModelFile, ctx: int) -> KVShape | None:

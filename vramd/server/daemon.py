@@ -23,7 +23,6 @@ needs the GPU while cold goes warm first.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import os
 import queue
@@ -176,10 +175,9 @@ class Daemon:
 
     def _check_projector(self, mf, engine_cfg) -> None:
         """The --mmproj file against the model, from the files alone (before the device)."""
-        from vramd.engine.runner import model_class
         from vramd.model.gguf_check import validate_gguf
         from vramd.model.mmproj import load_mmproj
-        if "embeds" not in inspect.signature(model_class(mf).forward).parameters:
+        if not engine_cfg.takes_embeds:
             raise ModelError(f"{self.cfg.mmproj}: images are not supported with {mf.architecture} models yet")
         _cfg, info = load_mmproj(validate_gguf(self.cfg.mmproj))
         if info.n_embd_text != engine_cfg.n_embd:
@@ -772,13 +770,13 @@ class Daemon:
             raise ShuttingDown(f"{self.name} is shutting down")
         # Validated, rendered and tokenized here, before the job is queued: a bad request
         # is a 400 that never rings a peer nor takes the GPU (vramd/server/prompts.py).
-        prepared = prompts.prepare(self.engine, req, self.encoder is not None)
+        sampling, prepared = prompts.prepare(self.engine, req, self.encoder is not None)
         builder = openai_api.ResponseBuilder(req, self.name)
         events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         cancelled = threading.Event()
 
         def work():
-            ids, embeds = (prepared, {}) if prepared is not None else self.engine.prompt(req)
+            ids, embeds = (prepared, {}) if prepared is not None else self.engine.prompt(req.prompt_input())
             builder.prompt_tokens = len(ids)
             if req.echo:
                 builder.echo_text = req.prompt if isinstance(req.prompt, str) else self.engine.detokenize(ids)
@@ -793,7 +791,7 @@ class Daemon:
                 # A stop ends the generation at its next step (a clean finish, never a dead loop);
                 # so does a token that is no longer the arena's (never compute beside another holder).
                 return not cancelled.is_set() and not self.stopping and self.lost is None
-            finish = self.engine.generate(ids, req, emit, embeds)
+            finish = self.engine.generate(ids, sampling, emit, embeds)
             if finish == "cancelled" and self.lost is not None:
                 raise ShuttingDown(f"{self.name}: {self.lost}: the generation was ended after {made[0]} tokens")
             if finish == "cancelled" and not cancelled.is_set():

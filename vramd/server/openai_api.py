@@ -20,25 +20,18 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from vramd.engine.chat import MEDIA_MARKER
+from vramd.engine.prompt import Prompt
+from vramd.engine.sampler import Piece, SamplingParams
 from vramd.errors import UsageError, VramdError
 
 MAX_IMAGES = 8
-MEDIA_MARKER = "<__vramd_media__>"   # where an image sits in a rendered chat prompt
+MAX_TEMPLATE_KWARGS = 16
 
 
 class NotFound(VramdError):
     exit_code = 8
     http_status = 404
-
-
-@dataclass
-class Piece:
-    """One generated token as the API reports it."""
-
-    token: int
-    text: str                       # the text it completes (may be "" mid-character)
-    logprob: float | None = None
-    top: list[tuple[str, float]] | None = None   # (token text, logprob), best first
 
 
 @dataclass
@@ -58,6 +51,18 @@ class GenerationRequest:
     echo: bool = False
     include_usage: bool = False
     images: list[bytes] = field(default_factory=list)   # encoded PNG/JPEG, in prompt order
+    template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs (e.g. enable_thinking)
+
+    def sampling(self) -> SamplingParams:
+        """What the engine samples with."""
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                              seed=self.seed, max_tokens=self.max_tokens, stop=tuple(self.stop),
+                              logprobs=self.logprobs)
+
+    def prompt_input(self) -> Prompt:
+        """What the engine continues."""
+        return Prompt(kind=self.kind, prompt=self.prompt, messages=self.messages, images=self.images,
+                      template_kwargs=self.template_kwargs)
 
 
 def error_body(e: BaseException) -> tuple[int, dict]:
@@ -126,9 +131,26 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
         req.echo = bool(body.get("echo", False))
     else:
         req.messages, req.images = _messages(body.get("messages"))
+        req.template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
         if body.get("logprobs"):
             req.logprobs = _number(body, "top_logprobs", 0, 0, 20, integer=True)
     return req
+
+
+def _template_kwargs(kw) -> dict:
+    """chat_template_kwargs (as llama.cpp's server takes them, e.g.
+    {"enable_thinking": false} for Qwen3): variables for the chat template,
+    names it does not reserve, values JSON scalars."""
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict) or len(kw) > MAX_TEMPLATE_KWARGS:
+        raise UsageError(f"'chat_template_kwargs' must be an object of at most {MAX_TEMPLATE_KWARGS} entries")
+    for k, v in kw.items():
+        if k in ("messages", "add_generation_prompt", "bos_token", "eos_token") or not k.isidentifier():
+            raise UsageError(f"'chat_template_kwargs' cannot set {k!r}")
+        if not isinstance(v, (bool, int, float, str)) or (isinstance(v, str) and len(v) > 4096):
+            raise UsageError(f"'chat_template_kwargs.{k}' must be a boolean, number or short string")
+    return dict(kw)
 
 
 def _prompt(p):

@@ -18,15 +18,10 @@ tokenizing it (a 31 MB prompt took 86 s on the loop thread before).
 
 from __future__ import annotations
 
+from vramd.engine.chat import MEDIA_MARKER
+from vramd.engine.sampler import SamplingParams
 from vramd.errors import UsageError
-from vramd.server.openai_api import MEDIA_MARKER, GenerationRequest
-
-
-def check_sampling(req: GenerationRequest) -> None:
-    """The engine's own checks of the sampling settings (seed range, NaN, stop strings)."""
-    from vramd.engine.sampler import SamplingParams
-    SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
-                   seed=req.seed, max_tokens=req.max_tokens, stop=tuple(req.stop), logprobs=req.logprobs)
+from vramd.server.openai_api import GenerationRequest
 
 
 def longest_piece(tokenizer) -> int:
@@ -40,15 +35,21 @@ def check_length(text: str, ctx: int, piece_chars: int, what: str) -> None:
                          f"(--ctx) can hold with this vocabulary (at most {piece_chars} characters a token)")
 
 
-def prepare(engine, req: GenerationRequest, has_encoder: bool) -> list[int] | None:
-    """Validate `req` and make its token ids (None for an image prompt: its ids and embeddings
-    need the encoder, on the loop).  Raises UsageError (400) for anything the loop would refuse."""
-    check_sampling(req)
+def prepare(engine, req: GenerationRequest, has_encoder: bool) -> tuple[SamplingParams, list[int] | None]:
+    """Validate `req`: its SamplingParams (the engine's own checks: seed range, NaN, stop
+    strings) and its token ids (None for an image prompt: its ids and embeddings need the
+    encoder, on the loop).  Raises UsageError (400) for anything the loop would refuse."""
+    return req.sampling(), _ids(engine, req, has_encoder)
+
+
+def _ids(engine, req: GenerationRequest, has_encoder: bool) -> list[int] | None:
     ctx, piece_chars = engine.ctx, longest_piece(engine.tokenizer)
+    prompt = req.prompt_input()
     if req.kind == "chat" and engine.template is not None:
         for i, m in enumerate(req.messages):
             check_length(m["content"], ctx, piece_chars, f"content of messages[{i}]")
-        text = engine.template.render(req.messages, add_generation_prompt=True)   # its refusals: 400
+        text = engine.template.render(req.messages, add_generation_prompt=True,
+                                      **req.template_kwargs)   # its refusals: 400
         check_length(text, ctx, piece_chars, "rendered chat prompt")
         if req.images:
             if not has_encoder:
@@ -61,4 +62,4 @@ def prepare(engine, req: GenerationRequest, has_encoder: bool) -> list[int] | No
                          if not has_encoder else "this model has no chat template or tokenizer for an image prompt")
     elif isinstance(req.prompt, str):
         check_length(req.prompt, ctx, piece_chars, "prompt")
-    return engine.prompt_ids(req)
+    return engine.prompt_ids(prompt)

@@ -1,0 +1,120 @@
+"""The one reader of a model's hyper-parameters from its GGUF metadata, with its bounds.
+
+Owns: `Hparams` (`<architecture>.<key>` read and checked: missing, of the
+wrong kind, an integer outside 1..MAX_HPARAM or a number that is not finite
+is a ModelError naming the file and the key), the checks every architecture
+shares (heads a multiple of KV heads, key length = value length, RoPE
+scaling), and `common()`, the geometry every transformer spec starts from.
+
+Every architecture reads its metadata through here, so an unsupported
+setting is refused the same way everywhere: the MoE forward pass used to
+accept `rope.scaling.type = "yarn"` and apply it as linear, and 4 heads over
+3 KV heads, where the llama one refused both.  `vramd.model.gguf_check`
+bounds the same keys (REQUIRED_KEYS, MAX_BY_KEY) before a file is trusted.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vramd.errors import ModelError
+
+# Upper bound of every integer hyper-parameter: far above real models (the
+# widest FFNs are ~10^5), and low enough that no buffer size computed from a
+# few of them (KV cache, scratch) can overflow 64 bits.
+MAX_HPARAM = 1 << 20
+MAX_BY_KEY = {"block_count": 1 << 12, "attention.head_count": 1 << 12}
+# Keys no architecture runs without (beyond general.architecture): gguf_check
+# refuses a file that lacks them before anything else reads it.
+REQUIRED_KEYS = ("block_count", "embedding_length", "attention.head_count")
+# RoPE scalings the kernels compute; "none" and "linear" only (YaRN, LongRoPE: issue 17).
+ROPE_SCALINGS = ("none", "linear")
+
+
+def shown(value) -> str:
+    """repr(value), cut short: a metadata value in a one-line error."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Hparams:
+    """The checked metadata of one model file (`mf`, a gguf_check.ModelFile)."""
+
+    def __init__(self, mf):
+        self.mf, self.arch, self.md = mf, mf.architecture, mf.metadata
+        self.tensor_names = {t.name for t in mf.tensors}
+
+    def fail(self, problem: str) -> ModelError:
+        return ModelError(f"{self.mf.path}: {problem}")
+
+    def has(self, key: str) -> bool:
+        return f"{self.arch}.{key}" in self.md
+
+    def get(self, key: str, default=None, kind=int):
+        """`<arch>.<key>`, or `default` when absent (None: the key is required)."""
+        v = self.md.get(f"{self.arch}.{key}", default)
+        if v is None:
+            raise self.fail(f"missing {self.arch}.{key}")
+        if kind is int:
+            limit = MAX_BY_KEY.get(key, MAX_HPARAM)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= limit:
+                raise self.fail(f"{self.arch}.{key} = {shown(v)} is not a positive integer (1..{limit})")
+        elif kind is float:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise self.fail(f"{self.arch}.{key} = {shown(v)} is not a finite number")
+            v = float(v)
+        return v
+
+    def size(self, key: str) -> int:
+        """A non-negative integer key that may be 0 or absent (0), e.g. a sliding window."""
+        v = self.md.get(f"{self.arch}.{key}", 0) or 0
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_HPARAM:
+            raise self.fail(f"{self.arch}.{key} = {shown(v)} is not a size (0..{MAX_HPARAM})")
+        return v
+
+    def n_vocab(self) -> int:
+        """The columns of token_embd.weight ([n_embd, n_vocab] in ggml order)."""
+        if "token_embd.weight" not in self.tensor_names:
+            raise self.fail("no token_embd.weight")
+        shape = self.mf.tensor("token_embd.weight").shape
+        if len(shape) != 2:
+            raise self.fail(f"token_embd.weight has shape {list(shape)}, expected [n_embd, n_vocab]")
+        return shape[1]
+
+    def rope_freq_scale(self) -> float:
+        """freq_scale for the RoPE scaling the file declares: 1/factor for
+        "linear" (the factor from rope.scaling.factor, or the older
+        rope.scale_linear), 1 for "none" or no scaling; any other type is
+        refused, naming the key."""
+        scaling = self.md.get(f"{self.arch}.rope.scaling.type", "linear")
+        if scaling not in ROPE_SCALINGS:
+            raise self.fail(f"{self.arch}.rope.scaling.type = {shown(scaling)} is not supported "
+                            f"({', '.join(ROPE_SCALINGS)})")
+        for key in ("rope.scaling.factor", "rope.scale_linear"):
+            v = self.md.get(f"{self.arch}.{key}")
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise self.fail(f"{self.arch}.{key} = {shown(v)} is not a finite number >= 0")
+            return 1.0 / float(v) if v and scaling == "linear" else 1.0
+        return 1.0
+
+    def common(self) -> dict:
+        """The geometry every transformer spec has, checked the same way for all."""
+        n_embd, n_head = self.get("embedding_length"), self.get("attention.head_count")
+        n_head_kv = self.get("attention.head_count_kv", n_head)
+        head_k = self.get("attention.key_length", max(n_embd // n_head, 1))
+        head_v = self.get("attention.value_length", max(n_embd // n_head, 1))
+        if head_k != head_v:
+            raise self.fail(f"{self.arch}.attention.key_length {head_k} != value_length {head_v} "
+                            f"is not supported")
+        if n_head % n_head_kv:
+            raise self.fail(f"{self.arch}.attention.head_count {n_head} is not a multiple of "
+                            f"{self.arch}.attention.head_count_kv {n_head_kv}")
+        n_rot = self.get("rope.dimension_count", head_k)
+        if n_rot % 2 or n_rot > head_k:
+            raise self.fail(f"{self.arch}.rope.dimension_count {n_rot} does not fit head_dim {head_k}")
+        return dict(arch=self.arch, n_layer=self.get("block_count"), n_embd=n_embd, n_head=n_head,
+                    n_head_kv=n_head_kv, head_dim=head_k, n_vocab=self.n_vocab(),
+                    eps=self.get("attention.layer_norm_rms_epsilon", kind=float), n_rot=n_rot,
+                    tied_output="output.weight" not in self.tensor_names)

@@ -1,0 +1,58 @@
+"""A batch of tokens through the engine: ids, positions, sequences, and which rows make logits.
+
+Owns: `TokenBatch`.  The forward pass (vramd/engine/model.py) takes one and
+returns the logits of its `out` rows; a prompt becomes one batch cut into
+chunks the scratch holds (`chunks`), a decode step is a batch of one token.
+Tokens may belong to several sequences (`seq`); today every batch is one
+sequence (the KV layout, vramd/engine/kvcache.py, holds one), and the
+seams are here for slots (issue 16): a step that holds the decode tokens of
+every active slot and a chunk of one prefill.
+
+`embeds` maps a row to an input embedding ([n_embd] f32, an image's from
+the vision encoder) used there instead of the token's row of the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class TokenBatch:
+    ids: np.ndarray               # int32 [n]
+    pos: np.ndarray               # int32 [n]
+    seq: np.ndarray               # int32 [n]
+    out: tuple                    # rows whose logits are wanted, ascending
+    embeds: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tokens, pos0: int, *, all_logits: bool = False, embeds: dict | None = None,
+           seq: int = 0) -> "TokenBatch":
+        """Consecutive tokens of one sequence from position pos0: the last
+        row's logits, or every row's with all_logits."""
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("no tokens")
+        return cls(ids=np.asarray(tokens, dtype=np.int64).astype(np.int32), pos=np.arange(pos0, pos0 + n, dtype=np.int32),
+                   seq=np.full(n, seq, dtype=np.int32), out=tuple(range(n)) if all_logits else (n - 1,),
+                   embeds=dict(embeds or {}))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def decode_shape(self) -> bool:
+        """A step the replayed decode graph runs: no input embeddings, the last row's logits only."""
+        return not self.embeds and self.out == (len(self) - 1,)
+
+    def chunks(self, size: int) -> list["TokenBatch"]:
+        """Consecutive pieces of at most `size` rows, each with its own out rows and embeds."""
+        pieces = []
+        for s in range(0, len(self), size):
+            e = min(s + size, len(self))
+            pieces.append(TokenBatch(self.ids[s:e], self.pos[s:e], self.seq[s:e],
+                                     tuple(r - s for r in self.out if s <= r < e),
+                                     {r - s: v for r, v in self.embeds.items() if s <= r < e}))
+        return pieces

@@ -1,0 +1,97 @@
+"""The layer math, recorded once for every architecture: embedding, attention, dense FFN, logits.
+
+Each function records ops for n tokens of a model (`m`, a
+vramd/engine/model.py TransformerModel: its spec, ops, scratch `act`,
+tensor table `t` and KV cache `kv`) into the batch being recorded.  What an
+architecture changes is read from `m.spec` (vramd/engine/arch/spec.py), so
+an optimisation made here lands in every architecture at once.  The routed
+FFN of mixture-of-experts layers is vramd/engine/moe.py.
+
+The residual stream is `x`; between layers `h` already holds the next
+layer's normed input: every layer starts from h = attn_norm(x) and ends with
+x updated and h = next_norm(x) (the following layer's attn_norm, after the
+last the output_norm), the residual add fused with that norm.
+"""
+
+from __future__ import annotations
+
+from vramd.engine.ops import view
+
+
+def linears(m, items, n: int) -> None:
+    """y = W x (+ bias) for independent (name, x, y, width) items: the matvecs
+    run side by side (one barrier after them all), then the bias adds, likewise."""
+    ops = m.ops
+    with ops.parallel():
+        for name, x, y, _width in items:
+            ops.matvec(m.t.matrix(name + ".weight"), x, y, n)
+    biases = [(y, b, width) for name, _x, y, width in items if (b := m.t.vector(name + ".bias", width)) is not None]
+    if biases:
+        with ops.parallel():
+            for y, b, width in biases:
+                ops.add(y, b, y, n * width, width)
+
+
+def embed(m, n: int) -> None:
+    """x = token_embd[ids] (* embed_scale); h = blk.0.attn_norm(x)."""
+    s, ops, a = m.spec, m.ops, m.act
+    ops.get_rows(m.t.matrix("token_embd.weight"), a["ids"], a["x"], n)
+    if s.embed_scale != 1.0:
+        ops.scale(a["x"], a["x"], n * s.n_embd, s.embed_scale)
+    ops.rms_norm(a["x"], m.t.vector("blk.0.attn_norm.weight"), a["h"], s.eps, n, s.n_embd)
+
+
+def next_norm(m, i: int):
+    """The norm that follows layer i: the next layer's attn_norm, after the last the output_norm."""
+    return m.t.vector(f"blk.{i + 1}.attn_norm.weight" if i + 1 < m.spec.n_layer else "output_norm.weight")
+
+
+def attention(m, i: int, n: int) -> None:
+    """Layer i's attention, from h = attn_norm(x): x += Wo attention(...) (post-normed
+    where the spec says), then h = ffn_norm(x)."""
+    s, ops, a, t, kv = m.spec, m.ops, m.act, m.t, m.kv
+    p, layer, hd, E = f"blk.{i}.", s.layers[i], s.head_dim, s.n_embd
+    linears(m, [(p + "attn_q", a["h"], a["q"], s.q_width), (p + "attn_k", a["h"], a["k"], s.kv_width),
+                (p + "attn_v", a["h"], a["v"], s.kv_width)], n)
+    if s.qk_norm:   # every head's row of head_dim floats is a row of its own
+        with ops.parallel():
+            ops.rms_norm(a["q"], t.vector(p + "attn_q_norm.weight"), a["q"], s.eps, n * s.n_head, hd)
+            ops.rms_norm(a["k"], t.vector(p + "attn_k_norm.weight"), a["k"], s.eps, n * s.n_head_kv, hd)
+    rope = dict(n_rot=s.n_rot, neox=s.neox, freq_base=layer.rope_base, freq_scale=layer.rope_scale,
+                freq_factors=t.vector("rope_freqs.weight"))
+    with ops.parallel():   # q rotates in place, k rotated into the cache, v to the cache as it is
+        ops.rope(a["q"], a["pos"], n, s.n_head, hd, **rope)
+        ops.rope_kv_write(a["k"], kv.k(i), a["pos"], n, s.n_head_kv, hd, kv.ctx, **rope)
+        ops.kv_write(a["v"], kv.v(i), a["pos"], n, s.kv_width, kv.ctx)
+    # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
+    ops.attention(a["q"], kv.k(i), kv.v(i), a["pos"], a["att"], n, s.n_head, s.n_head_kv, hd, kv.ctx, s.scale,
+                  window=layer.window, tmp=a[m.att_tmp])
+    linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)
+    if s.post_norms:
+        ops.rms_norm(a["h"], t.vector(p + "post_attention_norm.weight"), a["h"], s.eps, n, E)
+    ops.add_rms_norm(a["x"], a["h"], t.vector(p + "ffn_norm.weight"), a["h"], s.eps, n, E)
+
+
+def dense_ffn(m, i: int, n: int) -> None:
+    """Layer i's gated FFN, from h = ffn_norm(x): x += Wdown(act(Wgate h) * Wup h); h = next norm."""
+    s, ops, a = m.spec, m.ops, m.act
+    p, E, F = f"blk.{i}.", s.n_embd, s.n_ff
+    linears(m, [(p + "ffn_gate", a["h"], a["gate"], F), (p + "ffn_up", a["h"], a["up"], F)], n)
+    (ops.gelu_mul if s.activation == "gelu" else ops.silu_mul)(a["gate"], a["up"], a["gate"], n * F)
+    linears(m, [(p + "ffn_down", a["gate"], a["h"], E)], n)
+    if s.post_norms:
+        ops.rms_norm(a["h"], m.t.vector(p + "post_ffw_norm.weight"), a["h"], s.eps, n, E)
+    ops.add_rms_norm(a["x"], a["h"], next_norm(m, i), a["h"], s.eps, n, E)
+
+
+def logits(m, n: int, rows: tuple) -> None:
+    """The logits of `rows` (of the n tokens, ascending) into logits[0..len(rows)), from h = output_norm(x)."""
+    s, ops, a, E, V = m.spec, m.ops, m.act, m.spec.n_embd, m.spec.n_vocab
+    out = m.t.matrix("token_embd.weight" if s.tied_output else "output.weight")
+    if rows == tuple(range(rows[0], rows[0] + len(rows))):   # contiguous: one matvec
+        ops.matvec(out, view(a["h"], 4 * rows[0] * E, 4 * len(rows) * E), a["logits"], len(rows))
+    else:
+        for j, r in enumerate(rows):
+            ops.matvec(out, view(a["h"], 4 * r * E, 4 * E), view(a["logits"], 4 * j * V, 4 * V), 1)
+    if s.final_softcap > 0:
+        ops.softcap(a["logits"], a["logits"], len(rows) * V, s.final_softcap)

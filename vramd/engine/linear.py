@@ -1,0 +1,41 @@
+"""The kernel-selection point for linear layers: which kernel computes y = W x for a weight and a batch.
+
+`select(w, n_tokens, wo)` is the one place that decides; `Ops.matvec`
+dispatches what it returns.  New matrix kernels (cooperative-matrix tiles,
+integer dot products: issue 15) plug in here, chosen by the device's
+capabilities and the batch size, with the portable kernels below as the
+path for devices without them and the reference they are tested against.
+
+Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
+  matvec_<type>    one work group per 8 rows, a token per z: decode and tiny batches
+  matvec_w_<type>  a quant unit per thread (Q8_0, Q4_K, Q6_K rows on 16 bytes): decode,
+                   where it reads 1.2-1.7x faster on the H200 than matvec_<type>
+  matmul_<type>    64 rows x 32 tokens a work group, from 4 tokens (prefill)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MATMUL_ROWS, MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
+MATVEC_ROWS = 8                       # rows per matvec_<type> work group (RPW in matvec.glsl)
+# types with a unit-per-thread decode matvec (matvec_w_<type>, matvec.glsl's MV_WORDS) -> its
+# rows per work group (MW_NR in matvec_w_<type>.comp)
+MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
+MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
+
+
+@dataclass(frozen=True)
+class LinearKernel:
+    name: str            # the SPIR-V kernel (native/shaders/<name>.spv)
+    rows_per_group: int
+    tokens_per_group: int   # 1: one token per z of the grid
+
+
+def select(w, n_tokens: int, wo: int) -> LinearKernel:
+    """The kernel for `w` (an ops.Weight) over `n_tokens`, its rows bound at byte offset `wo`."""
+    if n_tokens >= MATMUL_FROM:
+        return LinearKernel("matmul_" + w.suffix, MATMUL_ROWS, MATMUL_TOKENS)
+    if w.suffix in MATVEC_ROWS_W and w.row_bytes % 16 == 0 and wo % 16 == 0:
+        return LinearKernel("matvec_w_" + w.suffix, MATVEC_ROWS_W[w.suffix], 1)
+    return LinearKernel("matvec_" + w.suffix, MATVEC_ROWS, 1)

@@ -1,0 +1,182 @@
+"""The forward pass of every architecture: a TokenBatch in, logits out, K/V into the cache.
+
+Owns: `TransformerModel` (one loaded model: spec, tensor table, KV cache,
+scratch; `forward(batch)`: chunking, input embeddings, logits rows, the
+replayed decode steps, the per-kernel profile).  The scratch it needs is
+vramd/engine/scratch.py's `scratch_layout(spec)`.
+
+Recording.  Every op of a chunk is recorded into one command buffer and
+submitted once (vramd/engine/ops.py).  A mixture-of-experts layer routed on
+the host needs its router's logits back, so such a model records in runs:
+the GPU-recordable layers between host-routed ones go into one batch each.
+A decode step (a batch the graph can run: no input embeddings, the last
+row's logits) is recorded once per batch size into an `ops.graph()` and
+replayed (vramd/engine/decode_step.py): no Python work per layer per
+token.  The recording binds device buffers as they are; a release or
+restore of any region may move them, so a graph is re-recorded when the
+residency core's generation has changed since.
+
+What it computes is the numpy references' specification (tests/engine/
+reference*), and llama.cpp's on the same file (tests/engine/test_conformance.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vramd.engine import blocks, moe
+from vramd.engine.arch import spec_for
+from vramd.engine.batch import TokenBatch
+from vramd.engine.decode_step import DecodeStep
+from vramd.engine.kvcache import KVCache, KVLayout
+from vramd.engine.ops import Ops
+from vramd.engine.scratch import logit_rows, scratch_layout
+from vramd.engine.tensors import TensorTable
+from vramd.errors import ModelError
+
+class TransformerModel:
+    """Forward passes of one loaded model (weights region, KV `state` region,
+    scratch region).  gpu_routing=False routes every MoE layer on the host
+    (the reference the GPU-routed path is tested against)."""
+
+    def __init__(self, loaded, residency, ctx: int, scratch_region, batch: int | None = None, *,
+                 gpu_routing: bool = True, spec=None):
+        self.file = mf = loaded.file
+        self.spec = self.cfg = spec or spec_for(mf)
+        self.ctx, self.batch = ctx, batch or self.spec.batch
+        self.ops = Ops(residency)
+        self.residency = residency
+        self.t = TensorTable(self.spec, mf, loaded.weights.tensors, loaded.host)
+        self.kv = KVCache(KVLayout.for_spec(self.spec, ctx), loaded.kv.tensors)
+        self.act = scratch_region.tensors
+        self.att_tmp = "up" if self.spec.n_ff else "part"   # free until the FFN (see blocks.attention)
+        # Per layer: recorded with the rest (dense, or experts routed on the GPU) or host-routed.
+        self.gpu_routed = [not layer.moe or (gpu_routing and moe.gpu_routable(self, i))
+                           for i, layer in enumerate(self.spec.layers)]
+        self._steps: dict[int, DecodeStep] = {}   # the replayed decode step, by batch size
+        self._timer = None
+
+    @property
+    def replays_decode(self) -> bool:
+        """Decode is a recorded step replayed per token: no layer needs a readback."""
+        return all(self.gpu_routed)
+
+    # -- forward -------------------------------------------------------------
+
+    def forward(self, tokens, pos0: int = 0, all_logits: bool = False,
+                embeds: dict[int, np.ndarray] | None = None) -> np.ndarray:
+        """`tokens` at positions pos0.. of sequence 0 (or a TokenBatch): the
+        logits of the last token ([n_vocab]), or of every token ([n, n_vocab])
+        with all_logits.  `embeds` maps indices into `tokens` to input
+        embeddings ([n_embd] each, e.g. an image's from the vision encoder)
+        used there instead of the token table (not scaled by the spec's
+        embed_scale, as llama.cpp does not)."""
+        if isinstance(tokens, TokenBatch):
+            batch = tokens
+        else:
+            if not len(tokens):
+                raise ValueError("no tokens")
+            batch = TokenBatch.of(tokens, pos0, all_logits=all_logits, embeds=embeds)
+        if batch.embeds and not self.spec.takes_embeds:
+            raise ModelError(f"{self.file.path}: {self.spec.arch} models do not take input embeddings")
+        self.kv.check(batch)
+        logits = self.run(batch)
+        return logits if len(batch.out) > 1 or all_logits else logits[0]
+
+    def run(self, batch: TokenBatch) -> np.ndarray:
+        """The logits of batch.out's rows, [len(out), n_vocab]."""
+        if batch.decode_shape and self.replays_decode and len(batch) == 1:
+            return self._step(len(batch)).run(batch.ids, batch.pos, lambda: self._record(len(batch), (0,)))[None]
+        size = min(self.batch, logit_rows(self.spec, self.batch)) if len(batch.out) > 1 else self.batch
+        out = [self._chunk(c) for c in batch.chunks(size)]
+        return np.concatenate([o for o in out if o is not None], axis=0)
+
+    def _step(self, n: int) -> DecodeStep:
+        step = self._steps.get(n)
+        if step is None:
+            step = self._steps[n] = DecodeStep(self.ops, self.residency, self.act, self.spec.n_vocab, n_tokens=n)
+            step.timer = self._timer
+        return step
+
+    @property
+    def step_records(self) -> int:
+        """Times the one-token decode step was recorded (tests: replay, re-record after a move)."""
+        return self._steps[1].records if 1 in self._steps else 0
+
+    def profile(self, timer) -> None:
+        """Times every dispatch of the decode step with `timer` (a
+        vramd.gpu.timing.Timestamps; None: stop); read `timer.read()` after
+        a forward of one token.  Re-records the step."""
+        self._timer = timer
+        self._step(1).profile(timer)
+
+    def _record(self, n: int, rows: tuple) -> None:
+        """Records the whole pass of n tokens (ids and positions in the scratch
+        buffers; every layer recordable) and the logits of `rows` into logits[0..)."""
+        blocks.embed(self, n)
+        for i in range(self.spec.n_layer):
+            self._layer(i, n)
+        if rows:
+            blocks.logits(self, n, rows)
+
+    def _layer(self, i: int, n: int) -> None:
+        blocks.attention(self, i, n)
+        if self.spec.layers[i].moe:
+            moe.gpu_experts(self, i, n)
+        else:
+            blocks.dense_ffn(self, i, n)
+
+    def _runs(self) -> list[tuple[bool, list[int]]]:
+        """The layers in order, as (True, a run of consecutive recordable layers)
+        and (False, [one host-routed layer])."""
+        runs: list[tuple[bool, list[int]]] = []
+        for i, gpu in enumerate(self.gpu_routed):
+            if gpu and runs and runs[-1][0]:
+                runs[-1][1].append(i)
+            else:
+                runs.append((gpu, [i]))
+        return runs
+
+    def _chunk(self, batch: TokenBatch) -> np.ndarray | None:
+        s, ops, a = self.spec, self.ops, self.act
+        n = len(batch)
+        ops.sync()  # the previous chunk is done with ids/pos
+        ids = batch.ids.astype(np.int32)
+        for i, row in batch.embeds.items():
+            # get_rows leaves the row of an id outside the table alone: the row
+            # written here stays where the token's would have gone.  It goes in
+            # divided by the embedding scale so that the scale every row then
+            # gets leaves it as given (images are not scaled, as in llama.cpp).
+            ids[i] = -1
+            row = np.asarray(row, dtype=np.float32).reshape(s.n_embd)
+            if s.embed_scale != 1.0:
+                row = row / np.float32(s.embed_scale)
+            a["x"].write(np.ascontiguousarray(row), 4 * i * s.n_embd)
+        a["ids"].write(ids)
+        a["pos"].write(batch.pos.astype(np.int32))
+        if self.replays_decode:
+            with ops.batch():
+                self._record(n, batch.out)
+        else:
+            with ops.batch():
+                blocks.embed(self, n)
+            for gpu, layers in self._runs():
+                if gpu:   # no readback: the whole run in one command buffer
+                    with ops.batch():
+                        for i in layers:
+                            self._layer(i, n)
+                else:
+                    moe.host_routed_layer(self, layers[0], n)
+            if batch.out:
+                with ops.batch():
+                    blocks.logits(self, n, batch.out)
+        ops.sync()
+        if not batch.out:
+            return None
+        rows = len(batch.out)
+        return a["logits"].read(np.float32, 0, 4 * rows * s.n_vocab).reshape(rows, s.n_vocab).copy()
+
+    def close(self) -> None:
+        self.ops.close()
+        for step in self._steps.values():
+            step.close()

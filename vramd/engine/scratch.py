@@ -1,0 +1,44 @@
+"""The compute scratch a model needs: activation buffers for a chunk of tokens, from its spec.
+
+Owns: `scratch_layout(spec, batch)` ([(name, bytes)] for the residency
+`scratch` region: what `vramd serve` allocates and `vramd plan` reports, the
+same function for both) and `logit_rows`.  Light on purpose (no GPU
+imports), so `vramd plan` sizes a model without a device.
+"""
+
+from __future__ import annotations
+
+LOGITS_BYTES = 64 << 20   # the logits buffer: chunks wanting every row's logits are cut to fit it (half lavapipe's range)
+
+
+def logit_rows(spec, batch: int) -> int:
+    """Token rows of logits the scratch holds (a 262144-token vocabulary makes
+    1 MiB per row: a full 256-token chunk's logits would not fit one storage
+    binding on lavapipe)."""
+    return max(1, min(batch, LOGITS_BYTES // (4 * spec.n_vocab)))
+
+
+def scratch_layout(spec, batch: int | None = None) -> list[tuple[str, int]]:
+    """Activation buffers (f32 unless said) for a chunk of `batch` tokens (default: the spec's)."""
+    b = batch or spec.batch
+    layout = [("x", 4 * b * spec.n_embd), ("h", 4 * b * spec.n_embd), ("q", 4 * b * spec.q_width),
+              ("k", 4 * b * spec.kv_width), ("v", 4 * b * spec.kv_width), ("att", 4 * b * spec.q_width)]
+    if spec.n_ff:
+        layout += [("gate", 4 * b * spec.n_ff), ("up", 4 * b * spec.n_ff)]
+    if spec.moe:
+        layout += _moe_layout(spec, b)
+    return layout + [("logits", 4 * logit_rows(spec, b) * spec.n_vocab), ("ids", 4 * b), ("pos", 4 * b)]
+
+
+def _moe_layout(spec, b: int) -> list[tuple[str, int]]:
+    """The MoE layers' buffers (vramd/engine/moe.py)."""
+    moe, e = spec.moe, spec.n_embd
+    f = max(moe.n_ff_exp, moe.n_ff_shexp or 0)
+    slots = b * moe.n_used    # (token, chosen expert) pairs of a chunk
+    return [("router", 4 * b * moe.n_expert), ("g1", 4 * f), ("u1", 4 * f), ("tmp", 4 * e), ("cpu", 4 * b * e),
+            ("shexp", 4 * b * e), ("part", 4 * slots * moe.n_ff_exp), ("shgate", 4 * b),
+            # GPU-routed layers: the routing (expert ids, weights), each slot's gate, up and down
+            # outputs, the shared expert's gate and up (qwen2moe)
+            ("route_ids", 4 * slots), ("route_w", 4 * slots), ("eg", 4 * slots * moe.n_ff_exp),
+            ("eu", 4 * slots * moe.n_ff_exp), ("ed", 4 * slots * e), ("sg", 4 * b * max(moe.n_ff_shexp, 1)),
+            ("su", 4 * b * max(moe.n_ff_shexp, 1))]

@@ -1,0 +1,128 @@
+"""The tensor table of a model, derived from its spec: what must be in the file, with which shape and type.
+
+Owns: `TensorTable` — checks at load that every tensor the forward pass
+reads exists with the shape the metadata implies (norms F32, matrices in a
+type the kernels run, optional biases and RoPE frequency factors F32 of the
+right length), then hands out `Weight`s (matrices), vectors and expert stacks
+by name.  A missing or misshapen tensor is one ModelError naming the file,
+the tensor and the architecture, before anything runs.  Shapes are GGUF's
+(ne[0] first): a matrix that maps n_in to n_out is (n_in, n_out).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vramd.engine.ops import Weight, row_bytes, view
+from vramd.errors import ModelError
+
+EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # the order they leave the device
+
+
+def required(spec) -> tuple[dict, dict]:
+    """({matrix name: shape}, {vector name: length}) the forward pass of `spec` reads."""
+    E, Q, KV, hd, V = spec.n_embd, spec.q_width, spec.kv_width, spec.head_dim, spec.n_vocab
+    mats = {"token_embd.weight": (E, V)}
+    vecs = {"output_norm.weight": E}
+    if not spec.tied_output:
+        mats["output.weight"] = (E, V)
+    for i, layer in enumerate(spec.layers):
+        p = f"blk.{i}."
+        vecs.update({p + "attn_norm.weight": E, p + "ffn_norm.weight": E})
+        mats.update({p + "attn_q.weight": (E, Q), p + "attn_k.weight": (E, KV), p + "attn_v.weight": (E, KV),
+                     p + "attn_output.weight": (Q, E)})
+        if spec.qk_norm:
+            vecs.update({p + "attn_q_norm.weight": hd, p + "attn_k_norm.weight": hd})
+        if spec.post_norms:
+            vecs.update({p + "post_attention_norm.weight": E, p + "post_ffw_norm.weight": E})
+        if not layer.moe:
+            F = spec.n_ff
+            mats.update({p + "ffn_gate.weight": (E, F), p + "ffn_up.weight": (E, F), p + "ffn_down.weight": (F, E)})
+            continue
+        m = spec.moe
+        mats.update({p + "ffn_gate_inp.weight": (E, m.n_expert),
+                     p + "ffn_gate_exps.weight": (E, m.n_ff_exp, m.n_expert),
+                     p + "ffn_up_exps.weight": (E, m.n_ff_exp, m.n_expert),
+                     p + "ffn_down_exps.weight": (m.n_ff_exp, E, m.n_expert)})
+        if m.n_ff_shexp:
+            S = m.n_ff_shexp
+            mats.update({p + "ffn_gate_inp_shexp.weight": (E,), p + "ffn_gate_shexp.weight": (E, S),
+                         p + "ffn_up_shexp.weight": (E, S), p + "ffn_down_shexp.weight": (S, E)})
+    return mats, vecs
+
+
+def optional(spec) -> dict:
+    """{vector name: length} the forward pass reads where the file has them: biases, RoPE factors."""
+    vecs = {"rope_freqs.weight": spec.n_rot // 2}
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        vecs.update({p + "attn_q.bias": spec.q_width, p + "attn_k.bias": spec.kv_width,
+                     p + "attn_v.bias": spec.kv_width, p + "attn_output.bias": spec.n_embd})
+    return vecs
+
+
+class TensorTable:
+    """The model's tensors by name: `weights` (the residency region's
+    tensors), `host` (tensors --n-cpu-moe left in host memory)."""
+
+    def __init__(self, spec, mf, weights: dict, host: dict | None = None):
+        self.spec, self.file, self.weights, self.host = spec, mf, weights, host or {}
+        self.info = {t.name: t for t in mf.tensors}
+        self._check()
+
+    def _fail(self, problem: str) -> ModelError:
+        return ModelError(f"{self.file.path}: {problem}")
+
+    def _check(self) -> None:
+        mats, vecs = required(self.spec)
+        for name, shape in {**mats, **{n: (k,) for n, k in vecs.items()}}.items():
+            t = self.info.get(name)
+            if t is None:
+                raise self._fail(f"missing tensor {name!r} for architecture {self.spec.arch}")
+            got = tuple(t.shape)
+            if got != shape and not (len(shape) == 1 and name in mats and got == shape + (1,)):
+                raise self._fail(f"tensor {name!r} has shape {got}, expected {shape}")
+        for name, n in vecs.items():
+            self.vector(name, n)
+        for name in mats:
+            if name not in self.host:
+                try:
+                    self.matrix(name)      # raises for a tensor type the kernels do not run
+                except ModelError as e:
+                    raise self._fail(f"{name}: {e}") from None
+        for name, n in optional(self.spec).items():
+            self.vector(name, n)
+
+    # -- by name -----------------------------------------------------------------
+
+    def has(self, name: str) -> bool:
+        return name in self.info
+
+    def matrix(self, name: str) -> Weight:
+        """A matrix (or embedding table) on the device: rows = ne[1] * ne[2]..., cols = ne[0]."""
+        t = self.info[name]
+        rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
+        return Weight(self.weights[name], t.type, rows, t.shape[0])
+
+    def vector(self, name: str, n: int | None = None):
+        """An F32 vector's tensor, or None when the file has no such tensor."""
+        t = self.info.get(name)
+        if t is None:
+            return None
+        if int(t.type) != 0 or (n is not None and t.n_elements != n):
+            raise self._fail(f"{name} must be F32 of {n} elements")
+        return self.weights[name]
+
+    def stack(self, name: str) -> Weight:
+        """A stacked expert tensor on the device, as expert 0's matrix (matvec_id's form)."""
+        t = self.info[name]
+        return Weight(self.weights[name], t.type, t.shape[1], t.shape[0])
+
+    def expert(self, name: str, e: int) -> Weight | None:
+        """Expert e's slab of a stacked tensor on the device; None if the tensor is on the host."""
+        if name in self.host:
+            return None
+        t = self.info[name]
+        rows, cols = t.shape[1], t.shape[0]
+        slab = rows * row_bytes(t.type, cols)
+        return Weight(view(self.weights[name], e * slab, slab), t.type, rows, cols)
