@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import queue
 import select
@@ -36,8 +37,8 @@ from typing import Any, Callable
 from vramd.arena.arbiter import Participant
 from vramd.arena.layout import Arena, default_base
 from vramd.arena.members import KINDS, Registry
-from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError, ShuttingDown, UsageError,
-                           TokenError, VramdError)
+from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError, ShuttingDown, Timeout,
+                           TokenError, UsageError, VramdError)
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
@@ -73,6 +74,8 @@ REPLY_GRACE = 2.0
 
 @dataclass
 class Job:
+    """One unit of the loop's work.  Its `timeout` (the wait for the GPU) counts from `arrived`:
+    a job queued behind others is not given a fresh timeout when the loop reaches it."""
     kind: str
     fn: Callable[[], Any] | None = None
     needs_gpu: bool = False
@@ -80,10 +83,45 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
+    arrived: float = field(default_factory=time.monotonic)
+    taken: threading.Event = field(default_factory=threading.Event)   # the loop started it, or it finished
+    abandoned: bool = False   # its requester stopped waiting before the loop took it
+    _claim: threading.Lock = field(default_factory=threading.Lock)
 
     def finish(self, result=None, error=None) -> None:
         self.result, self.error = result, error
+        self.taken.set()
         self.done.set()
+
+    def left(self) -> float | None:
+        """Seconds left of its timeout (None: no limit)."""
+        if self.timeout is None or not math.isfinite(self.timeout):
+            return None
+        return self.arrived + self.timeout - time.monotonic()
+
+    def take(self) -> bool:
+        """The loop starts it; False if its requester gave up meanwhile (it was told so)."""
+        with self._claim:
+            if self.abandoned:
+                return False
+            self.taken.set()
+            return True
+
+    def wait_taken(self, busy: Callable[[], str]) -> None:
+        """The requester's side: until the loop takes the job (or it finished).  Past the
+        timeout, give it up and raise Timeout: a 503 on time even behind a long job."""
+        left = self.left()
+        if left is None:
+            self.taken.wait()
+            return
+        if self.taken.wait(max(0.0, left)):
+            return
+        with self._claim:
+            if self.taken.is_set():
+                return
+            self.abandoned = True
+        raise Timeout(f"waited {time.monotonic() - self.arrived:.1f} s for the GPU (timeout {self.timeout:g} s): "
+                      f"{busy()}")
 
     def wait(self) -> Any:
         self.done.wait()
@@ -124,6 +162,7 @@ class Daemon:
         self.lost: str | None = None   # why the token or the arena is no longer ours (guard.py)
         self.exit_code = 0
         self.guard = None
+        self._current: tuple[str | None, float] = (None, 0.0)   # the job the loop runs, since when
         self._inflight_lock = threading.Lock()
 
     # -- set-up ------------------------------------------------------------
@@ -543,6 +582,7 @@ class Daemon:
             if self.stopping:
                 raise ShuttingDown(f"{self.name} is shutting down")
             self.jobs.put(job)
+        job.wait_taken(self._busy_text)
         return job.wait()
 
     def loop(self) -> None:
@@ -621,14 +661,36 @@ class Daemon:
             self._release_everything = True
             self.participant.go_cold(reason="idle-sleep")
 
+    def _busy_text(self) -> str:
+        """What a request queued behind others waits for (a 503's message)."""
+        kind, since = self._current
+        holder = self.participant.holder_text() if not self.participant.holds_token else f"{self.name} (this daemon)"
+        if threading.current_thread() is self._loop:
+            return f"the GPU token is held by {holder}"
+        doing = f"the loop runs an earlier {kind} job, for {time.monotonic() - since:.1f} s" if kind else \
+            "the loop has not reached it"
+        return f"{doing}; the GPU token is held by {holder}"
+
     def _run(self, job: Job) -> None:
+        if not job.take():
+            return   # its requester gave up waiting (a 503) before the loop reached it
+        self._current = (job.kind, time.monotonic())
         result = error = None
         try:
             if self.lost is not None:
                 raise ShuttingDown(f"{self.name}: {self.lost}; stopping")
             if job.needs_gpu:
                 # A stop gives up the wait for the GPU at once (Interrupted, a 503).
-                self._ensure_warm(job.timeout, cancel=self._beat_or_give_up)
+                # The timeout counts from the request's arrival, not from here.
+                left = job.left()
+                if left is not None and left <= 0 and not self.participant.holds_token:
+                    raise Timeout(f"waited {time.monotonic() - job.arrived:.1f} s for the GPU "
+                                  f"(timeout {job.timeout:g} s): {self._busy_text()}")
+                try:
+                    self._ensure_warm(None if left is None else max(left, 0.0), cancel=self._beat_or_give_up)
+                except Timeout:
+                    raise Timeout(f"waited {time.monotonic() - job.arrived:.1f} s for the GPU "
+                                  f"(timeout {job.timeout:g} s): {self._busy_text()}") from None
             result = job.fn() if job.fn else None
             self.metrics.count("requests")
             if job.needs_gpu:
@@ -637,6 +699,7 @@ class Daemon:
             error = e
         if job.needs_gpu:
             self._cold_unless_whole()   # before the requester hears: the next request sees us cold
+        self._current = (None, 0.0)
         job.finish(result, error)
         self.last_activity = time.monotonic()
 
@@ -804,6 +867,7 @@ class Daemon:
         with self._inflight_lock:
             self._inflight += 1
         try:
+            job.wait_taken(self._busy_text)
             self._answer(req, ex, builder, job, events, cancelled)
         finally:
             with self._inflight_lock:
