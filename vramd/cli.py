@@ -361,48 +361,40 @@ def wake(arena_path, allow_shared_arena, name, timeout):
               help="Expert layers kept on the host: a number >= 0, fractions in thirds (1.5, 4/3).")
 @click.option("--vram-budget", default=None, help="Find the smallest --n-cpu-moe (steps of 1/3) that fits.")
 @click.option("--ctx", type=click.IntRange(min=1, max=1 << 20), default=4096, show_default=True)
+@click.option("--mmproj", default=None, type=click.Path(dir_okay=False, path_type=str),
+              help="Vision encoder (projector) GGUF: its bytes too.")
 @click.option("--json", "as_json", is_flag=True)
-def plan(model, n_cpu_moe, vram_budget, ctx, as_json):
-    """Where each tensor of MODEL goes (device or host), and the totals."""
-    from vramd.model import placement
+def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, as_json):
+    """Where each tensor of MODEL goes (device or host), and the totals: what `vramd serve` allocates."""
+    from vramd.model.footprint import footprint
     from vramd.model.gguf_check import validate_gguf
     from vramd.server.config import parse_size
     if n_cpu_moe is not None and vram_budget is not None:
         raise UsageError("give --n-cpu-moe or --vram-budget, not both")
+    if n_cpu_moe is not None and n_cpu_moe.strip() == "auto" and vram_budget is None:
+        raise UsageError("--n-cpu-moe auto needs --vram-budget here")
     mf = validate_gguf(model)
-    kv, scratch = model_overheads(mf, ctx)
-    if vram_budget is not None:
-        p = placement.smallest_fit(mf, parse_size(vram_budget, "--vram-budget"), kv, scratch)
-    else:
-        n = placement.parse_n_cpu_moe(n_cpu_moe or 0)
-        if n == "auto":
-            raise UsageError("--n-cpu-moe auto needs --vram-budget here")
-        p = placement.plan(mf, n, kv, scratch)
-    if not p.has_experts and n_cpu_moe is not None:
+    budget = None if vram_budget is None else parse_size(vram_budget, "--vram-budget")
+    fp = footprint(mf, ctx, n_cpu_moe="auto" if budget is not None else n_cpu_moe, budget=budget,
+                   mmproj=validate_gguf(mmproj) if mmproj else None)
+    if not fp.plan.has_experts and n_cpu_moe is not None:
         click.echo(f"note: {model} has no expert tensors; --n-cpu-moe changes nothing", err=True)
     if as_json:
-        click.echo(json.dumps(p.to_json(), indent=2))
+        click.echo(json.dumps(fp.to_json(), indent=2))
         return
-    width = max((len(t["name"]) for t in p.tensors), default=0)  # a file may hold no tensors
-    for t in p.tensors:
+    width = max((len(t["name"]) for t in fp.plan.tensors), default=0)  # a file may hold no tensors
+    for t in fp.plan.tensors:
         click.echo(f"{t['name']:<{width}}  {t['placement']:6s}  {human_bytes(t['bytes']):>10}")
-    click.echo(f"\n--n-cpu-moe {p.n_cpu_moe:g}: device {human_bytes(p.device_bytes)} (weights "
-               f"{human_bytes(p.device_weight_bytes)}, KV {human_bytes(p.kv_bytes)} for --ctx {ctx}, scratch "
-               f"{human_bytes(p.scratch_bytes)}), host {human_bytes(p.host_bytes)}")
-
-
-def model_overheads(mf, ctx: int) -> tuple[int, int]:
-    """KV cache and compute scratch bytes of `mf` at `ctx`."""
-    from vramd.model import loader
-    shape = loader.kv_shape(mf, ctx)
-    kv = 0 if shape is None else sum(shape.layer_bytes) * shape.layers
-    try:
-        from vramd.engine.arch import spec_for
-        from vramd.engine.scratch import scratch_layout
-        scratch = sum(n for _name, n in scratch_layout(spec_for(mf)))   # what `vramd serve` allocates
-    except VramdError:  # an architecture the engine does not run: the loader's estimate
-        scratch = loader.scratch_bytes(mf)
-    return kv, scratch
+    d, host = fp.device, fp.host
+    click.echo(f"\n--n-cpu-moe {fp.plan.n_cpu_moe:g}: device {human_bytes(fp.device_bytes)} (weights "
+               f"{human_bytes(d['weights'])}, KV {human_bytes(d['state'])} for --ctx {ctx}, scratch "
+               f"{human_bytes(d['scratch'])}), host {human_bytes(sum(host.values()))} (experts "
+               f"{human_bytes(host['experts'])})")
+    if mmproj:
+        click.echo(f"--mmproj: encoder {human_bytes(d['encoder'])} in host memory, on the device with "
+                   f"{human_bytes(fp.encode_scratch)} of activations while it encodes")
+    if not fp.runnable:
+        click.echo(f"note: the engine does not run {model} (vramd serve refuses it); scratch is the loader's estimate")
 
 
 # -- exec -------------------------------------------------------------------------

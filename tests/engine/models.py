@@ -85,16 +85,17 @@ LOGIT_STD = 4.0
 TIED_EMBD = 0.25
 
 # The types issue 5's engine runs, then more for the next issue's work: Q4_1, Q5_0
-# and Q5_1 quantized by gguf.quants, Q4_K and Q6_K by quantize_k() below (gguf
+# and Q5_1 quantized by gguf.quants, Q4_K, Q5_K and Q6_K by quantize_k() below (gguf
 # has no quantizer for them).  K-quants need n_embd and n_ff multiples of 256.
 WEIGHT_TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0,
-                "Q4_1": Q.Q4_1, "Q5_0": Q.Q5_0, "Q5_1": Q.Q5_1, "Q4_K": Q.Q4_K, "Q6_K": Q.Q6_K}
+                "Q4_1": Q.Q4_1, "Q5_0": Q.Q5_0, "Q5_1": Q.Q5_1, "Q4_K": Q.Q4_K, "Q5_K": Q.Q5_K,
+                "Q6_K": Q.Q6_K}
 ENGINE_WEIGHT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 _FT = gguf.LlamaFileType
 _FILE_TYPES = {Q.F32: _FT.ALL_F32, Q.F16: _FT.MOSTLY_F16, Q.BF16: _FT.MOSTLY_BF16,
                Q.Q8_0: _FT.MOSTLY_Q8_0, Q.Q4_0: _FT.MOSTLY_Q4_0, Q.Q4_1: _FT.MOSTLY_Q4_1,
                Q.Q5_0: _FT.MOSTLY_Q5_0, Q.Q5_1: _FT.MOSTLY_Q5_1, Q.Q4_K: _FT.MOSTLY_Q4_K_S,
-               Q.Q6_K: _FT.MOSTLY_Q6_K}
+               Q.Q5_K: _FT.MOSTLY_Q5_K_S, Q.Q6_K: _FT.MOSTLY_Q6_K}
 
 # token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -142,13 +143,19 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
+# Qwen3's own template (the "chat_template" of Qwen/Qwen3-0.6B's tokenizer_config.json,
+# with its enable_thinking switch), kept as a data file of the writer package.
+QWEN3_TEMPLATE = (Path(__file__).parents[1] / "ggufgen" / "templates" / "qwen3.jinja").read_text()
+
 # Per style: (general.architecture, default n_head_kv given n_head, rope base, eps,
 #             vocabulary, biases, chat template for that vocabulary)
 _STYLES = {
     "llama": ("llama", lambda h: h, 10000.0, 1e-5, "spm", False, LLAMA2_TEMPLATE),
     "mistral": ("llama", lambda h: max(1, h // 4), 1e6, 1e-5, "spm", False, MISTRAL_TEMPLATE),
     "qwen2": ("qwen2", lambda h: max(1, h // 2), 1e6, 1e-6, "bpe", True, CHATML_TEMPLATE),
+    "qwen3": ("qwen3", lambda h: max(1, h // 2), 1e6, 1e-6, "bpe", False, QWEN3_TEMPLATE),
 }
+QK_NORM_GAIN = 1.5   # qwen3's attn_q_norm / attn_k_norm: see the module header
 
 
 @dataclass(frozen=True)
@@ -173,11 +180,13 @@ class LlamaSpec:
     context_length: int = 4096
     bpe_pre: str = "gpt-2"
     chat_template: str | None = None           # None: the style's; "" writes none
+    key_length: int | None = None              # head_dim; None: n_embd / n_head
 
     def resolve(self) -> "LlamaSpec":
         if self.arch not in _STYLES:
             raise ValueError(f"arch {self.arch!r}: expected one of {', '.join(_STYLES)}")
         _, kv_heads, base, eps, vocab, bias, template = _STYLES[self.arch]
+        own = self.vocab is None or self.vocab == vocab
         spec = replace(
             self,
             n_head_kv=kv_heads(self.n_head) if self.n_head_kv is None else self.n_head_kv,
@@ -186,13 +195,13 @@ class LlamaSpec:
             vocab=vocab if self.vocab is None else self.vocab,
             with_bias=bias if self.with_bias is None else self.with_bias,
             chat_template=(self.chat_template if self.chat_template is not None else
-                           CHATML_TEMPLATE if (self.vocab or vocab) == "bpe" else
-                           template if vocab == "spm" else LLAMA2_TEMPLATE))
+                           template if own else
+                           CHATML_TEMPLATE if self.vocab == "bpe" else LLAMA2_TEMPLATE))
         if spec.weight_type not in WEIGHT_TYPES:
             raise ValueError(f"weight_type {spec.weight_type!r}: expected one of {', '.join(WEIGHT_TYPES)}")
         if spec.vocab not in ("spm", "bpe"):
             raise ValueError(f"vocab {spec.vocab!r}: expected 'spm' or 'bpe'")
-        if spec.n_embd % spec.n_head or (spec.n_embd // spec.n_head) % 2:
+        if spec.key_length is None and spec.n_embd % spec.n_head or spec.head_dim % 2:
             raise ValueError(f"n_embd {spec.n_embd} must split into {spec.n_head} heads of even size")
         if spec.n_head % spec.n_head_kv:
             raise ValueError(f"n_head {spec.n_head} is not a multiple of n_head_kv {spec.n_head_kv}")
@@ -208,7 +217,11 @@ class LlamaSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.key_length or self.n_embd // self.n_head
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.arch == "qwen3"
 
 
 # --- weights -------------------------------------------------------------------------
@@ -230,7 +243,7 @@ def make_weights(spec: LlamaSpec) -> dict[str, np.ndarray]:
     in file order: token_embd, the blocks, output_norm, output."""
     spec = spec.resolve()
     e, hd, f = spec.n_embd, spec.head_dim, spec.n_ff
-    qk_std = 1.5 / np.sqrt(e)
+    qk_std = (1.0 if spec.qk_norm else 1.5) / np.sqrt(e)   # with QK-norm the gains set the scale
     embd_std = TIED_EMBD / np.sqrt(e) if spec.tied_output else 1.0
     w: dict[str, np.ndarray] = {"token_embd.weight": _normal(spec, "token_embd.weight", (spec.n_vocab, e),
                                                              embd_std)}
@@ -244,6 +257,9 @@ def make_weights(spec: LlamaSpec) -> dict[str, np.ndarray]:
             w[p + "attn_q.bias"] = _normal(spec, p + "attn_q.bias", (spec.n_head * hd,), 0.5)
             w[p + "attn_k.bias"] = _normal(spec, p + "attn_k.bias", (spec.n_head_kv * hd,), 0.5)
             w[p + "attn_v.bias"] = _normal(spec, p + "attn_v.bias", (spec.n_head_kv * hd,), 0.1)
+        if spec.qk_norm:
+            w[p + "attn_q_norm.weight"] = _gain(spec, p + "attn_q_norm.weight", hd, QK_NORM_GAIN)
+            w[p + "attn_k_norm.weight"] = _gain(spec, p + "attn_k_norm.weight", hd, QK_NORM_GAIN)
         w[p + "attn_output.weight"] = _normal(spec, p + "attn_output.weight", (e, spec.n_head * hd),
                                               1 / np.sqrt(spec.n_head * hd))
         w[p + "ffn_norm.weight"] = _gain(spec, p + "ffn_norm.weight", e)
@@ -278,21 +294,16 @@ def write_weights(path: str | Path, spec: LlamaSpec, weights: dict[str, np.ndarr
     writer.add_layer_norm_rms_eps(spec.eps)
     writer.add_rope_freq_base(spec.rope_freq_base)
     writer.add_rope_dimension_count(spec.head_dim)
+    if spec.qk_norm or spec.key_length is not None:     # Qwen3 conversions always write them
+        writer.add_key_length(spec.head_dim)
+        writer.add_value_length(spec.head_dim)
     if spec.rope_scaling_factor is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec.rope_scaling_factor)
     writer.add_vocab_size(spec.n_vocab)
     _write_vocab(writer, spec)
     for name, value in weights.items():
-        value = np.ascontiguousarray(value, dtype=np.float32)
-        if value.ndim == 1 or qtype == Q.F32:
-            writer.add_tensor(name, value)
-        elif qtype == Q.F16:
-            writer.add_tensor(name, value.astype(np.float16))
-        elif qtype in (Q.Q4_K, Q.Q6_K):
-            writer.add_tensor(name, quantize_k(value, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+        add_tensor(writer, name, value, Q.F32 if np.ndim(value) == 1 else qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -306,29 +317,47 @@ def write_llama(path: str | Path, *, arch: str = "llama", n_vocab: int = 512, n_
                 vocab: str | None = None, seed: int = 0, **more) -> Path:
     """Write a synthetic model to `path` and return the path.  Same arguments,
     same bytes.  `more` takes LlamaSpec's other fields (rope_freq_base,
-    rope_scaling_factor, eps, context_length, bpe_pre, chat_template)."""
+    rope_scaling_factor, eps, context_length, bpe_pre, chat_template, key_length)."""
     spec = LlamaSpec(arch=arch, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                      n_layer=n_layer, n_ff=n_ff, weight_type=weight_type, tied_output=tied_output,
                      with_bias=with_bias, vocab=vocab, seed=seed, **more)
     return write_weights(path, spec, make_weights(spec))
 
 
+def add_tensor(writer: gguf.GGUFWriter, name: str, value: np.ndarray, qtype: Q) -> None:
+    """Add float32 `value` (numpy order) to `writer` as `qtype`: F32 and F16 as
+    arrays, K-quants by quantize_k, the other types by gguf.quants.quantize."""
+    value = np.ascontiguousarray(value, dtype=np.float32)
+    if qtype == Q.F32:
+        writer.add_tensor(name, value)
+    elif qtype == Q.F16:
+        writer.add_tensor(name, value.astype(np.float16))
+    elif qtype in K_QUANTS:
+        writer.add_tensor(name, quantize_k(value, qtype), raw_dtype=qtype)
+    else:
+        writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+
+
 # --- K-quants -------------------------------------------------------------------------
 
+K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+
+
 def quantize_k(values: np.ndarray, qtype: Q) -> np.ndarray:
-    """Q4_K or Q6_K blocks (uint8 [rows, bytes]) for float32 `values` [rows, n*256]:
-    a plain round-to-nearest quantizer (no search for the best scales, unlike
-    llama.cpp's), laid out as ggml's block_q4_K / block_q6_K.  Whatever it
-    produces, gguf.quants.dequantize defines the values a test compares with."""
-    rows, cols = values.shape
+    """Q4_K, Q5_K or Q6_K blocks (uint8 [..., bytes]) for float32 `values` [..., n*256]
+    (a matrix or a stack of them): a plain round-to-nearest quantizer (no search for
+    the best scales, unlike llama.cpp's), laid out as ggml's block_q4_K / q5_K / q6_K.
+    Whatever it produces, gguf.quants.dequantize defines the values a test compares with."""
     x = values.astype(np.float32).reshape(-1, 256)
     if qtype == Q.Q6_K:
         blocks = _quantize_q6_k(x)
     elif qtype == Q.Q4_K:
-        blocks = _quantize_q4_k(x)
+        blocks = _quantize_q4_k(x, 15)
+    elif qtype == Q.Q5_K:
+        blocks = _quantize_q4_k(x, 31)
     else:
         raise ValueError(f"quantize_k does not do {qtype.name}")
-    return blocks.reshape(rows, -1)
+    return blocks.reshape(values.shape[:-1] + (-1,))
 
 
 def _f16(v: np.ndarray) -> np.ndarray:
@@ -357,28 +386,32 @@ def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
                            d.reshape(n, 1).view(np.uint8)], axis=1)
 
 
-def _quantize_q4_k(x: np.ndarray) -> np.ndarray:
-    """block_q4_K: d, dmin (f16), scales[12] (6-bit scale and min per 32 values, packed),
-    qs[128] (4 bits); value = d * sc[j] * q - dmin * m[j]."""
+def _quantize_q4_k(x: np.ndarray, levels: int) -> np.ndarray:
+    """block_q4_K (levels 15): d, dmin (f16), scales[12] (6-bit scale and min per 32
+    values, packed), qs[128] (4 bits); value = d * sc[j] * q - dmin * m[j].
+    block_q5_K (levels 31): the same, with the fifth bit of every q in qh[32]
+    (bit j of qh[l] is value l of sub-block j) between scales and qs."""
     n = x.shape[0]
     sub = x.reshape(n, 8, 32)
     lo = np.minimum(sub.min(axis=-1), 0.0)
-    scale = (sub.max(axis=-1) - lo) / 15.0
+    scale = (sub.max(axis=-1) - lo) / levels
     d = _f16(scale.max(axis=-1) / 63.0)
     dmin = _f16((-lo).max(axis=-1) / 63.0)
     sc = np.clip(np.rint(_safe_div(scale, d.astype(np.float32)[:, None])), 0, 63).astype(np.uint8)
     m = np.clip(np.rint(_safe_div(-lo, dmin.astype(np.float32)[:, None])), 0, 63).astype(np.uint8)
     step = d.astype(np.float32)[:, None] * sc
     offset = dmin.astype(np.float32)[:, None] * m
-    q = np.clip(np.rint(_safe_div(sub + offset[:, :, None], step[:, :, None])), 0, 15).astype(np.uint8)
+    q = np.clip(np.rint(_safe_div(sub + offset[:, :, None], step[:, :, None])), 0, levels).astype(np.uint8)
     scales = np.empty((n, 12), np.uint8)
     scales[:, 0:4] = sc[:, 0:4] | (sc[:, 4:8] >> 4) << 6
     scales[:, 4:8] = m[:, 0:4] | (m[:, 4:8] >> 4) << 6
     scales[:, 8:12] = (sc[:, 4:8] & 0xF) | (m[:, 4:8] & 0xF) << 4
-    q = q.reshape(n, 4, 2, 32)                          # [chunk of 64, low/high nibble, l]
+    high = [] if levels == 15 else [np.bitwise_or.reduce((q >> 4) << np.arange(8, dtype=np.uint8)[None, :, None],
+                                                         axis=1).astype(np.uint8)]   # qh [n, 32]
+    q = (q & 0xF).reshape(n, 4, 2, 32)                  # [chunk of 64, low/high nibble, l]
     qs = (q[:, :, 0] | q[:, :, 1] << 4).reshape(n, 128)
     return np.concatenate([d.reshape(n, 1).view(np.uint8), dmin.reshape(n, 1).view(np.uint8),
-                           scales, qs], axis=1)
+                           scales] + high + [qs], axis=1)
 
 
 # --- vocabularies --------------------------------------------------------------------

@@ -43,8 +43,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from tests.engine.models import (_FILE_TYPES, LOGIT_STD, TIED_EMBD, WEIGHT_TYPES, LlamaSpec, _write_vocab,
-                                 quantize_k)
+from tests.engine.models import _FILE_TYPES, LOGIT_STD, TIED_EMBD, WEIGHT_TYPES, LlamaSpec, _write_vocab, add_tensor
 
 
 @dataclass(frozen=True)
@@ -145,15 +144,7 @@ def write_gemma3(path: str | Path, **options) -> Path:
         writer.add_final_logit_softcapping(spec.softcap)
     _write_vocab(writer, LlamaSpec(n_vocab=spec.n_vocab, vocab="spm", chat_template="").resolve())
     for name, value in make_gemma3_weights(spec).items():
-        value = np.ascontiguousarray(value, dtype=np.float32)
-        if value.ndim == 1 or qtype == Q.F32:
-            writer.add_tensor(name, value)
-        elif qtype == Q.F16:
-            writer.add_tensor(name, value.astype(np.float16))
-        elif qtype in (Q.Q4_K, Q.Q6_K):
-            writer.add_tensor(name, quantize_k(value, qtype), raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+        add_tensor(writer, name, value, Q.F32 if value.ndim == 1 else qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

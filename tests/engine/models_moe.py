@@ -80,13 +80,16 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from tests.engine.models import (CHATML_TEMPLATE, LOGIT_STD, MISTRAL_TEMPLATE, TIED_EMBD, _FILE_TYPES,
-                                 _gain, _normal, _write_vocab)
+from tests.engine.models import (CHATML_TEMPLATE, LOGIT_STD, MISTRAL_TEMPLATE, TIED_EMBD, WEIGHT_TYPES,
+                                 _FILE_TYPES, _gain, _normal, _write_vocab, add_tensor)
 
 ROUTER_STD = 4.0
 QK_NORM_GAIN = 1.5
+# The types test_reference_moe checks at the default sizes (Q5_0: a type the native host
+# matvec leaves to gguf.quants).  write_moe takes every type of models.WEIGHT_TYPES
+# (K-quants need n_embd, n_ff_exp, n_ff_shexp and n_head*head_dim multiples of 256).
 MOE_WEIGHT_TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0,
-                    "Q5_0": Q.Q5_0}   # Q5_0: a type the native host matvec leaves to gguf.quants
+                    "Q5_0": Q.Q5_0}
 
 # arch -> (general.architecture, rope base, eps, vocabulary, q/k/v biases, chat template)
 _MOE_STYLES = {
@@ -133,9 +136,9 @@ class MoESpec:
                        eps=eps if self.eps is None else self.eps,
                        chat_template=(self.chat_template if self.chat_template is not None else
                                       CHATML_TEMPLATE if vocab == "bpe" else MISTRAL_TEMPLATE))
-        if spec.weight_type not in MOE_WEIGHT_TYPES:
+        if spec.weight_type not in WEIGHT_TYPES:
             raise ValueError(f"weight_type {spec.weight_type!r}: expected one of "
-                             f"{', '.join(MOE_WEIGHT_TYPES)}")
+                             f"{', '.join(WEIGHT_TYPES)}")
         if spec.vocab not in ("spm", "bpe"):
             raise ValueError(f"vocab {spec.vocab!r}: expected 'spm' or 'bpe'")
         if spec.head_dim % 2:
@@ -149,7 +152,7 @@ class MoESpec:
             raise ValueError(f"n_expert_used {spec.n_expert_used} outside 1..{spec.n_expert}")
         if self.arch == "qwen2moe" and self.tied_output:
             raise ValueError("qwen2moe: llama.cpp requires output.weight (no tied output)")
-        block = gguf.GGML_QUANT_SIZES[MOE_WEIGHT_TYPES[spec.weight_type]][0]
+        block = gguf.GGML_QUANT_SIZES[WEIGHT_TYPES[spec.weight_type]][0]
         cols = [("n_embd", spec.n_embd), ("n_ff_exp", spec.n_ff_exp),
                 ("n_head*head_dim", spec.n_head * spec.head_dim)]
         if self.arch == "qwen2moe":
@@ -216,7 +219,7 @@ def write_moe_weights(path: str | Path, spec: MoESpec, weights: dict[str, np.nda
     tensors in F32.  Tests use it to write edited weights (equal routers, ...)."""
     spec = spec.resolve()
     path = Path(path)
-    qtype = MOE_WEIGHT_TYPES[spec.weight_type]
+    qtype = WEIGHT_TYPES[spec.weight_type]
     arch = spec.gguf_arch
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"synthetic-{spec.arch}-{spec.weight_type}-{spec.seed}")
@@ -246,13 +249,8 @@ def write_moe_weights(path: str | Path, spec: MoESpec, weights: dict[str, np.nda
     writer.add_vocab_size(spec.n_vocab)
     _write_vocab(writer, spec)
     for name, value in weights.items():
-        value = np.ascontiguousarray(value, dtype=np.float32)
-        if value.ndim == 1 or qtype == Q.F32 or name.endswith("ffn_gate_inp.weight"):
-            writer.add_tensor(name, value)
-        elif qtype == Q.F16:
-            writer.add_tensor(name, value.astype(np.float16))
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+        f32 = np.ndim(value) == 1 or name.endswith("ffn_gate_inp.weight")
+        add_tensor(writer, name, value, Q.F32 if f32 else qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

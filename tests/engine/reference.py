@@ -8,13 +8,14 @@ by reading.  Nothing here is imported by vramd itself; it lives in the tests.
 
 What it computes is what llama.cpp computes for `general.architecture` "llama"
 (Llama 2/3, and Mistral, whose GGUF conversions are written as "llama") and
-"qwen2", from the GGUF as stored.  Any other architecture, any tensor it does
-not know (e.g. Qwen3's attn_q_norm) and any RoPE scaling other than none/linear
-is refused with a ValueError rather than computed wrongly.
+"qwen2", and "qwen3" (src/models/qwen3.cpp: qwen2's graph without biases and
+with QK-norm, below), from the GGUF as stored.  Any other architecture, any
+tensor it does not know and any RoPE scaling other than none/linear is
+refused with a ValueError rather than computed wrongly.
 
 Metadata keys read (`A` = the value of general.architecture)
 -------------------------------------------------------------
-  general.architecture                      "llama" or "qwen2"
+  general.architecture                      "llama", "qwen2" or "qwen3"
   A.block_count                             n_layer (required)
   A.embedding_length                        n_embd (required)
   A.attention.head_count                    n_head (required)
@@ -57,6 +58,8 @@ The computation, per token at absolute position p (0-based)
   for each layer:
     h = rms_norm(x) * attn_norm           rms_norm(v) = v / sqrt(mean(v*v) + eps)
     q = Wq h + bq, k = Wk h + bk, v = Wv h + bv       split into heads
+    qwen3: q_j = rms_norm(q_j) * attn_q_norm, k_g = rms_norm(k_g) * attn_k_norm
+           per head over head_dim_k, the model's eps, before RoPE
     q, k = rope(q, p), rope(k, p)          per head, see below; v is not rotated
     K/V cache[layer][p] = k, v             (written before attention, see f16 below)
     for query head j: g = j // (n_head / n_head_kv)   (GQA: consecutive query heads share)
@@ -76,7 +79,7 @@ frequency factors, else 1).  A pair (a, b) becomes
 (a cos(theta) - b sin(theta), a sin(theta) + b cos(theta)).  Which elements of a
 head form pair i depends on the ordering (llama.cpp's rope type per architecture):
   normal ("llama"):  (2i, 2i+1)              -- adjacent elements
-  NeoX   ("qwen2"):  (i, i + n_rot/2)        -- the two halves
+  NeoX   ("qwen2", "qwen3"):  (i, i + n_rot/2)        -- the two halves
 Elements n_rot .. head_dim-1 (when n_rot < head_dim) are left as they are.
 The two orderings are one permutation apart: HF Llama checkpoints rotate halves
 (NeoX); convert_hf_to_gguf.py permutes the rows of each head of attn_q/attn_k
@@ -142,7 +145,10 @@ from gguf import GGML_QUANT_SIZES, quants
 from vramd.model.gguf_check import ModelFile, TensorInfo, validate_gguf
 
 # llama.cpp's rope type per architecture (llama_model_rope_type).
-ROPE_ORDERING = {"llama": "normal", "qwen2": "neox"}
+ROPE_ORDERING = {"llama": "normal", "qwen2": "neox", "qwen3": "neox"}
+# Architectures whose q and k heads are RMS-normalized before RoPE (attn_q_norm /
+# attn_k_norm, required there and refused elsewhere).
+QK_NORM_ARCHS = ("qwen3",)
 
 _LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _LAYER_NORMS = ("attn_norm", "ffn_norm")
@@ -213,6 +219,8 @@ class Layer:
     ffn_up: np.ndarray
     ffn_down: np.ndarray
     bias: dict[str, np.ndarray]     # matrix name (e.g. "attn_q") -> bias, only those present
+    attn_q_norm: np.ndarray | None = None   # qwen3: [head_dim_k], one weight for every head
+    attn_k_norm: np.ndarray | None = None
 
 
 class ReferenceKV:
@@ -350,9 +358,15 @@ class ReferenceModel:
                 b = take(f"{p}{m}.bias", (s[0],), optional=True)
                 if b is not None:
                     bias[m] = b
+            qk = {}
+            if self.arch in QK_NORM_ARCHS:
+                qk = {n: take(f"{p}{n}.weight", (self.head_dim_k,)) for n in ("attn_q_norm", "attn_k_norm")}
+                if bias:
+                    raise ValueError(f"{path}: {self.arch} has no attention biases "
+                                     f"(llama.cpp loads none), found {', '.join(bias)}")
             self.layers.append(Layer(attn_norm=take(f"{p}attn_norm.weight", (e,)),
                                      ffn_norm=take(f"{p}ffn_norm.weight", (e,)),
-                                     bias=bias, **mats))
+                                     bias=bias, **mats, **qk))
         unknown = sorted(set(t) - known)
         if unknown:
             raise ValueError(f"{path}: tensors the reference does not implement: "
@@ -395,6 +409,9 @@ class ReferenceModel:
             q = self._linear(layer, "attn_q", h).reshape(n, self.n_head, self.head_dim_k)
             k = self._linear(layer, "attn_k", h).reshape(n, self.n_head_kv, self.head_dim_k)
             v = self._linear(layer, "attn_v", h).reshape(n, self.n_head_kv, self.head_dim_v)
+            if layer.attn_q_norm is not None:       # per head, over head_dim, before RoPE
+                q = rms_norm(q, layer.attn_q_norm, self.eps)
+                k = rms_norm(k, layer.attn_k_norm, self.eps)
             q = rope(q, theta, self.rope_ordering)
             k = rope(k, theta, self.rope_ordering)
             kv.k[il] = np.concatenate([kv.k[il], k.astype(kv.dtype)])

@@ -123,3 +123,27 @@ def test_host_buffer_round_trip(device):
         hb.close()
         ops.close()
         res.close()
+
+
+def test_steps_of_several_tokens_replay_as_their_chunk_computes(model):
+    """The decode step is keyed by batch size: a batch of n <= REPLAY_TOKENS
+    tokens wanting its last row's logits replays a step recorded for n,
+    giving the logits the chunk path gives for the same batch, bit for bit."""
+    from vramd.engine.batch import TokenBatch
+    from vramd.engine.model import REPLAY_TOKENS
+
+    m, ref, _res = model
+    kv = ref.new_kv(np.float16)
+    m.forward([1, 7, 9], 0)
+    ref.forward([1, 7, 9], kv, 0)
+    pos = 3
+    for n in (2, 3, 5, REPLAY_TOKENS):
+        toks = list(range(40, 40 + n))
+        batch = TokenBatch.of(toks, pos)
+        chunk = m._chunk(batch)[0]                 # the recorded-per-chunk path
+        replayed = m.run(batch)[0]                 # the step recorded for n tokens, replayed
+        assert np.array_equal(chunk, replayed)
+        assert rel_err(replayed, ref.forward(toks, kv)[-1]) < TOL
+        assert m._steps[n].records == 1
+        pos += n
+    assert sorted(m._steps) == [2, 3, 5, REPLAY_TOKENS]

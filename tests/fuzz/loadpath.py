@@ -8,7 +8,7 @@ corpus replay.
   Engine.check(mf)                      the engine's hyper-parameters (llama, gemma3, MoE)
   runner.scratch_layout(cfg)            the compute buffers it asks the residency for
   loader.kv_shape / scratch_bytes       the KV cache it asks for
-  placement.plan / smallest_fit         --n-cpu-moe, --vram-budget
+  footprint(mf, ctx, n_cpu_moe=...)     --n-cpu-moe, --vram-budget (placement.plan / smallest_fit)
   Engine.text_front(mf)                 the vocabulary (Tokenizer.from_metadata, when
                                         tokenizer.ggml.model is set) and the chat template
                                         (ChatTemplate.from_metadata, compiled): in the
@@ -44,7 +44,8 @@ from vramd import cli
 from vramd.engine import runner
 from vramd.engine.chat import ChatTemplate
 from vramd.engine.tokenizer import Tokenizer
-from vramd.model import loader, placement
+from vramd.model import loader
+from vramd.model.footprint import footprint
 from vramd.model.gguf_check import ModelFile, validate_gguf
 from vramd.model.mmproj import load_mmproj
 
@@ -147,12 +148,11 @@ def _kv_sizes(mf: ModelFile) -> None:
 
 
 def _placement(mf: ModelFile) -> None:
-    kv, scratch = cli.model_overheads(mf, CTX)
     for n in (0.0, 4 / 3, 2.5):
-        placement.plan(mf, n, kv, scratch)
+        footprint(mf, CTX, n_cpu_moe=n)
     for budget in (0, 1 << 40):
         try:
-            placement.smallest_fit(mf, budget, kv, scratch)
+            footprint(mf, CTX, n_cpu_moe="auto", budget=budget)
         except UsageError as e:
             if "even with every expert on the host" not in str(e):
                 raise

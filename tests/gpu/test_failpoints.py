@@ -11,7 +11,7 @@ import pytest
 
 from vramd import failpoints
 from vramd.errors import DeviceError, InjectedFault, UsageError
-from vramd.gpu.kernels import StateStep
+from tests.gpu.state_step import StateStep
 from vramd.gpu.residency import native_failpoints
 
 MiB = 1 << 20

@@ -3,7 +3,7 @@ order copies and compute instead."""
 import numpy as np
 
 from vramd.gpu.device import Device
-from vramd.gpu.kernels import StateStep
+from tests.gpu.state_step import StateStep
 from vramd.gpu.residency import Residency
 
 MiB = 1 << 20

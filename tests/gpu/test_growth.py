@@ -3,7 +3,7 @@ import os
 
 import numpy as np
 
-from vramd.gpu.kernels import StateStep
+from tests.gpu.state_step import StateStep
 
 MiB = 1 << 20
 
@@ -31,12 +31,14 @@ def pin_malloc_mmap_threshold():
     ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 256 * 1024)
 
 
-def test_500_cycles_hold_memory_flat(res, rng):
+def test_500_cycles_hold_memory_flat(res, rng, tmp_path):
+    from tests.engine.models_vision import write_mmproj
+    from vramd.engine.vision import VisionEncoder
     pin_malloc_mmap_threshold()
     w = res.region("weights", "w", {"a": 2 * MiB, "b": MiB + 1})
     s = res.region("state", "kv", {"k": MiB})
     sc = res.region("scratch", "tmp", {"t": 2 * MiB})
-    e = res.region("encoder", "enc", {"e": MiB})
+    enc = VisionEncoder(str(write_mmproj(tmp_path / "mm.gguf", "mlp")), res)   # the daemon's encoder session
     step = StateStep(res)
     x = rng.integers(0, 2**32, MiB // 4, dtype=np.uint32)
     s.tensors["k"].write(x)
@@ -45,7 +47,7 @@ def test_500_cycles_hold_memory_flat(res, rng):
         res.restore()
         sc.tensors["t"].buffer()
         step(s.tensors["k"], 5, i)
-        with res.encoder_session():
+        with enc.session():
             pass
         res.release()
 
@@ -54,7 +56,7 @@ def test_500_cycles_hold_memory_flat(res, rng):
         x = x * np.uint32(5) + np.uint32(i)
     res.drain()
     rss0, usage0, fds0 = rss_bytes(), res.heap_usage(), open_fds()
-    per_cycle = sum(r.info()["bytes"] for r in (w, s, sc, e))
+    per_cycle = sum(r.info()["bytes"] for r in (w, s, sc, enc.region, enc.act))
 
     for i in range(20, 520):
         cycle(i)
@@ -68,5 +70,6 @@ def test_500_cycles_hold_memory_flat(res, rng):
     # per step (6 KB) was 3 MiB.  Allow malloc noise well below that.
     assert grown < 2 * MiB, f"RSS grew {grown / MiB:.1f} MiB ({per_cycle / MiB:.1f} MiB moved per cycle)"
     assert open_fds() == fds0
+    enc.close()
     assert np.array_equal(s.tensors["k"].read(np.uint32), x)
     step.close()

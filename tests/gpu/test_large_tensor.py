@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from vramd.errors import UsageError
-from vramd.gpu.kernels import StateStep
+from tests.gpu.state_step import StateStep
 
 MiB = 1 << 20
 

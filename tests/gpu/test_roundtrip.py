@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from vramd.errors import UsageError
-from vramd.gpu.kernels import StateStep
+from tests.gpu.state_step import StateStep
 
 MiB = 1 << 20
 # Sizes that cross the 1 MiB blocks of the `res` fixture in every way: a
@@ -79,26 +79,36 @@ def test_state_kept_resident_when_policy_says_so(res, rng):
     assert not s.resident and np.array_equal(s.tensors["k"].read(), x)
 
 
-def test_encoder_just_in_time_evicts_weights_when_tight(res, rng):
+def test_encoder_just_in_time_evicts_weights_when_tight(res, rng, tmp_path):
+    # The daemon's encoder session (VisionEncoder.session), over raw weights and state.
+    from tests.engine.models_vision import write_mmproj
+    from vramd.engine.vision import VisionEncoder
     w = res.region("weights", "backbone", {"w": 3 * MiB})
     s = res.region("state", "kv", {"k": MiB})
-    e = res.region("encoder", "mmproj", {"e": 2 * MiB})
-    wd, sd, ed = fill(w, rng), fill(s, rng), fill(e, rng)
-    res.restore()  # weights and state; the encoder stays in host memory
-    assert not e.resident
-    with res.encoder_session():  # fits: nothing else moves
-        assert e.resident and w.resident
-        assert np.array_equal(e.tensors["e"].read(), ed["e"])
-    assert not e.resident and w.resident
-    # Now the device holds the weights and the state only (4 MiB + blocks):
-    # the encoder needs the weights' room.
-    res.set_device_limit(w.info()["device"] + s.info()["device"] + MiB)
-    with res.encoder_session():
-        assert e.resident and not w.resident and s.resident  # KV untouched
-        assert np.array_equal(e.tensors["e"].read(), ed["e"])
-    assert not e.resident and w.resident and s.resident
-    assert np.array_equal(w.tensors["w"].read(), wd["w"])
-    assert np.array_equal(s.tensors["k"].read(), sd["k"])
+    enc = VisionEncoder(str(write_mmproj(tmp_path / "mm.gguf", "mlp")), res)
+    try:
+        e = enc.region
+        wd, sd = fill(w, rng), fill(s, rng)
+        ed = {n: t.host().copy() for n, t in e.tensors.items()}
+        res.restore()  # weights and state; the encoder stays in host memory
+        assert not e.resident
+        with enc.session() as phases:  # fits: nothing else moves
+            assert e.resident and w.resident and not phases["evicted_weights"]
+            assert all(np.array_equal(t.read(), ed[n]) for n, t in e.tensors.items())
+        assert not e.resident and not enc.act.resident and w.resident
+        # Now the device holds the weights and the state only: one byte short of room for the
+        # encoder and its activations beside them (the weights' room is more than enough).
+        beside = w.info()["device"] + s.info()["device"] + e.info()["bytes"] + enc.act.info()["bytes"]
+        res.set_device_limit(beside - 1)
+        with enc.session() as phases:
+            assert e.resident and not w.resident and s.resident and phases["evicted_weights"]  # KV untouched
+            assert all(np.array_equal(t.read(), ed[n]) for n, t in e.tensors.items())
+        assert not e.resident and w.resident and s.resident
+        assert np.array_equal(w.tensors["w"].read(), wd["w"])
+        assert np.array_equal(s.tensors["k"].read(), sd["k"])
+    finally:
+        res.set_device_limit(0)
+        enc.close()
 
 
 def test_scratch_freed_without_copy_and_recreated_lazily(res):

@@ -8,7 +8,8 @@ import pytest
 from vramd.gpu.kernels import glslc_command
 
 SHADERS = Path(__file__).resolve().parents[2] / "native" / "shaders"
-SOURCES = sorted(SHADERS.glob("*.comp"))
+TEST_SHADERS = Path(__file__).resolve().parent / "shaders"   # test-only kernels (state_step.py): shipped nowhere
+SOURCES = sorted([*SHADERS.glob("*.comp"), *TEST_SHADERS.glob("*.comp")])
 
 
 def test_there_are_shaders():
@@ -28,7 +29,7 @@ def test_spv_matches_its_source(source, tmp_path):
 
 def test_every_spv_has_its_source():
     """No orphan binaries: each shipped .spv is checked above through its .comp."""
-    orphans = [p.name for p in SHADERS.glob("*.spv") if not p.with_suffix(".comp").is_file()]
+    orphans = [p.name for d in (SHADERS, TEST_SHADERS) for p in d.glob("*.spv") if not p.with_suffix(".comp").is_file()]
     assert not orphans, orphans
 
 

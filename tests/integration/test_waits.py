@@ -100,3 +100,36 @@ def test_a_stopped_waiter_at_the_head_of_the_queue_is_skipped(arena, models, dae
         if blocker.poll() is None:
             blocker.kill()
             blocker.wait()
+
+
+def test_a_stopped_parked_peer_does_not_freeze_the_one_that_needs_its_room(arena, tmp_path, daemons):
+    from tests.integration.conftest import SHAPE
+    from tests.integration.test_cache import compute, footprint
+    from tests.model.ggufgen import write_model
+    three = [write_model(tmp_path / f"m{i}.gguf", seed=10 + i, shape=SHAPE) for i in range(3)]
+    probe = daemons(arena, three[0], "probe")
+    one = footprint(probe)
+    assert probe.stop() == 0
+    budget = str(2 * one + one // 2)          # any two fit, not three
+    a = daemons(arena, three[0], "a", "--vram-budget", budget)
+    compute(a)
+    b = daemons(arena, three[1], "b", "--vram-budget", budget)
+    compute(b)
+    c = daemons(arena, three[2], "c", "--vram-budget", budget, "--wake-timeout", "4", wait_ready=False)
+    c.wait_ready()                                 # c made room: a (the LRU) gave some up
+    compute(a)                                     # a is warm again, b and c parked: b is the LRU now
+    b.proc.send_signal(signal.SIGSTOP)             # the peer that must give up room cannot answer
+    try:
+        t0 = time.monotonic()
+        status, body = post(c.member().endpoint + "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
+        took = time.monotonic() - t0
+        # Answered within its own timeout (+1 s): served with the room a gives, or refused,
+        # never frozen 120 s behind the stopped peer while holding the GPU.
+        assert took < 4 + 1.0, (took, body)
+        assert status in (200, 503), body
+        assert "stopped" in c.output or status == 200
+        t0 = time.monotonic()
+        assert a.ask("wake", timeout=4)["state"] == "warm"   # the GPU is not held by a frozen asker
+        assert time.monotonic() - t0 < 4 + 1.0
+    finally:
+        b.proc.send_signal(signal.SIGCONT)

@@ -34,6 +34,8 @@ from vramd.engine.scratch import logit_rows, scratch_layout
 from vramd.engine.tensors import TensorTable
 from vramd.errors import ModelError
 
+REPLAY_TOKENS = 8   # batches of up to this many tokens (and last-row logits) replay a recorded step
+
 class TransformerModel:
     """Forward passes of one loaded model (weights region, KV `state` region,
     scratch region).  gpu_routing=False routes every MoE layer on the host
@@ -85,8 +87,9 @@ class TransformerModel:
 
     def run(self, batch: TokenBatch) -> np.ndarray:
         """The logits of batch.out's rows, [len(out), n_vocab]."""
-        if batch.decode_shape and self.replays_decode and len(batch) == 1:
-            return self._step(len(batch)).run(batch.ids, batch.pos, lambda: self._record(len(batch), (0,)))[None]
+        n = len(batch)
+        if batch.decode_shape and self.replays_decode and n <= REPLAY_TOKENS and len(set(batch.seq)) == 1:
+            return self._step(n).run(batch.ids, batch.pos, lambda: self._record(n, (n - 1,)))[None]
         size = min(self.batch, logit_rows(self.spec, self.batch)) if len(batch.out) > 1 else self.batch
         out = [self._chunk(c) for c in batch.chunks(size)]
         return np.concatenate([o for o in out if o is not None], axis=0)

@@ -33,6 +33,22 @@ from vramd.errors import ModelError, OutOfDeviceMemory
 from vramd.failpoints import failpoint
 
 
+def n_positions(cfg, info) -> int:
+    """Positions the ViT runs over: the patches, and the class token if the file has one."""
+    return cfg.n_patches + (1 if info.has_class_embd else 0)
+
+
+def layouts(mf, cfg, info) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The encoder region's tensors and its activations' (the scratch region) as [(name, nbytes)]:
+    what `VisionEncoder` allocates, and what vramd/model/footprint.py counts."""
+    weights = [(n, mf.tensor(n).nbytes) for n in info.names]
+    e, n, text, s = cfg.n_embd, n_positions(cfg, info), info.n_embd_text, cfg.image_size
+    act = [("img", 4 * 3 * s * s), ("x", 4 * n * e), ("h", 4 * n * e), ("q", 4 * n * e), ("k", 4 * n * e),
+           ("v", 4 * n * e), ("a", 4 * n * e), ("f", 4 * n * cfg.n_ff), ("pooled", 4 * cfg.n_patches * e),
+           ("m", 4 * n * text), ("y", 4 * n * text)]
+    return weights, act
+
+
 class VisionEncoder:
     def __init__(self, path: str, residency, name: str = "mmproj", resident: bool = False):
         from vramd.model.gguf_check import validate_gguf
@@ -56,14 +72,9 @@ class VisionEncoder:
             if self._types[p] not in (Q.F16, Q.F32):
                 raise ModelError(f"{path}: {p} must be F16 or F32 (it is stored transposed)")
             self._shapes[p] = tuple(reversed(self._shapes[p]))
-        self.region = residency.region("encoder", f"{name}/encoder", [(n, mf.tensor(n).nbytes) for n in info.names])
-        e, n = cfg.n_embd, self.n_positions
-        text = info.n_embd_text
-        s = cfg.image_size
-        self.act = residency.region("scratch", f"{name}/act", [
-            ("img", 4 * 3 * s * s), ("x", 4 * n * e), ("h", 4 * n * e), ("q", 4 * n * e), ("k", 4 * n * e),
-            ("v", 4 * n * e), ("a", 4 * n * e), ("f", 4 * n * cfg.n_ff), ("pooled", 4 * cfg.n_patches * e),
-            ("m", 4 * n * text), ("y", 4 * n * text)])
+        weights, act = layouts(mf, cfg, info)
+        self.region = residency.region("encoder", f"{name}/encoder", weights)
+        self.act = residency.region("scratch", f"{name}/act", act)
         try:
             self._read_shadows()
         except BaseException:
@@ -73,7 +84,7 @@ class VisionEncoder:
 
     @property
     def n_positions(self) -> int:
-        return self.cfg.n_patches + (1 if self.info.has_class_embd else 0)
+        return n_positions(self.cfg, self.info)
 
     @property
     def n_tokens(self) -> int:

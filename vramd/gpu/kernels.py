@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,8 @@ class Kernel:
     """A compute pipeline with `n_buffers` storage buffers (set 0, bindings
     0..n-1) and `push_bytes` of push constants."""
 
-    def __init__(self, residency, name: str, n_buffers: int, push_bytes: int):
+    def __init__(self, residency, name: str, n_buffers: int, push_bytes: int, spv: Path | None = None):
+        """`spv`: a compiled shader of one's own (tests/gpu's); by default `name`'s in SHADER_DIRS."""
         self.residency = residency
         dev = residency.device
         vk = self.vk = dev.vk
@@ -46,7 +46,7 @@ class Kernel:
         self.name = name
         self.n_buffers, self.push_bytes = n_buffers, push_bytes
         self.max_groups = dev.limits["maxComputeWorkGroupCount"]
-        code = shader_path(name).read_bytes()
+        code = (spv or shader_path(name)).read_bytes()
         module_info = vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code)
         self.module = vk.vkCreateShaderModule(self.dev, module_info, None)
         bindings = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -132,19 +132,6 @@ class Kernel:
         vk.vkDestroyDescriptorSetLayout(self.dev, self.set_layout, None)
         vk.vkDestroyShaderModule(self.dev, self.module, None)
         self.pipeline = None
-
-
-class StateStep(Kernel):
-    """native/shaders/state_step.comp: words = words * mul + add (uint32)."""
-
-    def __init__(self, residency):
-        super().__init__(residency, "state_step", n_buffers=1, push_bytes=12)
-
-    def __call__(self, tensor, mul: int, add: int) -> None:
-        """One step over the whole tensor, one dispatch per storage view."""
-        for view in tensor.views():
-            words = view[2] // 4
-            self.dispatch([view], struct.pack("<III", words, mul & 0xFFFFFFFF, add & 0xFFFFFFFF), words)
 
 
 def glslc_command(source: os.PathLike, output: os.PathLike) -> list[str]:

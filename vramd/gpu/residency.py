@@ -16,8 +16,6 @@ vramd error carrying the native message.
 """
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
 from vramd import failpoints
@@ -232,7 +230,8 @@ class Residency:
 
     def restore(self, kinds=("weights", "state")) -> None:
         """Uploads the released regions of `kinds` (encoder and scratch are
-        brought in on use, see `encoder_session` and `Tensor.buffer`).  Raises
+        brought in on use: vramd/engine/vision.py's `VisionEncoder.session`
+        and `Tensor.buffer`).  Raises
         OutOfDeviceMemory with every touched region released, shadows intact."""
         self.generation += 1
         check(lib.vramd_restore(self._ctx, kind_mask(kinds)))
@@ -288,34 +287,6 @@ class Residency:
         out = ffi.new("double[4]")
         check(lib.vramd_link_probe(self._ctx, int(nbytes), int(reps), out))
         return {"h2d_gbps": out[0], "d2h_gbps": out[1], "h2d_best_gbps": out[2], "d2h_best_gbps": out[3]}
-
-    @contextlib.contextmanager
-    def encoder_session(self):
-        """Brings the encoder to the device for one encode, then releases it.
-        If it does not fit, the backbone weights go first (no copy: their
-        shadow is read-only) while state stays; on the way back the encoder
-        is freed before the weights return, so the peak stays within VRAM."""
-        evicted = False
-        try:
-            self.restore(["encoder"])
-        except OutOfDeviceMemory:
-            if not any(r.kind == "weights" and r.resident for r in self.regions):
-                raise
-            self.release(["weights"])
-            self.drain()
-            evicted = True
-            try:
-                self.restore(["encoder"])
-            except OutOfDeviceMemory:
-                self.restore(["weights"])
-                raise
-        try:
-            yield
-        finally:
-            self.release(["encoder"])
-            if evicted:
-                self.drain()
-                self.restore(["weights"])
 
     def close(self) -> None:
         if getattr(self, "_ctx", None) is not None:

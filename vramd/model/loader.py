@@ -74,6 +74,13 @@ def kv_shape(mf: ModelFile, ctx: int) -> KVShape | None:
     return KVShape(layers, ctx, k_dim * n_head_kv, v_dim * n_head_kv)
 
 
+def kv_layout(shape: KVShape) -> list[tuple[str, int]]:
+    """The KV cache region's tensors, [(name, nbytes)]: one K and one V per layer
+    (the engine's layout, vramd/engine/kvcache.py, which binds them)."""
+    from vramd.engine.kvcache import KVLayout
+    return KVLayout(shape.layers, shape.ctx, shape.k_width, shape.v_width).tensors()
+
+
 def scratch_bytes(mf: ModelFile) -> int:
     """Compute buffers for one prefill batch: activations plus logits (an estimate
     until the engine sizes its own; it is what the breakdown shows meanwhile)."""
@@ -101,11 +108,7 @@ def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
         shape = kv_shape(mf, ctx)
         kv = None
         if shape is not None:
-            k_bytes, v_bytes = shape.layer_bytes
-            tensors = []
-            for layer in range(shape.layers):
-                tensors += [(f"cache_k_l{layer}", k_bytes), (f"cache_v_l{layer}", v_bytes)]
-            kv = residency.region("state", f"{name}/kv", tensors)
+            kv = residency.region("state", f"{name}/kv", kv_layout(shape))
             regions.append(kv)
         scratch = residency.region("scratch", f"{name}/scratch", scratch or [("compute", scratch_bytes(mf))])
         regions.append(scratch)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 from vramd.errors import UsageError
 
@@ -108,24 +109,28 @@ def plan(mf, n: float, kv_bytes: int = 0, scratch_bytes: int = 0) -> Plan:
     return p
 
 
-def smallest_fit(mf, budget: int, kv_bytes: int = 0, scratch_bytes: int = 0) -> Plan:
+def smallest_fit(mf, budget: int, kv_bytes: int = 0, scratch_bytes: int = 0,
+                 measure: Callable[[Plan], int] | None = None) -> Plan:
     """The plan with the smallest N (steps of 1/3) whose device bytes fit `budget`.
 
+    `measure(plan)`: the device bytes of a plan (default `Plan.device_bytes`, the tensors'
+    own sizes; vramd/model/footprint.py measures them as the residency core packs them).
     A larger N never brings a tensor back to the device, so the device bytes
     never grow with N, and the step is found by bisection: log2(3 L) plans
     rather than 3 L (each plan walks every tensor; a crafted file of 65,536
     expert tensors kept the linear search busy for hours)."""
+    measure = measure or (lambda p: p.device_bytes)
     layers = len(expert_tensors(mf))
     lo, hi = 0, 3 * layers
     p = plan(mf, hi / 3, kv_bytes, scratch_bytes)
-    if p.device_bytes <= budget:
+    if (least := measure(p)) <= budget:
         while lo < hi:
             mid = (lo + hi) // 2
-            if plan(mf, mid / 3, kv_bytes, scratch_bytes).device_bytes <= budget:
+            if measure(plan(mf, mid / 3, kv_bytes, scratch_bytes)) <= budget:
                 hi = mid
             else:
                 lo = mid + 1
         return plan(mf, lo / 3, kv_bytes, scratch_bytes)
-    raise UsageError(f"{mf.path}: even with every expert on the host the model needs {p.device_bytes} device "
-                     f"bytes (weights {p.device_weight_bytes}, KV {kv_bytes}, scratch {scratch_bytes}); "
+    raise UsageError(f"{mf.path}: even with every expert on the host the model needs {least} device "
+                     f"bytes (weights {least - kv_bytes - scratch_bytes}, KV {kv_bytes}, scratch {scratch_bytes}); "
                      f"the budget is {budget}")

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from vramd.arena.arbiter import Participant
 from vramd.arena.layout import Arena, default_base
-from vramd.arena.members import KINDS, Registry
+from vramd.arena.members import Registry
 from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError, ShuttingDown, Timeout,
                            TokenError, UsageError, VramdError)
 from vramd.server import systemd
@@ -46,6 +46,7 @@ from vramd.server.guard import Guard
 from vramd.server import openai_api, prompts
 from vramd.server.http import Exchange, HttpServer, json_route
 from vramd.server.metrics import Metrics
+from vramd.server.room import Room
 
 log = logging.getLogger("vramd.daemon")
 
@@ -53,14 +54,6 @@ log = logging.getLogger("vramd.daemon")
 DEFAULT_WAKE_TIMEOUT = 60.0
 # While holding the token, device memory is looked at this often for foreign users (memview.ForeignWatch).
 VRAM_WATCH_INTERVAL = 5.0
-# A restore that the device memory does not hold is looked at again this many times, 0.1 s apart:
-# a driver's budget may lag the frees parked peers just made for us.
-ROOM_CHECKS = 5
-# A restore waits at most this long for device memory that members released and whose residency
-# core is still handing it back to the driver (their records' `freeing_bytes`; 16 GiB take ~110 ms
-# on the H200), looking every FREEING_POLL s.  A member whose frees take longer is counted out.
-FREEING_WAIT = 5.0
-FREEING_POLL = 0.02
 # A status or /metrics call waits at most this long for the daemon's lock to look at device memory
 # (never in the middle of our own restore or release); past it, it shows the last look.
 SAMPLE_LOCK_WAIT = 0.5
@@ -163,12 +156,13 @@ class Daemon:
         self.exit_code = 0
         self.guard = None
         self._current: tuple[str | None, float] = (None, 0.0)   # the job the loop runs, since when
+        self._warm_deadline: float | None = None   # when the request we go warm for gives up
         self._inflight_lock = threading.Lock()
 
     # -- set-up ------------------------------------------------------------
 
     def setup(self) -> None:
-        from vramd.engine.runner import Engine, scratch_layout
+        from vramd.engine.runner import Engine
         from vramd.gpu.device import Device
         from vramd.gpu.residency import Residency
         from vramd.model import loader
@@ -186,9 +180,9 @@ class Daemon:
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
         self.residency = Residency(self.device)
-        on_host = self._expert_placement(mf, engine_cfg, scratch_layout(engine_cfg))
+        self.footprint = fp = self._footprint(mf)
         self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf,
-                                 scratch=scratch_layout(engine_cfg), host_tensors=on_host)
+                                 scratch=fp.layouts["scratch"], host_tensors=fp.host_tensors)
         if cfg.mmproj:
             self.encoder = self._load_encoder()
         for w in self.model.file.warnings:
@@ -198,9 +192,14 @@ class Daemon:
         self.participant = Participant(
             self.arena, self.name, model=os.path.basename(cfg.model),
             restore=self._restore, release=self._release, breakdown=self.residency.breakdown,
-            freeing=self._freeing_bytes,
+            freeing=lambda: self.room.freeing_bytes(),
             on_yield_request=self.poke, on_ring_while_cold=self._ring_while_parked,
             quantum=cfg.quantum, max_hold=cfg.max_hold)
+        registry = Registry(self.arena.members_dir)
+        self.room = Room(self.name, self.residency, self.model.regions, self._budget(),
+                         members=self._other_members, is_member=lambda pid: registry.read(pid) is not None,
+                         token=self.participant.token, sample=self.sample_device_memory, metrics=self.metrics,
+                         ask=self._ask_peer)
         from vramd.gpu.memview import ForeignWatch
         self.vram_watch = ForeignWatch(self.name)
         member = self.participant.member
@@ -229,22 +228,19 @@ class Daemon:
         return VisionEncoder(self.cfg.mmproj, self.residency, name=f"{self.name}/mmproj",
                              resident=self.cfg.mmproj_resident)
 
-    def _expert_placement(self, mf, engine_cfg, scratch) -> list[str]:
-        """Expert tensors kept on the host for --n-cpu-moe (none without the flag or the experts)."""
-        from vramd.model import loader, placement
-        if self.cfg.n_cpu_moe is None:
-            return []
-        if not placement.expert_tensors(mf):
+    def _footprint(self, mf):
+        """The model's regions as vramd/model/footprint.py sizes them (what `vramd plan` prints),
+        with the expert tensors --n-cpu-moe keeps on the host."""
+        from vramd.model import placement
+        from vramd.model.footprint import footprint
+        n = self.cfg.n_cpu_moe
+        if n is not None and not placement.expert_tensors(mf):
             log.info("%s: %s has no expert tensors; --n-cpu-moe changes nothing", self.name, self.cfg.model)
-            return []
-        n = placement.parse_n_cpu_moe(self.cfg.n_cpu_moe)
-        if n == "auto":
-            shape = loader.kv_shape(mf, self.cfg.ctx)
-            kv = 0 if shape is None else sum(shape.layer_bytes) * shape.layers
-            p = placement.smallest_fit(mf, self._budget(), kv, sum(b for _n, b in scratch))
-            log.info("%s: --n-cpu-moe auto: %g layers of experts on the host", self.name, p.n_cpu_moe)
-            n = p.n_cpu_moe
-        return placement.host_tensors(mf, n)
+            n = None
+        fp = footprint(mf, self.cfg.ctx, n_cpu_moe=n, budget=self._budget(), limits=self.residency.limits)
+        if n is not None and placement.parse_n_cpu_moe(n) == "auto":
+            log.info("%s: --n-cpu-moe auto: %g layers of experts on the host", self.name, fp.plan.n_cpu_moe)
+        return fp
 
     def _refuse_duplicate_name(self) -> None:
         for m in Registry(self.arena.members_dir).list():
@@ -257,21 +253,11 @@ class Daemon:
     def _other_members(self) -> list:
         return [m for m in Registry(self.arena.members_dir).list(clean=False) if m.pid != os.getpid()]
 
-    def _others_device_bytes(self) -> int:
-        return sum(m.device_bytes() for m in self._other_members())
-
-    def _freeing_bytes(self) -> int:
-        """Device bytes we released that the core is still handing back to the driver."""
-        return self.residency.stats()["reclaim_pending_bytes"]
-
     def _settle_frees(self) -> None:
-        """Cold after a release that did not drain (the next holder's need fit by the arena's
-        accounting): our record said how much was still being freed; once it is back with the
-        driver, say so.  On the loop thread, after the token is gone."""
-        if self.participant.holds_token or not self.participant.member.freeing_bytes:
-            return
-        self.residency.drain()
-        self.participant.set_resident_state()
+        """Cold after a release that did not drain: once what our record said was still being
+        freed is back with the driver, say so.  On the loop thread, after the token is gone."""
+        if self.room.settle_frees(self.participant.holds_token, self.participant.member.freeing_bytes):
+            self.participant.set_resident_state()
 
     def _budget(self) -> int:
         """Device bytes the arena's members may hold together: --vram-budget, else the device heap."""
@@ -280,32 +266,10 @@ class Daemon:
         heaps = [h["size"] for h in self.device.heaps if h["device_local"]] or [h["size"] for h in self.device.heaps]
         return max(heaps)
 
-    def _needed_bytes(self, kinds=("weights", "state", "scratch")) -> int:
-        """Device bytes going warm will add (scratch included: it comes with the first compute)."""
-        need = 0
-        for region in self.model.regions:
-            info = region.info()
-            if info["kind"] in kinds and not info["resident"]:
-                need += info["bytes"]
-        return need
-
     def _restore(self) -> int:
         with self.lock:
             before = self._device_total()
-            need = self._needed_bytes()
-            if need:
-                # Either residency mode: --residency says what *we* keep when we
-                # yield; what parked peers hold is theirs to give up for our need.
-                # Each check refuses before it asks anyone for anything (and
-                # before we allocate) when even that would not make room.
-                self._check_budget(self._needed_bytes(("weights", "state")))
-                self._check_device_memory(need)   # the device as the driver sees it
-                self._make_room(need)             # the arena's budget (--vram-budget)
-            room = self._budget() - self._others_device_bytes()
-            if room <= before:
-                raise OutOfDeviceMemory(f"{self.name}: the device budget ({self._budget()} B) is used up by "
-                                        "other members' resident buffers")
-            self.residency.set_device_limit(room)
+            self.room.prepare_restore()   # room made, or refused before anything of ours moved
             try:
                 self.residency.restore(["weights", "state"])
             except OutOfDeviceMemory:
@@ -316,28 +280,14 @@ class Daemon:
         return moved
 
     def _release(self) -> int:
-        """Going cold.  Exclusive mode (and idle sleep, shutdown, a flock-only
-        peer next) frees the device buffers; cache mode parks them."""
+        """Going cold (vramd/server/room.py decides what goes)."""
         with self.lock:
-            foreign_next = self._foreign_peer_waits()
+            foreign_next = self.room.foreign_peer_waits(os.getpid())
             everything = self._release_everything or foreign_next or self.stopping
             self._release_everything = False
-            state_before = self.residency.breakdown()["state"]["device"]
-            if everything or self.cfg.residency == "exclusive":
-                evict = everything or self._should_evict_state()
-                if self.model.kv is not None:
-                    self.model.kv.evict = evict
-                self.residency.release(list(KINDS))
-                if foreign_next:
-                    self._empty_parked_peers()
-                if evict or foreign_next or self.participant.incoming_need() is None:
-                    # Someone who needs the room (or a foreign peer expecting an
-                    # empty GPU) comes next: be sure the driver has the memory back.
-                    self.residency.drain()
-            elif self.cfg.evict_state == "always" and self.model.kv is not None:
-                self.model.kv.evict = True
-                self.residency.release(["state"])
-            moved = state_before - self.residency.breakdown()["state"]["device"]
+            moved = self.room.release(everything=everything, exclusive=self.cfg.residency == "exclusive",
+                                      evict_state=self.cfg.evict_state, foreign_next=foreign_next,
+                                      incoming_need=self.participant.incoming_need(), stopping=self.stopping)
             self.metrics.observe_release(moved)
             parked = self._device_total()
         systemd.status("parked: keeps its buffers on the device until a peer needs the room" if parked
@@ -367,87 +317,6 @@ class Daemon:
         finally:
             self.lock.release()
 
-    def _refuse_restore(self, report: dict, need: int, detail: str = "") -> None:
-        from vramd.gpu.memview import mib
-        self.metrics.count("restore_failures")
-        msg = (f"{self.name}: not restored: the device has {mib(report['free'])} free and {mib(need)} are needed "
-               f"({report['bound']}){detail}")
-        if report["outside_arena"]:
-            msg += (f"; {mib(report['outside_arena'])} are held outside the arena "
-                    "by processes that are not vramd members")
-        log.warning("%s", msg)
-        raise OutOfDeviceMemory(msg + "; the model stays cold with nothing lost: retry when the memory is back")
-
-    def _check_within_reach(self, need: int) -> None:
-        """Before ringing (cold): refuse at once a restore that would not fit even if every
-        member gave up all its device memory, so a holder is not made to yield (and parked
-        peers to evict) for a restore that is then refused anyway."""
-        from vramd.gpu.memview import mib
-        for attempt in range(ROOM_CHECKS):
-            try:
-                report = self.sample_device_memory()
-            except Exception as e:  # no look: the restore's own checks decide
-                log.warning("%s: looking at device memory failed: %s", self.name, e)
-                return
-            members = sum(m.device_bytes() + m.freeing_bytes for m in self._other_members())
-            if report["free"] + members >= need:
-                return
-            if attempt + 1 < ROOM_CHECKS:
-                time.sleep(0.1)
-        self._refuse_restore(report, need, f"; the vramd members hold {mib(members)}, not enough to make room "
-                                           "if they all gave it up, so none was asked to")
-
-    def _check_budget(self, need: int) -> None:
-        """The arena's budget: refuse, before any parked peer is asked to evict, a restore (of
-        `need` bytes: weights and state) that would not fit even if every peer that may be
-        asked gave up all it holds."""
-        evictable = sum(m.device_bytes() for m in self.eviction_order())
-        if self._free_bytes() + evictable < need:
-            self.metrics.count("restore_failures")
-            raise OutOfDeviceMemory(f"{self.name}: the device budget ({self._budget()} B) is used up by "
-                                    "other members' resident buffers that may not be evicted "
-                                    f"({need} B needed, {self._free_bytes()} B free, {evictable} B evictable)")
-
-    def _check_device_memory(self, need: int) -> None:
-        """Before a restore (token held, nothing of ours touched): have `need` bytes free on
-        the device as the driver sees it, or refuse (cold, nothing lost, a 503).
-
-        Memory a member released and is still freeing comes back by itself: wait
-        for it (at most FREEING_WAIT s).  A shortfall that parked peers can cover
-        (memory outside the arena, which the budget's accounting does not see) is
-        asked of them in eviction order, need - free.  When even that cannot make
-        room, refuse before asking anyone for anything."""
-        deadline = time.monotonic() + FREEING_WAIT
-        settled = 0.0   # until then, the driver's figure may still lag the last evictions
-        rounds = short = 0
-        while True:
-            report = self.sample_device_memory()
-            free = report["free"]
-            if free >= need:
-                return
-            now = time.monotonic()
-            freeing = sum(m.freeing_bytes for m in self._other_members()) if now < deadline else 0
-            if free + freeing >= need:
-                time.sleep(FREEING_POLL)   # on its way back to the driver
-                continue
-            peers = self.eviction_order()
-            if rounds < ROOM_CHECKS and free + freeing + sum(m.device_bytes() for m in peers) >= need:
-                if now < settled:
-                    time.sleep(0.1)
-                    continue
-                self._evict_peers(peers, need - free - freeing)
-                rounds += 1
-                settled = time.monotonic() + 0.3
-                continue
-            short += 1   # the driver's figure may lag frees just made (a peer's eviction drains first)
-            if short >= ROOM_CHECKS:
-                break
-            time.sleep(0.1)
-        from vramd.gpu.memview import mib
-        still = sum(m.freeing_bytes for m in self._other_members())
-        self._refuse_restore(report, need, f"; {mib(still)} released by vramd members are still being freed "
-                                           f"after {FREEING_WAIT:g} s" if still else "")
-
     def _watch_device_memory(self) -> None:
         """The loop's periodic look while it holds the token (a foreign user is logged by the watch)."""
         if self.participant.holds_token and time.monotonic() - self._vram_sampled >= VRAM_WATCH_INTERVAL:
@@ -456,75 +325,11 @@ class Daemon:
             except Exception as e:  # a look that fails must not stop the loop
                 log.warning("%s: looking at device memory failed: %s", self.name, e)
 
-    def _should_evict_state(self) -> bool:
-        policy = self.cfg.evict_state
-        if policy != "auto" or self.model.kv is None:
-            return policy == "always"
-        need = self.participant.incoming_need()
-        if need is None:
-            return bool(self.participant.token.waiters()) or self.stopping
-        kv_device = self.residency.breakdown()["state"]["device"]
-        free_after = self._budget() - self._others_device_bytes() - kv_device
-        return free_after < need
-
-    # -- the shared cache (--residency cache) ----------------------------------
-
-    def _free_bytes(self) -> int:
-        return self._budget() - self._others_device_bytes() - self._device_total()
-
-    def eviction_order(self) -> list:
-        """Peers whose buffers may go to make room: not the holder, not pinned,
-        least recently used (shifted by priority) first."""
-        holders = set(self.participant.token.holders())
-        members = Registry(self.arena.members_dir).list(clean=False)
-        candidates = [m for m in members if m.pid != os.getpid() and m.control and m.device_bytes() > 0
-                      and not m.pinned and m.pid not in holders and m.state in ("parked", "cold", "warming")]
-        return sorted(candidates, key=lambda m: m.eviction_key())
-
-    def _make_room(self, need: int) -> None:
-        """Ask parked peers, in eviction order, to release until `need` bytes are free (the budget's accounting)."""
-        shortfall = need - self._free_bytes()
-        if shortfall > 0:
-            self._evict_peers(self.eviction_order(), shortfall, lambda: need - self._free_bytes())
-
-    def _evict_peers(self, peers: list, shortfall: int, left: Callable[[], int] | None = None) -> set[int]:
-        """Ask `peers` in turn to release until `shortfall` bytes are freed (`left()`: what is
-        still short after each, else the shortfall less what they freed).  Each drains
-        before it replies: its memory is back with the driver.  Returns the pids asked."""
-        from vramd.server.control import request
-        asked = set()
-        for peer in peers:
-            if shortfall <= 0:
-                break
-            asked.add(peer.pid)
-            try:
-                reply = request(peer.control, "evict", wait=120, bytes=shortfall)
-            except VramdError as e:
-                log.warning("%s: could not evict %s: %s", self.name, peer.name, e)
-                continue
-            log.info("%s: %s released %d bytes to make room", self.name, peer.name, reply["freed"])
-            shortfall = left() if left is not None else shortfall - reply["freed"]
-        return asked
-
-    def _empty_parked_peers(self) -> None:
-        """A flock-only peer comes next and expects an empty GPU: every parked member releases."""
-        from vramd.server.control import request
-        for m in Registry(self.arena.members_dir).list(clean=False):
-            if m.pid != os.getpid() and m.control and m.device_bytes() > 0:
-                try:
-                    request(m.control, "evict", wait=120, everything=True)
-                except VramdError as e:
-                    log.warning("%s: could not empty %s: %s", self.name, m.name, e)
-
-    def _foreign_peer_waits(self) -> bool:
-        """Is a process that is not a vramd member blocked on the token?"""
-        registry = Registry(self.arena.members_dir)
-        return any(pid != os.getpid() and registry.read(pid) is None for pid in self.participant.token.waiters())
+    # -- the shared cache (--residency cache; the policy is vramd/server/room.py) -------------
 
     def _ring_while_parked(self, pids: set[int]) -> None:
         """Warden hook: a ring from a non-member while we park: release everything."""
-        registry = Registry(self.arena.members_dir)
-        if self._device_total() and any(registry.read(pid) is None for pid in pids):
+        if self.room.foreign_ring(pids):
             threading.Thread(target=self._evict_for_foreign_peer, daemon=True).start()
 
     def _evict_for_foreign_peer(self) -> None:
@@ -536,31 +341,14 @@ class Daemon:
             log.info("%s: not emptied for a flock-only peer: %s", self.name, e)
 
     def evict(self, nbytes: int = 0, everything: bool = False) -> int:
-        """Release parked buffers for the token holder: scratch, then state, then weights,
-        until `nbytes` are freed (or all of them).  Never while we hold the token."""
+        """Release parked buffers for the token holder (Room.evict); never while we hold the token."""
         with self.lock:
-            if self.participant.holds_token:
-                raise PeerError(f"{self.name} holds the token; it is never asked to evict")
-            breakdown = self.residency.breakdown()
-            freed = 0
-            for kind in ("encoder", "scratch", "state", "weights"):
-                if freed >= nbytes and not everything:
-                    break
-                on_device = breakdown[kind]["device"]
-                if not on_device:
-                    continue
-                if kind == "state" and self.model.kv is not None:
-                    self.model.kv.evict = True  # an evicted KV cache is copied to the host, never lost
-                self.residency.release([kind])
-                freed += on_device
-            if freed:
-                self.residency.drain()  # the holder allocates next: the memory must be back
-                self.metrics.observe_eviction(freed)
+            freed = self.room.evict(nbytes, everything, holds_token=self.participant.holds_token)
             self.participant.set_resident_state()
         return freed
 
     def _device_total(self) -> int:
-        return sum(v["device"] for v in self.residency.breakdown().values())
+        return self.room.device_total()
 
     # -- the loop ------------------------------------------------------------
 
@@ -686,6 +474,7 @@ class Daemon:
                 if left is not None and left <= 0 and not self.participant.holds_token:
                     raise Timeout(f"waited {time.monotonic() - job.arrived:.1f} s for the GPU "
                                   f"(timeout {job.timeout:g} s): {self._busy_text()}")
+                self._warm_deadline = None if left is None else job.arrived + job.timeout
                 try:
                     self._ensure_warm(None if left is None else max(left, 0.0), cancel=self._beat_or_give_up)
                 except Timeout:
@@ -699,7 +488,7 @@ class Daemon:
             error = e
         if job.needs_gpu:
             self._cold_unless_whole()   # before the requester hears: the next request sees us cold
-        self._current = (None, 0.0)
+        self._current, self._warm_deadline = (None, 0.0), None
         job.finish(result, error)
         self.last_activity = time.monotonic()
 
@@ -721,12 +510,21 @@ class Daemon:
         except Exception as e:  # the token is released by then (go_cold's finally)
             log.error("%s: going cold failed: %s", self.name, e)
 
+    def _ask_peer(self, peer, cmd: str, **args) -> dict:
+        """Room's control request to a peer (an eviction, with the token held): answered within
+        EVICT_WAIT s, and never past what is left of the request we go warm for."""
+        from vramd.server.room import EVICT_WAIT, ask_over_socket
+        wait = EVICT_WAIT
+        if self._warm_deadline is not None:
+            wait = min(wait, max(0.5, self._warm_deadline - time.monotonic()))
+        return ask_over_socket(peer, cmd, wait=wait, **args)
+
     def _ensure_warm(self, timeout: float | None, cancel=None) -> None:
         if self.participant.holds_token:
             return
-        need = self.participant.member.wants_bytes = self._needed_bytes()
+        need = self.participant.member.wants_bytes = self.room.needed_bytes()
         if need:
-            self._check_within_reach(need)   # before anyone is rung: a hopeless restore is a 503 now
+            self.room.check_within_reach(need)   # before anyone is rung: a hopeless restore is a 503 now
         h2d_before = self.participant.member.bytes_h2d
         self.participant.ensure_warm(timeout, cancel)
         m = self.participant.member

