@@ -514,6 +514,15 @@ class Daemon:
         """Room's control request to a peer (an eviction, with the token held): answered within
         EVICT_WAIT s, and never past what is left of the request we go warm for."""
         from vramd.server.room import EVICT_WAIT, ask_over_socket
+        try:
+            st, ours = os.stat(peer.control), os.stat(self.control.path)
+        except OSError:
+            st = ours = None
+        if st is not None and (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino):
+            # A forged record (any member may write one) naming our own socket: asking ourselves
+            # to evict while we hold the lock it needs would wait for ever.
+            raise PeerError(f"the record of {peer.name!r} (pid {peer.pid}) names this daemon's own control "
+                            "socket: forged, not asked")
         wait = EVICT_WAIT
         if self._warm_deadline is not None:
             wait = min(wait, max(0.5, self._warm_deadline - time.monotonic()))
