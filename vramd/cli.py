@@ -425,6 +425,24 @@ def in_terminal_foreground() -> bool:
         return False
 
 
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def die_with_us():
+    """A preexec_fn: the child gets SIGKILL when we die, even by SIGKILL.  Our token dies with
+    us (the kernel drops the flock); a child computing on after that would share the GPU with
+    the next holder unseen.  (PR_SET_PDEATHSIG survives exec, except of set-user-ID programs.)"""
+    import ctypes
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def in_child():
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:   # we died before the prctl: nothing would signal it
+            os.kill(os.getpid(), signal.SIGKILL)
+    return in_child
+
+
 def run_holding(participant, command: list[str], timeout: float | None) -> int:
     child: list[subprocess.Popen] = []
     # At a terminal the child shares our process group, so it keeps the
@@ -445,7 +463,8 @@ def run_holding(participant, command: list[str], timeout: float | None) -> int:
         with participant:
             participant.ensure_warm(timeout)
             try:
-                child.append(subprocess.Popen(command, process_group=None if interactive else 0))
+                child.append(subprocess.Popen(command, process_group=None if interactive else 0,
+                                              preexec_fn=die_with_us()))
             except FileNotFoundError:
                 raise VramdCommandError(f"{command[0]}: command not found", 127) from None
             except PermissionError:

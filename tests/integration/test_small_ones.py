@@ -72,3 +72,56 @@ def test_a_forged_record_naming_a_daemons_own_socket_does_not_deadlock_it(arena,
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_non_streamed_request_whose_client_hung_up_stops_generating(arena, models, daemons):
+    """Issue 19, item 7: before, an abandoned non-streamed request generated on (6 -> 612 tokens in 10 s)."""
+    import json
+    import socket
+    a = daemons(arena, models[0], "alpha", "--ctx", "4096")
+    host, port = a.member().endpoint.rsplit("/", 1)[1].split(":")
+    gen = lambda: a.ask("status")["engine"]["generated_tokens"]
+    before = gen()
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4000, "temperature": 0}).encode()
+    s = socket.create_connection((host, int(port)))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    deadline = time.monotonic() + 60
+    while gen() == before:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    s.close()                                    # the client hangs up mid-generation
+    time.sleep(1.0)
+    stopped_at = gen()
+    time.sleep(1.0)
+    assert gen() == stopped_at, (before, stopped_at, gen())   # nothing more is generated for nobody
+    assert stopped_at - before < 4000
+    assert "went away" in a.output
+
+
+def test_exec_killed_by_sigkill_takes_its_child_with_it(arena, tmp_path):
+    """Issue 19, item 7: the child of a SIGKILLed `vramd exec` gets SIGKILL too (PR_SET_PDEATHSIG)."""
+    import signal
+    import sys
+    from .conftest import ROOT, daemon_env
+    from .test_shutdown import hold_token_elsewhere   # noqa: F401 (same arena helpers)
+    pidfile = tmp_path / "child.pid"
+    p = subprocess.Popen([sys.executable, "-m", "vramd.cli", "exec", "--", "sh", "-c", f"echo $$ > {pidfile}; "
+                          "exec sleep 60"], env=daemon_env(VRAMD_ARENA=str(arena)), cwd=ROOT)
+    deadline = time.monotonic() + 20
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.02)
+    child = int(pidfile.read_text())
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    deadline = time.monotonic() + 2
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break                              # dead (a zombie until init reaps it)
+        time.sleep(0.02)
+    alive = os.path.exists(f"/proc/{child}") and open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "the command kept running after its vramd exec was killed"

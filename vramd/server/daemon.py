@@ -63,6 +63,8 @@ SAMPLE_LOCK_WAIT = 0.5
 STOP_GRACE = 10.0
 REPLY_GRACE = 2.0
 # A second SIGTERM/SIGINT while stopping: exit at once with 128 + the signal's number.
+# A non-streamed request's connection is looked at this often for a client that hung up.
+CLIENT_CHECK = 0.1
 
 
 @dataclass
@@ -79,6 +81,7 @@ class Job:
     arrived: float = field(default_factory=time.monotonic)
     taken: threading.Event = field(default_factory=threading.Event)   # the loop started it, or it finished
     abandoned: bool = False   # its requester stopped waiting before the loop took it
+    cancelled: threading.Event = field(default_factory=threading.Event)   # its client went away
     _claim: threading.Lock = field(default_factory=threading.Lock)
 
     def finish(self, result=None, error=None) -> None:
@@ -476,7 +479,8 @@ class Daemon:
                                   f"(timeout {job.timeout:g} s): {self._busy_text()}")
                 self._warm_deadline = None if left is None else job.arrived + job.timeout
                 try:
-                    self._ensure_warm(None if left is None else max(left, 0.0), cancel=self._beat_or_give_up)
+                    self._ensure_warm(None if left is None else max(left, 0.0),
+                                      cancel=lambda: self._beat_or_give_up() or job.cancelled.is_set())
                 except Timeout:
                     raise Timeout(f"waited {time.monotonic() - job.arrived:.1f} s for the GPU "
                                   f"(timeout {job.timeout:g} s): {self._busy_text()}") from None
@@ -669,7 +673,7 @@ class Daemon:
                                    f"{made[0]} tokens")
             return finish
 
-        job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout)
+        job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout, cancelled=cancelled)
         self.submit_nowait(job)
         with self._inflight_lock:
             self._inflight += 1
@@ -683,6 +687,14 @@ class Daemon:
     def _answer(self, req, ex: Exchange, builder, job: Job, events: queue.Queue, cancelled: threading.Event) -> None:
         """The reply to a generation job: one JSON body, or the stream as the pieces come."""
         if not req.stream:
+            # Nobody reads a non-streamed reply until it is whole: look for a hang-up meanwhile,
+            # so an abandoned request stops at its next step instead of generating on.
+            while not job.done.wait(CLIENT_CHECK):
+                if ex.client_gone():
+                    cancelled.set()
+                    log.info("%s: the client of a non-streamed request went away: generation stopped", self.name)
+                    job.done.wait()
+                    return
             finish = job.wait()
             while not events.empty():
                 kind_, piece = events.get()
@@ -699,6 +711,9 @@ class Daemon:
             except queue.Empty:
                 if job.done.is_set():
                     job.wait()  # raises the job's error
+                    return
+                if ex.client_gone():   # hung up before the first token (still waiting for the GPU?)
+                    cancelled.set()
                     return
         try:
             ex.start_stream()
