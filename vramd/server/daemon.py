@@ -831,7 +831,8 @@ class Daemon:
         # stopping process alive (systemd would only SIGKILL it later).
         self._loop = threading.Thread(target=self.loop, name="vramd-loop", daemon=True)
         self.participant.start()
-        self.guard = Guard(self.name, self.arena, self.participant.token, lambda: self.beat, self.on_lost).start()
+        self.guard = Guard(self.name, self.arena, self.participant.token, lambda: self.beat, self.on_lost,
+                           tend=(self.control.ensure_bound,)).start()
         try:
             # Acquire before the first upload, then upload: the seeds' rule.
             # A signal while we wait for the token gives up the wait.

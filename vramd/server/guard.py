@@ -13,6 +13,8 @@ no other thread can be trusted to look at while the loop computes:
   is gone can neither publish, hear a ring nor be reached, and the arena a
   new daemon creates there is not the one it joined.  `on_lost` again: exit
   4, and systemd (Restart=on-failure) starts it afresh in the new arena.
+- Our control socket: removed or replaced, it is bound again (`tend`), so the
+  daemon stays reachable by `vramd status`, `yield` and its peers.
 - Under systemd's watchdog: WATCHDOG=1 every half period *if the loop's
   heartbeat moved within the whole period*.  The loop beats between jobs, at
   every engine step and every slice of a wait for the GPU, so a long
@@ -41,16 +43,19 @@ GUARD_INTERVAL = 0.1
 
 class Guard:
     def __init__(self, name: str, arena: Arena, token: Token, heartbeat: Callable[[], float],
-                 on_lost: Callable[[str], None], interval: float = GUARD_INTERVAL):
+                 on_lost: Callable[[str], None], tend: tuple[Callable[[], object], ...] = (),
+                 interval: float = GUARD_INTERVAL):
         self.name, self.arena, self.token = name, arena, token
         self._heartbeat, self._on_lost = heartbeat, on_lost
         self.interval = interval
+        self._tend = tend
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vramd-guard", daemon=True)
         self._lost = False
         self._wd = systemd.watchdog_interval()
         self._last_ping = 0.0
         self._stall_logged = False
+        self._last_failure: str | None = None
 
     def start(self) -> "Guard":
         self._thread.start()
@@ -66,9 +71,16 @@ class Guard:
             try:
                 if not self._lost:
                     self._look()
+                if not self._lost:
+                    for tend in self._tend:
+                        tend()
                 self._feed_watchdog()
-            except Exception as e:  # the guard must outlive one failed look
-                log.warning("%s: guard: %s", self.name, e)
+            except Exception as e:  # the guard must outlive one failed look (said once, not 10 times a second)
+                if str(e) != self._last_failure:
+                    log.warning("%s: guard: %s", self.name, e)
+                self._last_failure = str(e)
+            else:
+                self._last_failure = None
 
     def _look(self) -> None:
         why = None
