@@ -41,7 +41,7 @@ from vramd.arena.layout import Arena
 from vramd.arena.members import Member, Registry, empty_breakdown, process_start_time
 from vramd.arena.queue import Queue
 from vramd.arena.token import Token
-from vramd.errors import ArenaError, Interrupted, Timeout
+from vramd.errors import ArenaError, Interrupted, Timeout, TokenError
 from vramd.failpoints import describe_armed, failpoint
 
 log = logging.getLogger("vramd.arbiter")
@@ -55,6 +55,8 @@ FOREIGN_HANDOFF_WAIT = 1.0
 RING_CLOCK_SLACK = 0.05
 # How often a waiter blocked on the token checks whether a new holder took it.
 RE_RING_INTERVAL = 0.01
+# A waiter whose token.lock was replaced while it waited waits again on the new one, this many times.
+TOKEN_REPLACED_RETRIES = 3
 
 ReleaseFn = Callable[[], "int | None"]
 RestoreFn = Callable[[], "int | None"]
@@ -245,6 +247,23 @@ class Participant:
                       f"holder: {self.holder_text()})")
 
     def _acquire_ringing(self, deadline: float | None, cancel: Callable[[], bool] | None = None) -> bool:
+        """`_acquire_ringing_once`; if token.lock was replaced while we waited (we locked an inode
+        that is no longer the arena's: TokenError), drop it and wait on the file there now.  We
+        hold nothing yet, so this is safe; a holder of the old inode sees it and stops (guard.py)."""
+        for attempt in range(TOKEN_REPLACED_RETRIES + 1):
+            try:
+                return self._acquire_ringing_once(deadline, cancel)
+            except TokenError as e:
+                if attempt == TOKEN_REPLACED_RETRIES or not os.path.lexists(self.token.path):
+                    raise
+                log.warning("%s: %s; waiting on the new token file", self.member.name, e)
+                try:
+                    doorbell.ring(self.arena.doorbell_dir, self.pid)
+                except Exception:  # the acquire goes on; a holder may yield without our ring
+                    pass
+        return False
+
+    def _acquire_ringing_once(self, deadline: float | None, cancel: Callable[[], bool] | None = None) -> bool:
         """Block on the token; ring again whenever a new process takes it meanwhile.
 
         A flock-only peer (llama.cpp) drops rings heard while it was cold, so
