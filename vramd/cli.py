@@ -550,7 +550,22 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except (MemoryError, RuntimeError) as e:
+        # Host memory or threads ran out (under `ulimit -v` a thread's stack is address space):
+        # one line that says so, not a traceback.  Anything else is a bug and keeps its traceback.
+        if isinstance(e, RuntimeError) and "can't start new thread" not in str(e):
+            raise
+        click.echo(f"vramd: out of host memory: {e or type(e).__name__}{address_space_hint()}", err=True)
+        sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def address_space_hint() -> str:
+    import resource
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return f" (the address-space limit, ulimit -v / systemd's LimitAS=, is {soft >> 20} MiB: raise it)"
 
 
 if __name__ == "__main__":

@@ -125,3 +125,20 @@ def test_exec_killed_by_sigkill_takes_its_child_with_it(arena, tmp_path):
     if alive:
         os.kill(child, signal.SIGKILL)
     assert not alive, "the command kept running after its vramd exec was killed"
+
+
+def test_serve_under_a_small_address_space_limit_is_one_line(tmp_path, models):
+    """Issue 19, item 9: under `ulimit -v` the daemon crashed in vkCreateDevice (a segfault) or
+    printed a traceback (can't start new thread); now one line and exit 5 before the device."""
+    import resource
+    import sys
+    from .conftest import ROOT, daemon_env
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (600 << 20, resource.RLIM_INFINITY))
+    r = subprocess.run([sys.executable, "-m", "vramd.cli", "serve", str(models[0]), "--arena", str(tmp_path / "a"),
+                        "--port", "0", "--ctx", "64"], capture_output=True, text=True, env=daemon_env(), cwd=ROOT,
+                       timeout=60, preexec_fn=limit)
+    assert r.returncode == 5, (r.returncode, r.stderr[-2000:])
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "ulimit -v" in lines[0] and "600 MiB" in lines[0], r.stderr

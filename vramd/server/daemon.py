@@ -126,6 +126,21 @@ class Job:
         return self.result
 
 
+# Below this address-space limit (RLIMIT_AS, `ulimit -v`) Vulkan drivers cannot open a device:
+# lavapipe segfaulted in vkCreateDevice at 400 MB; GPU drivers reserve far more.
+MIN_ADDRESS_SPACE = 1 << 30
+
+
+def check_address_space() -> None:
+    import resource
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft < MIN_ADDRESS_SPACE:
+        from vramd.errors import DeviceError
+        raise DeviceError(f"the address-space limit (ulimit -v, systemd's LimitAS=) is {soft >> 20} MiB: a Vulkan "
+                          f"driver needs at least {MIN_ADDRESS_SPACE >> 20} MiB to open the device (it would crash); "
+                          "raise it")
+
+
 def arena_for_device(cfg: ServeConfig, device) -> Arena:
     """The token is per GPU: the default arena is keyed by the device's UUID."""
     path = cfg.arena or os.environ.get("VRAMD_ARENA") or (default_base() / device.uuid)
@@ -179,6 +194,7 @@ class Daemon:
         self.text = Engine.text_front(mf)  # so is a bad vocabulary or chat template
         if cfg.mmproj:
             self._check_projector(mf, engine_cfg)  # and a bad or mismatched projector
+        check_address_space()   # a driver that runs out of it crashes in vkCreateDevice, with no message
         self.device = Device(cfg.device)
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
