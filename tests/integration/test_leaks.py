@@ -11,7 +11,7 @@ import time
 
 from vramd.errors import VramdError
 
-from .test_shutdown import hold_token_elsewhere, post
+from .test_shutdown import held_elsewhere, post
 
 
 def threads_and_fds(pid: int) -> tuple[int, int]:
@@ -20,9 +20,7 @@ def threads_and_fds(pid: int) -> tuple[int, int]:
 
 def test_timed_out_waits_do_not_leak_threads_or_fds(arena, models, daemons):
     d = daemons(arena, models[0], "alpha", "--wake-timeout", "0.2")
-    d.ask("yield")
-    blocker = hold_token_elsewhere(arena)
-    try:
+    with held_elsewhere(d, arena):
         url = d.member().endpoint + "/v1/completions"
         assert post(url, {"prompt": [1], "max_tokens": 1})[0] == 503
         threads0, fds0 = threads_and_fds(d.proc.pid)
@@ -31,9 +29,6 @@ def test_timed_out_waits_do_not_leak_threads_or_fds(arena, models, daemons):
         time.sleep(0.3)
         threads, fds = threads_and_fds(d.proc.pid)
         assert threads - threads0 < 5 and fds - fds0 < 5, (threads0, threads, fds0, fds)   # before: +40 each
-    finally:
-        blocker.kill()
-        blocker.wait()
     assert post(d.member().endpoint + "/v1/completions", {"prompt": [1], "max_tokens": 1})[0] == 200
 
 

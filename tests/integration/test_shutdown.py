@@ -7,6 +7,7 @@ with a finish the client can see, the daemon exits 0 well inside systemd's
 TimeoutStopSec=30, and a second signal exits at once.
 """
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -59,6 +60,19 @@ def hold_token_elsewhere(arena):
     return p
 
 
+@contextlib.contextmanager
+def held_elsewhere(d, arena):
+    """Daemon `d` cold and the token held by `vramd exec` for the block: its requests wait."""
+    d.ask("yield")
+    blocker = hold_token_elsewhere(arena)
+    try:
+        yield blocker
+    finally:
+        if blocker.poll() is None:
+            blocker.kill()
+        blocker.wait()
+
+
 def wait_queued(d, n, timeout=10):
     """Until n requests are in the daemon's hands (its HTTP threads submitted them)."""
     deadline = time.monotonic() + timeout
@@ -72,9 +86,7 @@ def wait_queued(d, n, timeout=10):
 
 def test_sigterm_fails_every_queued_request_at_once_and_exits(arena, models, daemons):
     d = daemons(arena, models[0], "alpha", "--wake-timeout", "30")
-    d.ask("yield")
-    blocker = hold_token_elsewhere(arena)
-    try:
+    with held_elsewhere(d, arena):
         url = d.member().endpoint + "/v1/completions"
         waits = [in_thread(post, url, {"prompt": [1, 2, 3], "max_tokens": 4}) for _ in range(3)]
         wait_queued(d, 3)
@@ -90,9 +102,6 @@ def test_sigterm_fails_every_queued_request_at_once_and_exits(arena, models, dae
             assert w["at"] - t0 < 2.0, w["at"] - t0   # at once, not one wake-timeout each
         assert exited < 5.0, d.output
         assert "Traceback" not in d.output
-    finally:
-        blocker.kill()
-        blocker.wait()
 
 
 def stream_lines(url, body, lines, ready):

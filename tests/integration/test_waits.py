@@ -15,14 +15,12 @@ from vramd.arena.queue import Queue
 from vramd.arena.token import Token
 
 from .conftest import ROOT, daemon_env
-from .test_shutdown import hold_token_elsewhere, in_thread, post
+from .test_shutdown import held_elsewhere, hold_token_elsewhere, in_thread, post
 
 
 def test_queued_requests_each_get_their_503_within_their_own_timeout(arena, models, daemons):
     d = daemons(arena, models[0], "alpha", "--wake-timeout", "3")
-    d.ask("yield")
-    blocker = hold_token_elsewhere(arena)
-    try:
+    with held_elsewhere(d, arena):
         url = d.member().endpoint + "/v1/completions"
         waits = [in_thread(post, url, {"prompt": [1, 2], "max_tokens": 2}) for _ in range(4)]
         for w in waits:
@@ -34,16 +32,11 @@ def test_queued_requests_each_get_their_503_within_their_own_timeout(arena, mode
             assert "waited" in body["error"]["message"] and "timeout 3 s" in body["error"]["message"], body
             assert "held by sleep" in body["error"]["message"], body        # who holds, and how long
             assert "warm for" in body["error"]["message"], body
-    finally:
-        blocker.kill()
-        blocker.wait()
 
 
 def test_wake_timeout_counts_while_queued_behind_another_request(arena, models, daemons):
     d = daemons(arena, models[0], "alpha", "--wake-timeout", "6")
-    d.ask("yield")
-    blocker = hold_token_elsewhere(arena)
-    try:
+    with held_elsewhere(d, arena):
         url = d.member().endpoint + "/v1/completions"
         first = in_thread(post, url, {"prompt": [1, 2], "max_tokens": 2})   # the loop waits 6 s on it
         time.sleep(0.3)
@@ -56,9 +49,6 @@ def test_wake_timeout_counts_while_queued_behind_another_request(arena, models, 
         assert "waited" in r.stderr and "Traceback" not in r.stderr
         first["thread"].join(30)
         assert first["result"][0] == 503 and first["took"] < 6 + 1.0
-    finally:
-        blocker.kill()
-        blocker.wait()
 
 
 def all_threads_stopped(pid: int) -> bool:
