@@ -114,13 +114,12 @@ def test_config_reads_the_metadata_and_llama_cpp_assumptions(tmp_path):
 
 
 def test_the_engine_and_the_daemon_pick_gemma3(tmp_path):
-    from vramd.engine.runner import Engine
-    from vramd.engine.runner import scratch_layout as by_arch
+    from vramd.model.footprint import footprint
 
     mf = validate_gguf(write_gemma3(tmp_path / "a.gguf"))
-    cfg = Engine.check(mf)
+    cfg = spec_for(mf)
     assert cfg.family == "gemma3"
-    assert by_arch(cfg) == scratch_layout(cfg)
+    assert footprint(mf, 64).layouts["scratch"] == scratch_layout(cfg)   # what the daemon allocates
     # A 262144-token vocabulary: the logits buffer holds 64 token rows (64 MiB), not 256.
     big = dataclasses.replace(cfg, n_vocab=262144)
     assert dict(scratch_layout(big))["logits"] == 64 * 262144 * 4

@@ -5,8 +5,8 @@ corpus replay.
 `vramd serve MODEL [--mmproj P]` and `vramd plan MODEL`, up to the device:
 
   validate_gguf(MODEL)                  the bounded header parser (gguf_check)
-  Engine.check(mf)                      the engine's hyper-parameters (llama, gemma3, MoE)
-  runner.scratch_layout(cfg)            the compute buffers it asks the residency for
+  spec_for(mf)                          the architecture's spec (vramd/engine/arch: every metadata read)
+  scratch_layout(spec)                  the compute buffers it asks the residency for
   loader.kv_shape / scratch_bytes       the KV cache it asks for
   footprint(mf, ctx, n_cpu_moe=...)     --n-cpu-moe, --vram-budget (placement.plan / smallest_fit)
   Engine.text_front(mf)                 the vocabulary (Tokenizer.from_metadata, when
@@ -42,6 +42,8 @@ from vramd.errors import ModelError, UsageError
 import gguf
 from vramd import cli
 from vramd.engine import runner
+from vramd.engine.arch import spec_for
+from vramd.engine.scratch import scratch_layout
 from vramd.engine.chat import ChatTemplate
 from vramd.engine.tokenizer import Tokenizer
 from vramd.model import loader
@@ -62,8 +64,8 @@ class LoaderBug(AssertionError):
 def check_model(path: str) -> ModelFile:
     """`vramd serve MODEL` up to the device: raise the first ModelError."""
     mf = validate_gguf(path)
-    cfg = runner.Engine.check(mf)
-    _sizes(runner.scratch_layout(cfg), "scratch")
+    cfg = spec_for(mf)
+    _sizes(scratch_layout(cfg), "scratch")
     _kv_sizes(mf)
     runner.Engine.text_front(mf)                  # the vocabulary and chat template, as the daemon's setup
     return mf
@@ -83,9 +85,9 @@ def exercise(path: str) -> None:
         return
     _reference_reader(path, mf)
     _stage("load_mmproj", load_mmproj, mf)
-    cfg = _stage("Engine.check", runner.Engine.check, mf)
+    cfg = _stage("spec_for", spec_for, mf)
     if cfg is not None:
-        _stage("scratch_layout", lambda: _sizes(runner.scratch_layout(cfg), "scratch"))
+        _stage("scratch_layout", lambda: _sizes(scratch_layout(cfg), "scratch"))
     _stage("kv_shape", _kv_sizes, mf)
     _stage("scratch_bytes", lambda: _sizes([("compute", loader.scratch_bytes(mf))], "scratch"))
     _stage("placement", _placement, mf)

@@ -324,7 +324,7 @@ RAW_CASES = [
 ]
 
 MMPROJ_CASES = [
-    ("mmproj-not-clip.gguf", "mlp", lambda im: im.set_kv("general.architecture", V.STRING, "qwen2")),
+    ("mmproj-not-clip.gguf", "mlp", lambda im: im.set_kv("general.architecture", V.STRING, "llava")),
     ("mmproj-no-vision-encoder.gguf", "mlp", lambda im: im.set_kv("clip.has_vision_encoder", V.BOOL, False)),
     ("mmproj-unsupported-projector.gguf", "mlp", lambda im: im.set_kv("clip.projector_type", V.STRING, "ldp")),
     ("mmproj-image-size-huge.gguf", "mlp", lambda im: im.set_kv("clip.vision.image_size", V.UINT32, 0xFFFFFFFF)),
@@ -374,7 +374,7 @@ MMPROJ_CASES = [
 # What the fuzzer found (tests/fuzz/README.md): each bug made again by hand, on the smallest seed
 # that shows it.  Before the fix each raised the exception named, a traceback out of `vramd serve`.
 BUG_CASES = [
-    # IndexError: Engine.check read token_embd.weight's shape[1]
+    # IndexError: the engine config read token_embd.weight's shape[1]
     ("bug-token-embd-one-dimension.gguf", "seed-llama-spm.gguf",
      lambda im: _tensor(im, "token_embd.weight", dims=[E * 13])),
     # TypeError: 1.0 / factor

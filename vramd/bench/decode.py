@@ -35,7 +35,8 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
         profile_steps: int = 0) -> dict:
     from vramd.bench.models import LlamaShape, write_model
     from vramd.engine.model import TransformerModel
-    from vramd.engine.runner import Engine, scratch_layout
+    from vramd.engine.arch import spec_for
+    from vramd.engine.scratch import scratch_layout
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency
     from vramd.gpu.timing import Timestamps, summarize
@@ -47,7 +48,7 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
         path = model or str(write_model(Path(tmp) / "model.gguf", LlamaShape.preset(shape) if shape != "small"
                                         else LlamaShape.for_bytes(64 << 20), wtype=wtype, fill="zeros"))
         mf = validate_gguf(path)
-        cfg = Engine.check(mf)   # llama, qwen2 or gemma3 (MoE models go through vramd.bench.moe)
+        cfg = spec_for(mf)   # a dense model (MoE models go through vramd.bench.moe)
         with Device() as dev, Residency(dev) as res:
             t0 = time.monotonic()
             lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(cfg))
@@ -59,7 +60,8 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
             try:
                 rng = np.random.default_rng(0)
                 ids = [int(x) for x in rng.integers(3, cfg.n_vocab, prompt)]
-                m.forward(ids[:8], 0)                     # warm-up: pipelines compiled, scratch allocated
+                m.forward(ids[:16], 0)    # warm-up: pipelines compiled, scratch and the chunk batch allocated
+                # (16 > model.REPLAY_TOKENS: the prefill path, not a replayed step, is what gets warm)
                 t0 = time.monotonic()
                 logits = m.forward(ids, 0)
                 prefill_s = time.monotonic() - t0

@@ -182,7 +182,9 @@ def _backbone_shape(name: str):
 def run(shape: str, backbone: str, wtype: str, reps: int, ctx: int, log=lambda s: None) -> dict:
     from vramd.bench.models import write_model
     from vramd.bench.vision_models import VisionShape, write_llava_mmproj
-    from vramd.engine.runner import Engine, scratch_layout
+    from vramd.engine.arch import spec_for
+    from vramd.engine.runner import Engine
+    from vramd.engine.scratch import scratch_layout
     from vramd.engine.vision import VisionEncoder
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency
@@ -198,7 +200,7 @@ def run(shape: str, backbone: str, wtype: str, reps: int, ctx: int, log=lambda s
         mm_path = str(write_llava_mmproj(Path(tmp) / "mmproj.gguf", vision))
         log(f"files written in {time.perf_counter() - t0:.1f} s")
         mf = validate_gguf(lm_path)
-        cfg = Engine.check(mf)
+        cfg = spec_for(mf)
         with Device() as dev, Residency(dev) as res:
             t0 = time.perf_counter()
             lm = loader.load(lm_path, res, ctx, mf=mf, scratch=scratch_layout(cfg))

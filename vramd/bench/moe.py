@@ -48,7 +48,7 @@ def run(model: str | None, wtype: str, n_values: list[float], prompt: int, token
                     m = TransformerModel(lm, res, ctx, lm.scratch, spec=cfg)
                     try:
                         ids = [int(x) for x in np.random.default_rng(0).integers(3, cfg.n_vocab, prompt)]
-                        m.forward(ids[:4], 0)   # warm-up: pipelines, scratch
+                        m.forward(ids[:16], 0)   # warm-up: pipelines, scratch, the chunk batch (the prefill path)
                         t0 = time.monotonic()
                         logits = m.forward(ids, 0)
                         prefill_s = time.monotonic() - t0

@@ -16,16 +16,15 @@ from __future__ import annotations
 import zlib
 from typing import Callable
 
-from vramd.engine.arch import ArchSpec, spec_for
+from vramd.engine.arch import spec_for
 from vramd.engine.chat import MEDIA_MARKER, ChatTemplate, encode_prompt
 from vramd.engine.model import TransformerModel
 from vramd.engine.prompt import Prompt
-from vramd.engine.scratch import scratch_layout
 from vramd.engine.sampler import Piece, Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
 from vramd.engine.tokenizer import Tokenizer
 from vramd.errors import ModelError, UsageError
 
-__all__ = ["Engine", "Prompt", "scratch_layout"]
+__all__ = ["Engine", "Prompt"]
 
 
 class Engine:
@@ -52,11 +51,6 @@ class Engine:
             return tokenizer, (ChatTemplate.from_metadata(md, tokenizer) if tokenizer else None)
         except ModelError as e:
             raise ModelError(f"{mf.path}: {e}") from None
-
-    @staticmethod
-    def check(mf) -> ArchSpec:
-        """The model's spec; a ModelError now (at load) if it cannot be run."""
-        return spec_for(mf)
 
     # -- prompts -------------------------------------------------------------
 

@@ -180,6 +180,7 @@ class Daemon:
     # -- set-up ------------------------------------------------------------
 
     def setup(self) -> None:
+        from vramd.engine.arch import spec_for
         from vramd.engine.runner import Engine
         from vramd.gpu.device import Device
         from vramd.gpu.residency import Residency
@@ -190,7 +191,7 @@ class Daemon:
         # Validate the model before anything else: a bad file costs nothing.
         from vramd.model.gguf_check import validate_gguf
         mf = validate_gguf(cfg.model)
-        engine_cfg = Engine.check(mf)  # an unsupported model is a one-line error now, not at run time
+        engine_cfg = spec_for(mf)  # an unsupported model is a one-line error now, not at run time
         self.text = Engine.text_front(mf)  # so is a bad vocabulary or chat template
         if cfg.mmproj:
             self._check_projector(mf, engine_cfg)  # and a bad or mismatched projector
