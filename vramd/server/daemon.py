@@ -501,6 +501,11 @@ class Daemon:
                 except Timeout:
                     raise Timeout(f"waited {time.monotonic() - job.arrived:.1f} s for the GPU "
                                   f"(timeout {job.timeout:g} s): {self._busy_text()}") from None
+                try:
+                    self.participant.token.check()   # before computing, not only at the guard's next look
+                except TokenError as e:
+                    self.on_lost(str(e))
+                    raise ShuttingDown(f"{self.name}: {e}; stopping") from None
             result = job.fn() if job.fn else None
             self.metrics.count("requests")
             if job.needs_gpu:
