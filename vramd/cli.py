@@ -54,13 +54,13 @@ def cli():
 def status(arena_path, allow_shared_arena, as_json):
     """Show the token holder, the waiters and every member of the arena(s)."""
     from vramd.arena.layout import Arena, ENV_ARENA, default_base
-    from vramd.arena.status import arena_status, discover_arenas
+    from vramd.arena.status import arena_status, discover_arenas, flag_claims
 
     if arena_path or os.environ.get(ENV_ARENA):
         arenas = [Arena.open(arena_path, create=False, allow_shared=True)]
     else:
         arenas = [Arena.open(p, create=False) for p in discover_arenas()]
-    reports = [ask_daemons(arena_status(a)) for a in arenas]
+    reports = [flag_claims(ask_daemons(arena_status(a))) for a in arenas]
     if as_json:
         out = reports[0] if len(reports) == 1 else {"arenas": reports}
         click.echo(json.dumps(out, indent=2))
@@ -138,7 +138,8 @@ def render_status(r: dict) -> str:
     for m in r["members"]:
         d = m["device_bytes"]
         state = m["state"] + (" pinned" if m.get("pinned") else "") + \
-            (" (no answer)" if "daemon" in m and m["daemon"] is None else "")
+            (" (stopped)" if m.get("stopped") else
+             " (no answer)" if "daemon" in m and m["daemon"] is None else "")
         rows.append(("*" if m["holds_token"] else "", m["name"], str(m["pid"]), state,
                      human_bytes(m["device_total"]), human_bytes(d["weights"]), human_bytes(d["state"]),
                      human_bytes(d["encoder"]), human_bytes(d["scratch"]), human_bytes(m["host_total"]),
@@ -147,6 +148,10 @@ def render_status(r: dict) -> str:
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     lines.append("(* holds the token)")
+    if r.get("split_brain"):
+        lines.append(f"SPLIT   {len(r['claims_gpu'])} members claim the GPU at once: {', '.join(r['claims_gpu'])} "
+                     "(token.lock was replaced while one held it: each holds its own inode; stop the one "
+                     "without the * (a running daemon exits 4 by itself))")
     for m in r["members"]:
         if m.get("failpoints"):
             lines.append(f"failpoints {m['name']}: {m['failpoints']} armed (VRAMD_FAILPOINTS: fault injection "
@@ -420,6 +425,24 @@ def in_terminal_foreground() -> bool:
         return False
 
 
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def die_with_us():
+    """A preexec_fn: the child gets SIGKILL when we die, even by SIGKILL.  Our token dies with
+    us (the kernel drops the flock); a child computing on after that would share the GPU with
+    the next holder unseen.  (PR_SET_PDEATHSIG survives exec, except of set-user-ID programs.)"""
+    import ctypes
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def in_child():
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:   # we died before the prctl: nothing would signal it
+            os.kill(os.getpid(), signal.SIGKILL)
+    return in_child
+
+
 def run_holding(participant, command: list[str], timeout: float | None) -> int:
     child: list[subprocess.Popen] = []
     # At a terminal the child shares our process group, so it keeps the
@@ -440,7 +463,8 @@ def run_holding(participant, command: list[str], timeout: float | None) -> int:
         with participant:
             participant.ensure_warm(timeout)
             try:
-                child.append(subprocess.Popen(command, process_group=None if interactive else 0))
+                child.append(subprocess.Popen(command, process_group=None if interactive else 0,
+                                              preexec_fn=die_with_us()))
             except FileNotFoundError:
                 raise VramdCommandError(f"{command[0]}: command not found", 127) from None
             except PermissionError:
@@ -526,7 +550,22 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except (MemoryError, RuntimeError) as e:
+        # Host memory or threads ran out (under `ulimit -v` a thread's stack is address space):
+        # one line that says so, not a traceback.  Anything else is a bug and keeps its traceback.
+        if isinstance(e, RuntimeError) and "can't start new thread" not in str(e):
+            raise
+        click.echo(f"vramd: out of host memory: {e or type(e).__name__}{address_space_hint()}", err=True)
+        sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def address_space_hint() -> str:
+    import resource
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return f" (the address-space limit, ulimit -v / systemd's LimitAS=, is {soft >> 20} MiB: raise it)"
 
 
 if __name__ == "__main__":

@@ -39,12 +39,14 @@ class ArenaError(VramdError):
     """The arena directory is missing, unsafe or not laid out as expected."""
 
     exit_code = 3
+    http_status = 503   # a request that meets it (the arena wiped under it) may be retried, not a bug
 
 
 class TokenError(VramdError):
     """The token file misbehaves: replaced, unlinked, not a regular file."""
 
     exit_code = 4
+    http_status = 503
 
 
 class DeviceError(VramdError):
@@ -70,6 +72,13 @@ class ModelError(VramdError):
 
     exit_code = 7
     http_status = 400
+
+
+class ShuttingDown(VramdError):
+    """The daemon is stopping (SIGTERM, `shutdown`): new, queued and cut-short work is refused."""
+
+    exit_code = 1
+    http_status = 503
 
 
 class PeerError(VramdError):

@@ -132,9 +132,23 @@ def test_sigterm_releases_and_cleans_up(arena, models, daemons):
 
 
 def test_shutdown_request_fails_queued_work_cleanly(arena, models, daemons):
-    a = daemons(arena, models[0], "alpha")
-    assert a.ask("shutdown")["state"] == "stopping"
-    assert a.proc.wait(30) == 0
+    from .test_shutdown import hold_token_elsewhere, in_thread, post, wait_queued
+    a = daemons(arena, models[0], "alpha", "--wake-timeout", "30")
+    a.ask("yield")
+    blocker = hold_token_elsewhere(arena)   # the queued work waits for the GPU
+    try:
+        url = a.member().endpoint + "/v1/completions"
+        waits = [in_thread(post, url, {"prompt": [1, 2], "max_tokens": 2}) for _ in range(2)]
+        wait_queued(a, 2)
+        t0 = time.monotonic()
+        assert a.ask("shutdown")["state"] == "stopping"
+        assert a.proc.wait(30) == 0
+        for w in waits:
+            w["thread"].join(10)
+            assert w["result"][0] == 503 and w["at"] - t0 < 2.0, w
+    finally:
+        blocker.kill()
+        blocker.wait()
     with pytest.raises(VramdError, match="no daemon answers"):
         request(a.socket, "status", wait=2)
 

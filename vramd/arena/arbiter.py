@@ -41,7 +41,7 @@ from vramd.arena.layout import Arena
 from vramd.arena.members import Member, Registry, empty_breakdown, process_start_time
 from vramd.arena.queue import Queue
 from vramd.arena.token import Token
-from vramd.errors import ArenaError, Interrupted, Timeout
+from vramd.errors import ArenaError, Interrupted, Timeout, TokenError
 from vramd.failpoints import describe_armed, failpoint
 
 log = logging.getLogger("vramd.arbiter")
@@ -55,6 +55,8 @@ FOREIGN_HANDOFF_WAIT = 1.0
 RING_CLOCK_SLACK = 0.05
 # How often a waiter blocked on the token checks whether a new holder took it.
 RE_RING_INTERVAL = 0.01
+# A waiter whose token.lock was replaced while it waited waits again on the new one, this many times.
+TOKEN_REPLACED_RETRIES = 3
 
 ReleaseFn = Callable[[], "int | None"]
 RestoreFn = Callable[[], "int | None"]
@@ -104,6 +106,7 @@ class Participant:
         self._warm_since_wall = 0.0
         self._foreign_at_release: set[int] = set()
         self._publish_lock = threading.RLock()
+        self._wait_started = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -163,7 +166,7 @@ class Participant:
             return
         if timeout is not None and not math.isfinite(timeout):
             timeout = None
-        started = time.monotonic()
+        started = self._wait_started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self._publish("warming")
         try:
@@ -225,7 +228,7 @@ class Participant:
                 # need none.  (A file another user left under our pid in a
                 # sticky doorbell/ we do not own can make ringing impossible.)
                 if not self.token.try_acquire():
-                    raise ArenaError(f"{e}; the token is held by {self._holder_text()}, "
+                    raise ArenaError(f"{e}; the token is held by {self.holder_text()}, "
                                      "which cannot be asked to yield without a ring") from None
                 log.warning("%s: cannot ring (%s); the token is free, so going warm without a ring",
                             self.member.name, e)
@@ -239,9 +242,28 @@ class Participant:
     def _raise_not_acquired(self, timeout: float | None, cancel: Callable[[], bool] | None):
         if cancel is not None and cancel():
             raise Interrupted("gave up waiting for the GPU token: shutting down")
-        raise Timeout(f"the GPU token was not free within {timeout:g} s (holder: {self._holder_text()})")
+        waited = time.monotonic() - self._wait_started
+        raise Timeout(f"the GPU token was not free after {waited:.1f} s (timeout {timeout:g} s; "
+                      f"holder: {self.holder_text()})")
 
     def _acquire_ringing(self, deadline: float | None, cancel: Callable[[], bool] | None = None) -> bool:
+        """`_acquire_ringing_once`; if token.lock was replaced while we waited (we locked an inode
+        that is no longer the arena's: TokenError), drop it and wait on the file there now.  We
+        hold nothing yet, so this is safe; a holder of the old inode sees it and stops (guard.py)."""
+        for attempt in range(TOKEN_REPLACED_RETRIES + 1):
+            try:
+                return self._acquire_ringing_once(deadline, cancel)
+            except TokenError as e:
+                if attempt == TOKEN_REPLACED_RETRIES or not os.path.lexists(self.token.path):
+                    raise
+                log.warning("%s: %s; waiting on the new token file", self.member.name, e)
+                try:
+                    doorbell.ring(self.arena.doorbell_dir, self.pid)
+                except Exception:  # the acquire goes on; a holder may yield without our ring
+                    pass
+        return False
+
+    def _acquire_ringing_once(self, deadline: float | None, cancel: Callable[[], bool] | None = None) -> bool:
         """Block on the token; ring again whenever a new process takes it meanwhile.
 
         A flock-only peer (llama.cpp) drops rings heard while it was cold, so
@@ -292,12 +314,22 @@ class Participant:
                 return
             time.sleep(0.0005)
 
-    def _holder_text(self) -> str:
+    def holder_text(self) -> str:
+        """Who holds the token, and for how long (a Timeout's message)."""
         holders = self.token.holders()
         if not holders:
             return "none"
-        names = {m.pid: m.name for m in self.registry.list(clean=False)}
-        return ", ".join(f"{names.get(p, 'pid')} {p}" if p in names else f"pid {p}" for p in holders)
+        members = {m.pid: m for m in self.registry.list(clean=False)}
+
+        def one(pid: int) -> str:
+            m = members.get(pid)
+            if m is None:
+                return f"pid {pid} (not a vramd member)"
+            # How long it has held: since its record said warm (a holder yields only between
+            # requests, after --max-hold, so one long generation holds for as long as it runs).
+            held = f", {m.state} for {max(0.0, time.time() - m.since):.1f} s" if m.state in ("warm", "cooling") else ""
+            return f"{m.name} {pid}{held}"
+        return ", ".join(one(p) for p in holders)
 
     # -- going cold --------------------------------------------------------
 

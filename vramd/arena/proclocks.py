@@ -127,3 +127,16 @@ def flock_holders(key: tuple[int, int, int]) -> list[int]:
             holders.append(int(name))
     # Nothing readable says otherwise: trust /proc/locks.
     return holders or ([taker] if pid_holds(taker, key) is None else [])
+
+
+def pid_stopped(pid: int) -> bool:
+    """Is `pid` stopped (SIGSTOP, a tracer: state T or t in /proc/<pid>/stat)?  A stopped
+    waiter keeps its flocks and tickets but will not take its turn until it is continued."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # The state follows the command name, which is in parentheses and may hold anything.
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    return state in (b"T", b"t")

@@ -14,7 +14,12 @@ tries here).  So vramd waiters queue before they touch the token:
 - `wait_turn()` blocks with LOCK_SH on the nearest live ticket ahead (a queue
   lock in files: each waiter sleeps on its predecessor, the kernel wakes it).
   It wakes when that predecessor got the token or died, rescans, and returns
-  once no live ticket is ahead.  Dead tickets on the way are removed.
+  once no live ticket is ahead.  Dead tickets on the way are removed.  A
+  ticket whose owner has been stopped for STOPPED_GRACE s (SIGSTOP: alive,
+  its ticket locked, but it will not take its turn) is skipped; we look
+  every STOPPED_CHECK s while we wait on it.  A frozen waiter at the head
+  must not make everyone behind it wait while the GPU is free; one stopped
+  for a moment keeps its place (no barging past a slow waiter).
 - `done()` unlinks the ticket *before* closing it, so a successor woken by the
   close never sees it again.
 
@@ -37,12 +42,15 @@ from pathlib import Path
 from typing import Callable
 
 from vramd.arena.layout import describe_open_error, require_regular
+from vramd.arena.proclocks import pid_stopped
 from vramd.arena.token import flock_wait
 from vramd.errors import ArenaError
 
 ISSUE_LOCK = ".issue.lock"
 _OPEN_RO = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NUMBER_DIGITS = 16
+STOPPED_CHECK = 0.1   # how often a waiter looks whether the ticket it waits on belongs to a stopped process
+STOPPED_GRACE = 1.0   # stopped this long, a waiter has lost its turn (it keeps its ticket)
 
 
 @dataclass
@@ -169,11 +177,12 @@ class Queue:
                   cancel: Callable[[], bool] | None = None) -> bool:
         """Block until `ticket` is the oldest live one; False after `timeout` s or on `cancel()`."""
         deadline = None if timeout is None or not math.isfinite(timeout) else time.monotonic() + timeout
+        frozen = _Frozen()
         while True:
-            ahead = [name for number, _pid, name in self._entries() if number < ticket.number]
+            ahead = [(name, pid) for number, pid, name in self._entries() if number < ticket.number]
             predecessor = None
-            for name in reversed(ahead):
-                if self._probe(name):
+            for name, pid in reversed(ahead):
+                if self._probe(name) and not frozen(pid):
                     predecessor = name
                     break
             if predecessor is None:
@@ -182,8 +191,11 @@ class Queue:
             if (left is not None and left <= 0) or (cancel is not None and cancel()):
                 return False
             path = self.dir / predecessor
+            pred_pid = parse_ticket(predecessor)[1]
+            stopped = frozen.watch(pred_pid)
             try:
-                fd = flock_wait(lambda: _open_ticket(path), fcntl.LOCK_SH, left, cancel)
+                fd = flock_wait(lambda: _open_ticket(path), fcntl.LOCK_SH, left,
+                                lambda: (cancel is not None and cancel()) or stopped())
             except FileNotFoundError:
                 continue  # it got the token meanwhile
             except OSError:
@@ -191,6 +203,8 @@ class Queue:
                 time.sleep(0.05)
                 continue
             if fd is None:
+                if frozen(pred_pid):
+                    continue   # it has been stopped too long: rescan, it is skipped now
                 return False
             os.close(fd)
 
@@ -200,6 +214,32 @@ class Queue:
         fd, ticket.fd = ticket.fd, None
         if fd is not None:
             os.close(fd)
+
+
+class _Frozen:
+    """Which waiters have been stopped for STOPPED_GRACE s (over one wait_turn)."""
+
+    def __init__(self):
+        self._since: dict[int, float] = {}
+
+    def __call__(self, pid: int) -> bool:
+        now = time.monotonic()
+        if not pid_stopped(pid):
+            self._since.pop(pid, None)
+            return False
+        return now - self._since.setdefault(pid, now) >= STOPPED_GRACE
+
+    def watch(self, pid: int) -> Callable[[], bool]:
+        """A wait's cancel test for `pid`, looked at every STOPPED_CHECK s."""
+        next_look = [0.0]
+
+        def stopped() -> bool:
+            now = time.monotonic()
+            if now < next_look[0]:
+                return False
+            next_look[0] = now + STOPPED_CHECK
+            return self(pid)
+        return stopped
 
 
 def _open_ticket(path: Path) -> int:

@@ -19,6 +19,27 @@ from vramd.arena.members import KINDS, Registry
 from vramd.arena.queue import Queue
 
 
+def process_stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP, a debugger): alive, holding what it holds, answering nothing."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
+# States in which a member says it holds the GPU (the token); two at once is split brain.
+CLAIMING = ("warm", "cooling")
+
+
+def flag_claims(report: dict) -> dict:
+    """Mark the members that claim the GPU and whether more than one does (after any live
+    states were filled in): two claims mean two processes compute, on two token inodes."""
+    claims = [m["name"] for m in report["members"] if m["state"] in CLAIMING]
+    report["claims_gpu"] = claims
+    report["split_brain"] = len(claims) > 1
+    return report
+
+
 def process_name(pid: int) -> str:
     try:
         return psutil.Process(pid).name()
@@ -64,6 +85,7 @@ def arena_status(arena: Arena) -> dict:
             "priority": m.priority,
             "last_used": m.last_used,
             "control": m.control,   # the CLI asks a daemon there for its live status
+            "stopped": process_stopped(m.pid),
             "failpoints": m.failpoints,
         })
     budgets = [m.budget for m in members if m.budget > 0]
@@ -73,7 +95,7 @@ def arena_status(arena: Arena) -> dict:
     for pid in dict.fromkeys(queued + blocked):
         waiting.append({"pid": pid, "name": by_pid[pid].name if pid in by_pid else process_name(pid),
                         "member": pid in by_pid})
-    return {
+    return flag_claims({
         "arena": str(arena.path),
         "shared": arena.shared,
         "holder_pid": holder_pid,
@@ -87,7 +109,7 @@ def arena_status(arena: Arena) -> dict:
         "device_bytes_used": used,
         "free_bytes": (min(budgets) - used) if budgets else None,
         "eviction_order": [m.name for m in sorted(evictable, key=lambda m: m.eviction_key())],
-    }
+    })
 
 
 def discover_arenas(base: Path | None = None) -> list[Path]:

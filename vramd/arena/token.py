@@ -11,7 +11,9 @@ frees the GPU within a millisecond.  Rules kept here:
   is still the one at the path (someone may have replaced the file, and two
   processes would then "hold" different inodes: split brain);
 - a fresh open file description per acquisition, so a wait abandoned at its
-  timeout can never release a lock taken by a later acquisition.
+  timeout can never release a lock taken by a later acquisition;
+- a wait given up at its timeout is parked and adopted by the next wait on the
+  same file, so timeouts cost no threads or fds beyond one per file.
 """
 
 from __future__ import annotations
@@ -52,14 +54,54 @@ def open_lock_file(path: Path, what: str) -> int:
 _WAIT_SLICE = 0.05
 
 
+class _Waiter:
+    """One blocking flock in a helper thread, on its own fd."""
+
+    def __init__(self, fd: int, op: int, key: tuple):
+        self.fd, self.op, self.key = fd, op, key
+        self.got = threading.Event()
+        self.abandoned = False
+        self.failure: list[BaseException] = []
+        threading.Thread(target=self._wait, name="vramd-flock-wait", daemon=True).start()
+
+    def _wait(self) -> None:
+        try:
+            fcntl.flock(self.fd, self.op)
+        except BaseException as e:  # pragma: no cover - flock on a valid fd
+            self.failure.append(e)
+        with _parked_lock:
+            if self.abandoned or self.failure:
+                if _parked.get(self.key) is self:
+                    del _parked[self.key]
+                os.close(self.fd)
+                return
+            self.got.set()
+
+
+# Waits given up at their timeout, by (device, inode, op): the next wait on the same file
+# adopts the helper still blocked there instead of starting another.  Before, every timed-out
+# wait left a thread and an fd blocked until the holder released (150 timeouts: +150 each;
+# under RLIMIT_NOFILE 48, "Too many open files").  Now at most one per file and op.
+_parked: dict[tuple, _Waiter] = {}
+_parked_lock = threading.Lock()
+
+
+def parked_waits() -> int:
+    """How many given-up waits are still blocked (a bounded number: tests look)."""
+    with _parked_lock:
+        return len(_parked)
+
+
 def flock_wait(open_fd, op: int, timeout: float | None, cancel: Callable[[], bool] | None = None) -> int | None:
     """Take `op` (LOCK_EX or LOCK_SH) on a freshly opened fd; wait at most `timeout` s.
 
     Returns the locked fd, or None on timeout or when `cancel()` turns true.
     flock(2) has no timeout, so a bounded wait blocks in a helper thread
-    (flock releases the GIL); if we give up first, or anything goes wrong
-    while we wait, the thread closes its fd as soon as the lock comes,
-    dropping it again.  That fd is its own, never the caller's.
+    (flock releases the GIL).  If we give up first, the helper is parked: the
+    next wait on the same file and op adopts it (its fd has never held the
+    lock, so it is as fresh as a new one); if nobody does by the time the lock
+    comes, the helper closes its fd, dropping the lock again.  That fd is the
+    helper's, never the caller's, until it is handed over with the lock.
     """
     if timeout is not None and not math.isfinite(timeout):
         timeout = None  # "forever" (inf, 1e300): Event.wait cannot take it, and need not
@@ -82,46 +124,43 @@ def flock_wait(open_fd, op: int, timeout: float | None, cancel: Callable[[], boo
     if timeout is not None and timeout <= 0:
         os.close(fd)
         return None
-
-    got = threading.Event()
-    guard = threading.Lock()
-    abandoned = False
-    failure: list[BaseException] = []
-
-    def wait():
-        try:
-            fcntl.flock(fd, op)
-        except BaseException as e:  # pragma: no cover - flock on a valid fd
-            failure.append(e)
-        with guard:
-            if abandoned or failure:
-                os.close(fd)
-                return
-            got.set()
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    key = (st.st_dev, st.st_ino, op)
+    with _parked_lock:
+        w = _parked.pop(key, None)
+        if w is not None:
+            w.abandoned = False   # adopted: its lock, when it comes, is ours
+    if w is not None:
+        os.close(fd)
+    else:
+        w = _Waiter(fd, op, key)
 
     def give_up() -> bool:
-        """Mark the wait abandoned unless the lock came meanwhile (then keep it)."""
-        nonlocal abandoned
-        with guard:
-            if got.is_set():
+        """Park the wait unless the lock came meanwhile (then keep it)."""
+        with _parked_lock:
+            if w.got.is_set():
                 return False
-            abandoned = True
+            w.abandoned = True
+            _parked.setdefault(key, w)
             return True
 
-    threading.Thread(target=wait, name="vramd-flock-wait", daemon=True).start()
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
             left = _WAIT_SLICE if deadline is None else min(_WAIT_SLICE, deadline - time.monotonic())
-            if got.wait(max(0.0, left)):
-                return fd
-            if failure:
-                raise failure[0]
+            if w.got.wait(max(0.0, left)):
+                return w.fd
+            if w.failure:
+                raise w.failure[0]
             if (cancel is not None and cancel()) or (deadline is not None and time.monotonic() >= deadline):
-                return fd if not give_up() else None
+                return w.fd if not give_up() else None
     except BaseException:
         if not give_up():
-            os.close(fd)  # the lock came just now: drop it, we are leaving with an error
+            os.close(w.fd)  # the lock came just now: drop it, we are leaving with an error
         raise
 
 
@@ -132,6 +171,9 @@ class Token:
         self.path = Path(path)
         self._fd: int | None = None
         self.acquired_at: float | None = None  # time.monotonic() of the last acquire
+        # check() may run on another thread (the daemon's guard) than release(): without
+        # this, a released fd's number reused by another file would look like a replaced token.
+        self._fd_lock = threading.Lock()
 
     @property
     def held(self) -> bool:
@@ -165,13 +207,14 @@ class Token:
 
     def release(self) -> None:
         """Drop the token.  A no-op when not held."""
-        fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        with self._fd_lock:
+            fd, self._fd = self._fd, None
+            if fd is None:
+                return
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
 
     def key(self) -> tuple[int, int, int]:
         """(major, minor, inode) of the token as /proc/locks names it."""
@@ -185,8 +228,9 @@ class Token:
 
     def check(self) -> None:
         """Verify, while holding, that the token at the path is still ours."""
-        if self._fd is not None:
-            check_same_inode(self._fd, self.path)
+        with self._fd_lock:
+            if self._fd is not None:
+                check_same_inode(self._fd, self.path)
 
 
 def check_same_inode(fd: int, path: Path) -> None:

@@ -23,6 +23,7 @@ import stat
 import struct
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -151,12 +152,64 @@ class ControlServer:
         return self
 
     def _serve(self) -> None:
+        # The control plane must outlive a shortage: out of fds (EMFILE) or threads, it
+        # refuses what it cannot serve and goes on (before, the thread died for good and
+        # the member was unreachable).
+        warned = False
         while not self._stop:
+            sock = self._sock
             try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._one, args=(conn,), name="vramd-control-conn", daemon=True).start()
+                conn, _ = sock.accept()
+            except OSError as e:
+                if self._stop:
+                    return  # closed
+                if sock is not self._sock:
+                    continue  # re-bound (ensure_bound): accept on the new one
+                if not warned:
+                    log.warning("control: accept failed (%s); retrying", e)
+                    warned = True
+                time.sleep(0.05)
+                continue
+            warned = False
+            try:
+                threading.Thread(target=self._one, args=(conn,), name="vramd-control-conn", daemon=True).start()
+            except RuntimeError as e:   # can't start new thread
+                log.warning("control: cannot serve a connection: %s", e)
+                try:
+                    _send(conn, {"ok": False, "error": f"the daemon cannot start a thread for this request ({e}); "
+                                                      "try again", "code": 1})
+                except OSError:
+                    pass
+                conn.close()
+
+    def ensure_bound(self) -> bool:
+        """Our socket is still at our path; if it was removed or replaced, bind a new one
+        there (the guard calls this).  True if it re-bound."""
+        try:
+            if os.lstat(self.path).st_ino == self._inode:
+                return False
+        except FileNotFoundError:
+            pass
+        if self._stop or not self.path.parent.is_dir():
+            return False
+        new = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old = self._sock
+        try:
+            self._sock = new
+            self._remove_stale()
+            self._inode = self._bind()
+            new.listen(16)
+        except BaseException:
+            self._sock = old
+            new.close()
+            raise
+        log.warning("control: %s was removed or replaced: bound it again", self.path)
+        try:
+            old.shutdown(socket.SHUT_RDWR)   # wakes the accept() blocked on it
+        except OSError:
+            pass
+        old.close()
+        return True
 
     def _one(self, conn: socket.socket) -> None:
         conn.settimeout(CLIENT_TIMEOUT)  # a silent client must not keep a thread for ever

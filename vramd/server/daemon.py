@@ -7,7 +7,10 @@ Threads and what each may touch:
               one at a time, so a yield can only happen between them
     warden    (the Participant's) sets a flag when a peer rings, pokes the loop
     control   the Unix control socket: turns requests into jobs, waits
-    http      /health, /vramd/status, /metrics: reads only
+    http      /health, /vramd/status, /metrics: reads only; a generation request
+              is validated and tokenized here (prompts.py), then queued
+    guard     (guard.py) the token's inode and the arena every 100 ms, and
+              systemd's watchdog while the loop's heartbeat moves
 
 Life: validate and read the model into host shadows -> take the token (ring,
 queue, flock) -> upload -> READY=1 -> serve jobs; at each idle point honour a
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import queue
 import select
@@ -34,11 +38,13 @@ from typing import Any, Callable
 from vramd.arena.arbiter import Participant
 from vramd.arena.layout import Arena, default_base
 from vramd.arena.members import Registry
-from vramd.errors import Interrupted, ModelError, OutOfDeviceMemory, PeerError, UsageError, VramdError
+from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError, ShuttingDown, Timeout,
+                           TokenError, UsageError, VramdError)
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
-from vramd.server import openai_api
+from vramd.server.guard import Guard
+from vramd.server import openai_api, prompts
 from vramd.server.http import Exchange, HttpServer, json_route
 from vramd.server.metrics import Metrics
 from vramd.server.room import Room
@@ -52,10 +58,20 @@ VRAM_WATCH_INTERVAL = 5.0
 # A status or /metrics call waits at most this long for the daemon's lock to look at device memory
 # (never in the middle of our own restore or release); past it, it shows the last look.
 SAMPLE_LOCK_WAIT = 0.5
+# Stopping (SIGTERM): queued work fails at once and the generation in flight ends at its next
+# step, so the loop is done in well under a second; it is waited for at most STOP_GRACE s and
+# the replies in flight at most REPLY_GRACE s more, inside systemd's TimeoutStopSec=30.
+STOP_GRACE = 10.0
+REPLY_GRACE = 2.0
+# A second SIGTERM/SIGINT while stopping: exit at once with 128 + the signal's number.
+# A non-streamed request's connection is looked at this often for a client that hung up.
+CLIENT_CHECK = 0.1
 
 
 @dataclass
 class Job:
+    """One unit of the loop's work.  Its `timeout` (the wait for the GPU) counts from `arrived`:
+    a job queued behind others is not given a fresh timeout when the loop reaches it."""
     kind: str
     fn: Callable[[], Any] | None = None
     needs_gpu: bool = False
@@ -63,16 +79,67 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
+    arrived: float = field(default_factory=time.monotonic)
+    taken: threading.Event = field(default_factory=threading.Event)   # the loop started it, or it finished
+    abandoned: bool = False   # its requester stopped waiting before the loop took it
+    cancelled: threading.Event = field(default_factory=threading.Event)   # its client went away
+    _claim: threading.Lock = field(default_factory=threading.Lock)
 
     def finish(self, result=None, error=None) -> None:
         self.result, self.error = result, error
+        self.taken.set()
         self.done.set()
+
+    def left(self) -> float | None:
+        """Seconds left of its timeout (None: no limit)."""
+        if self.timeout is None or not math.isfinite(self.timeout):
+            return None
+        return self.arrived + self.timeout - time.monotonic()
+
+    def take(self) -> bool:
+        """The loop starts it; False if its requester gave up meanwhile (it was told so)."""
+        with self._claim:
+            if self.abandoned:
+                return False
+            self.taken.set()
+            return True
+
+    def wait_taken(self, busy: Callable[[], str]) -> None:
+        """The requester's side: until the loop takes the job (or it finished).  Past the
+        timeout, give it up and raise Timeout: a 503 on time even behind a long job."""
+        left = self.left()
+        if left is None:
+            self.taken.wait()
+            return
+        if self.taken.wait(max(0.0, left)):
+            return
+        with self._claim:
+            if self.taken.is_set():
+                return
+            self.abandoned = True
+        raise Timeout(f"waited {time.monotonic() - self.arrived:.1f} s for the GPU (timeout {self.timeout:g} s): "
+                      f"{busy()}")
 
     def wait(self) -> Any:
         self.done.wait()
         if self.error is not None:
             raise self.error
         return self.result
+
+
+# Below this address-space limit (RLIMIT_AS, `ulimit -v`) Vulkan drivers cannot open a device:
+# lavapipe segfaulted in vkCreateDevice at 400 MB; GPU drivers reserve far more.
+MIN_ADDRESS_SPACE = 1 << 30
+
+
+def check_address_space() -> None:
+    import resource
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft < MIN_ADDRESS_SPACE:
+        from vramd.errors import DeviceError
+        raise DeviceError(f"the address-space limit (ulimit -v, systemd's LimitAS=) is {soft >> 20} MiB: a Vulkan "
+                          f"driver needs at least {MIN_ADDRESS_SPACE >> 20} MiB to open the device (it would crash); "
+                          "raise it")
 
 
 def arena_for_device(cfg: ServeConfig, device) -> Arena:
@@ -103,6 +170,14 @@ class Daemon:
         self.vram_watch = None
         self._vram_lock = threading.Lock()
         self._vram_sampled = 0.0
+        self._inflight = 0   # generation replies being written (shutdown lets them finish)
+        self.beat = time.monotonic()   # the loop's heartbeat (guard.py feeds the watchdog by it)
+        self.lost: str | None = None   # why the token or the arena is no longer ours (guard.py)
+        self.exit_code = 0
+        self.guard = None
+        self._current: tuple[str | None, float] = (None, 0.0)   # the job the loop runs, since when
+        self._warm_deadline: float | None = None   # when the request we go warm for gives up
+        self._inflight_lock = threading.Lock()
 
     # -- set-up ------------------------------------------------------------
 
@@ -122,6 +197,7 @@ class Daemon:
         self.text = Engine.text_front(mf)  # so is a bad vocabulary or chat template
         if cfg.mmproj:
             self._check_projector(mf, engine_cfg)  # and a bad or mismatched projector
+        check_address_space()   # a driver that runs out of it crashes in vkCreateDevice, with no message
         self.device = Device(cfg.device)
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
@@ -144,7 +220,8 @@ class Daemon:
         registry = Registry(self.arena.members_dir)
         self.room = Room(self.name, self.residency, self.model.regions, self._budget(),
                          members=self._other_members, is_member=lambda pid: registry.read(pid) is not None,
-                         token=self.participant.token, sample=self.sample_device_memory, metrics=self.metrics)
+                         token=self.participant.token, sample=self.sample_device_memory, metrics=self.metrics,
+                         ask=self._ask_peer)
         from vramd.gpu.memview import ForeignWatch
         self.vram_watch = ForeignWatch(self.name)
         member = self.participant.member
@@ -304,7 +381,7 @@ class Daemon:
     def submit_nowait(self, job: Job) -> Job:
         with self._submit_lock:
             if self.stopping:
-                raise PeerError(f"{self.name} is shutting down")
+                raise ShuttingDown(f"{self.name} is shutting down")
             self.jobs.put(job)
         return job
 
@@ -313,22 +390,23 @@ class Daemon:
         # before the stop job (and failed or run by the loop) or refused here.
         with self._submit_lock:
             if self.stopping:
-                raise PeerError(f"{self.name} is shutting down")
+                raise ShuttingDown(f"{self.name} is shutting down")
             self.jobs.put(job)
+        job.wait_taken(self._busy_text)
         return job.wait()
 
     def loop(self) -> None:
         """The one thread that touches the GPU."""
         wd = systemd.watchdog_interval()
-        last_ping = 0.0
         while True:
+            self.beat = time.monotonic()   # the guard pings the watchdog while this moves
             try:
                 job = self.jobs.get(timeout=self._next_wakeup(wd))
             except queue.Empty:
                 job = None
-            if wd is not None and time.monotonic() - last_ping >= wd:
-                systemd.watchdog()  # from the loop itself: a stuck GPU call stops the pings
-                last_ping = time.monotonic()
+            self.beat = time.monotonic()
+            if self.lost is not None:
+                self._leave_lost_token()
             if job is not None and job.kind == "stop":
                 self._fail_pending("shutting down")
                 job.finish()
@@ -348,6 +426,33 @@ class Daemon:
             except Exception as e:
                 log.warning("%s: waiting for released memory failed: %s", self.name, e)
 
+    def _beat_or_give_up(self) -> bool:
+        """A wait's `cancel`, called every slice of it: the loop lives; give up when stopping."""
+        self.beat = time.monotonic()
+        return self.stopping or self.lost is not None
+
+    def on_lost(self, why: str) -> None:
+        """The guard's call (its thread): the token we hold, or the arena, is no longer the arena's.
+        The generation in flight stops at its next step; the loop goes cold and we exit 4."""
+        if self.lost is not None:
+            return
+        self.lost = why
+        self.exit_code = TokenError.exit_code
+        log.error("%s: %s; stopping (exit %d) so that nothing computes beside another holder",
+                  self.name, why, self.exit_code)
+        self.poke()
+
+    def _leave_lost_token(self) -> None:
+        """On the loop: release what we hold and the orphaned flock, then stop (once)."""
+        if self.stopping:
+            return
+        try:
+            self._release_everything = True
+            self.participant.go_cold(reason="token lost")
+        except Exception as e:  # the token is released by then (go_cold's finally)
+            log.error("%s: going cold failed: %s", self.name, e)
+        threading.Thread(target=self.request_stop, name="vramd-stop", daemon=True).start()
+
     def _next_wakeup(self, watchdog_period: float | None) -> float:
         t = watchdog_period or 1.0
         due = self.participant.yield_due_in()
@@ -366,11 +471,43 @@ class Daemon:
             self._release_everything = True
             self.participant.go_cold(reason="idle-sleep")
 
+    def _busy_text(self) -> str:
+        """What a request queued behind others waits for (a 503's message)."""
+        kind, since = self._current
+        holder = self.participant.holder_text() if not self.participant.holds_token else f"{self.name} (this daemon)"
+        if threading.current_thread() is self._loop:
+            return f"the GPU token is held by {holder}"
+        doing = f"the loop runs an earlier {kind} job, for {time.monotonic() - since:.1f} s" if kind else \
+            "the loop has not reached it"
+        return f"{doing}; the GPU token is held by {holder}"
+
     def _run(self, job: Job) -> None:
+        if not job.take():
+            return   # its requester gave up waiting (a 503) before the loop reached it
+        self._current = (job.kind, time.monotonic())
         result = error = None
         try:
+            if self.lost is not None:
+                raise ShuttingDown(f"{self.name}: {self.lost}; stopping")
             if job.needs_gpu:
-                self._ensure_warm(job.timeout)
+                # A stop gives up the wait for the GPU at once (Interrupted, a 503).
+                # The timeout counts from the request's arrival, not from here.
+                left = job.left()
+                if left is not None and left <= 0 and not self.participant.holds_token:
+                    raise Timeout(f"waited {time.monotonic() - job.arrived:.1f} s for the GPU "
+                                  f"(timeout {job.timeout:g} s): {self._busy_text()}")
+                self._warm_deadline = None if left is None else job.arrived + job.timeout
+                try:
+                    self._ensure_warm(None if left is None else max(left, 0.0),
+                                      cancel=lambda: self._beat_or_give_up() or job.cancelled.is_set())
+                except Timeout:
+                    raise Timeout(f"waited {time.monotonic() - job.arrived:.1f} s for the GPU "
+                                  f"(timeout {job.timeout:g} s): {self._busy_text()}") from None
+                try:
+                    self.participant.token.check()   # before computing, not only at the guard's next look
+                except TokenError as e:
+                    self.on_lost(str(e))
+                    raise ShuttingDown(f"{self.name}: {e}; stopping") from None
             result = job.fn() if job.fn else None
             self.metrics.count("requests")
             if job.needs_gpu:
@@ -379,6 +516,7 @@ class Daemon:
             error = e
         if job.needs_gpu:
             self._cold_unless_whole()   # before the requester hears: the next request sees us cold
+        self._current, self._warm_deadline = (None, 0.0), None
         job.finish(result, error)
         self.last_activity = time.monotonic()
 
@@ -400,6 +538,24 @@ class Daemon:
         except Exception as e:  # the token is released by then (go_cold's finally)
             log.error("%s: going cold failed: %s", self.name, e)
 
+    def _ask_peer(self, peer, cmd: str, **args) -> dict:
+        """Room's control request to a peer (an eviction, with the token held): answered within
+        EVICT_WAIT s, and never past what is left of the request we go warm for."""
+        from vramd.server.room import EVICT_WAIT, ask_over_socket
+        try:
+            st, ours = os.stat(peer.control), os.stat(self.control.path)
+        except OSError:
+            st = ours = None
+        if st is not None and (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino):
+            # A forged record (any member may write one) naming our own socket: asking ourselves
+            # to evict while we hold the lock it needs would wait for ever.
+            raise PeerError(f"the record of {peer.name!r} (pid {peer.pid}) names this daemon's own control "
+                            "socket: forged, not asked")
+        wait = EVICT_WAIT
+        if self._warm_deadline is not None:
+            wait = min(wait, max(0.5, self._warm_deadline - time.monotonic()))
+        return ask_over_socket(peer, cmd, wait=wait, **args)
+
     def _ensure_warm(self, timeout: float | None, cancel=None) -> None:
         if self.participant.holds_token:
             return
@@ -412,12 +568,19 @@ class Daemon:
         self.metrics.observe_switch((m.last_switch_ms or 0.0) / 1000, m.bytes_h2d - h2d_before)
 
     def _fail_pending(self, why: str) -> None:
+        """Fail every queued job now (pokes and the stop job are the loop's: put back)."""
+        keep = []
         while True:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
-                return
-            job.finish(error=PeerError(f"{self.name}: {why}"))
+                break
+            if job.kind in ("poke", "stop"):
+                keep.append(job)
+            else:
+                job.finish(error=ShuttingDown(f"{self.name}: {why}"))
+        for job in keep:
+            self.jobs.put(job)
 
     # -- requests --------------------------------------------------------------
 
@@ -501,25 +664,61 @@ class Daemon:
         req = openai_api.parse_request(kind, ex.body(), set(self.model_names()))
         if self.engine is None:
             raise PeerError(f"{self.name} is still loading")
+        if self.stopping:
+            raise ShuttingDown(f"{self.name} is shutting down")
+        # Validated, rendered and tokenized here, before the job is queued: a bad request
+        # is a 400 that never rings a peer nor takes the GPU (vramd/server/prompts.py).
+        sampling, prepared = prompts.prepare(self.engine, req, self.encoder is not None)
         builder = openai_api.ResponseBuilder(req, self.name)
         events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         cancelled = threading.Event()
 
         def work():
-            ids, embeds = self.engine.prompt(req.prompt_input())
+            ids, embeds = (prepared, {}) if prepared is not None else self.engine.prompt(req.prompt_input())
             builder.prompt_tokens = len(ids)
             if req.echo:
                 builder.echo_text = req.prompt if isinstance(req.prompt, str) else self.engine.detokenize(ids)
             events.put(("start", None))
 
-            def emit(piece):
-                events.put(("piece", piece))
-                return not cancelled.is_set()
-            return self.engine.generate(ids, req.sampling(), emit, embeds)
+            made = [0]
 
-        job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout)
+            def emit(piece):
+                made[0] += 1
+                self.beat = time.monotonic()
+                events.put(("piece", piece))
+                # A stop ends the generation at its next step (a clean finish, never a dead loop);
+                # so does a token that is no longer the arena's (never compute beside another holder).
+                return not cancelled.is_set() and not self.stopping and self.lost is None
+            finish = self.engine.generate(ids, sampling, emit, embeds)
+            if finish == "cancelled" and self.lost is not None:
+                raise ShuttingDown(f"{self.name}: {self.lost}: the generation was ended after {made[0]} tokens")
+            if finish == "cancelled" and not cancelled.is_set():
+                raise ShuttingDown(f"{self.name} is shutting down: the generation was ended after "
+                                   f"{made[0]} tokens")
+            return finish
+
+        job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout, cancelled=cancelled)
         self.submit_nowait(job)
+        with self._inflight_lock:
+            self._inflight += 1
+        try:
+            job.wait_taken(self._busy_text)
+            self._answer(req, ex, builder, job, events, cancelled)
+        finally:
+            with self._inflight_lock:
+                self._inflight -= 1
+
+    def _answer(self, req, ex: Exchange, builder, job: Job, events: queue.Queue, cancelled: threading.Event) -> None:
+        """The reply to a generation job: one JSON body, or the stream as the pieces come."""
         if not req.stream:
+            # Nobody reads a non-streamed reply until it is whole: look for a hang-up meanwhile,
+            # so an abandoned request stops at its next step instead of generating on.
+            while not job.done.wait(CLIENT_CHECK):
+                if ex.client_gone():
+                    cancelled.set()
+                    log.info("%s: the client of a non-streamed request went away: generation stopped", self.name)
+                    job.done.wait()
+                    return
             finish = job.wait()
             while not events.empty():
                 kind_, piece = events.get()
@@ -536,6 +735,9 @@ class Daemon:
             except queue.Empty:
                 if job.done.is_set():
                     job.wait()  # raises the job's error
+                    return
+                if ex.client_gone():   # hung up before the first token (still waiting for the GPU?)
+                    cancelled.set()
                     return
         try:
             ex.start_stream()
@@ -557,6 +759,12 @@ class Daemon:
             raise
         try:
             finish = job.wait()
+        except ShuttingDown as e:
+            # Ended by a stop: a finish the client can see, then why, then the end.
+            ex.send(openai_api.sse(builder.chunk([], finish_reason="abort", first=first)))
+            ex.send(openai_api.sse(openai_api.error_body(e)[1]))
+            ex.send(openai_api.sse(b"[DONE]"))
+            return
         except VramdError as e:
             ex.send(openai_api.sse(openai_api.error_body(e)[1]))
             return
@@ -566,6 +774,8 @@ class Daemon:
         ex.send(openai_api.sse(b"[DONE]"))
 
     def health(self) -> tuple[int, dict]:
+        if self.stopping:
+            return 503, {"status": "stopping", "name": getattr(self, "name", None)}
         if not self.loaded:
             return 503, {"status": "loading"}
         return 200, {"status": "ok", "name": self.name, "state": self.participant.state}
@@ -585,6 +795,7 @@ class Daemon:
                 "evictions": self.metrics.evictions, "evicted_bytes": self.metrics.evicted_bytes,
                 "engine": dict(self.engine.stats) if self.engine else None,
                 "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url,
+                "inflight": self._inflight,   # generation requests submitted and not yet answered
                 "device_memory": self._device_memory_status()}
 
     def _device_memory_status(self) -> dict | None:
@@ -608,7 +819,8 @@ class Daemon:
     # -- life and death -------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Ask the loop to stop (queued work fails cleanly) and wait for it."""
+        """Stop accepting, fail every queued job now, ask the loop to stop and wait for it
+        (at most STOP_GRACE s: the job in flight ends at its next step)."""
         with self._submit_lock:
             first = not self.stopping
             self.stopping = True
@@ -619,8 +831,9 @@ class Daemon:
                 self.jobs.put(job)
         if first:
             systemd.stopping()
+        self._fail_pending("shutting down")
         if job is not None and self._loop is not None and self._loop.is_alive():
-            job.done.wait(60)
+            job.done.wait(STOP_GRACE)
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT or a `shutdown` request; returns the exit code."""
@@ -628,6 +841,11 @@ class Daemon:
         pending: list[int] = []
 
         def on_signal(signum, _frame):  # only queue; the main thread acts
+            if pending or self.stopping:
+                # A second signal while stopping: the operator means now.  The kernel
+                # drops our flocks with the process; a stale record is cleaned by its pid.
+                os.write(2, f"vramd: signal {signum} while stopping: exiting now\n".encode())
+                os._exit(128 + signum)
             pending.append(signum)
             os.write(wake_w, b"s")
 
@@ -637,10 +855,12 @@ class Daemon:
         # stopping process alive (systemd would only SIGKILL it later).
         self._loop = threading.Thread(target=self.loop, name="vramd-loop", daemon=True)
         self.participant.start()
+        self.guard = Guard(self.name, self.arena, self.participant.token, lambda: self.beat, self.on_lost,
+                           tend=(self.control.ensure_bound,)).start()
         try:
             # Acquire before the first upload, then upload: the seeds' rule.
             # A signal while we wait for the token gives up the wait.
-            self._ensure_warm(None, cancel=lambda: bool(pending))
+            self._ensure_warm(None, cancel=lambda: bool(pending) or self._beat_or_give_up())
             from vramd.engine.runner import Engine
             self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder, text=self.text)
             self.sample_device_memory()   # while we hold the token: the watchdog's baseline
@@ -657,20 +877,35 @@ class Daemon:
             if pending:
                 log.info("%s: signal %d, shutting down", self.name, pending[-1])
         except Interrupted:
-            log.info("%s: signal %d while waiting for the GPU, shutting down", self.name, pending[-1])
+            if pending:
+                log.info("%s: signal %d while waiting for the GPU, shutting down", self.name, pending[-1])
         finally:
             self.shutdown()
             os.close(wake_r)
             os.close(wake_w)
-        return 0
+        return self.exit_code
+
+    def _wait_replies(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while self._inflight and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def shutdown(self) -> None:
         """Stop the loop, release the token, remove the member record and control socket; idempotent."""
         self.request_stop()
         loop_alive = self._loop is not None and self._loop.is_alive()
         if loop_alive:
-            self._loop.join(60)
+            self._loop.join(STOP_GRACE)
             loop_alive = self._loop.is_alive()
+        if loop_alive:
+            # Never release buffers (or the token) under a loop that still computes: the
+            # process's exit frees both once it is gone.
+            log.error("%s: the loop did not stop within %g s (a device call that does not return); "
+                      "exiting without releasing under it", self.name, STOP_GRACE)
+            return
+        self._wait_replies(REPLY_GRACE)   # the cut-short replies reach their clients
+        if self.guard is not None:
+            self.guard.close()
         for closer in (self.control, self.http):
             if closer is not None:
                 try:
@@ -679,9 +914,6 @@ class Daemon:
                     pass
         if self.participant is not None:
             self.participant.close()
-        if loop_alive:
-            log.error("%s: the loop is stuck in a device call; leaving the device to the process's exit", self.name)
-            return
         if self.engine is not None:
             self.engine.close()
         if self.encoder is not None:

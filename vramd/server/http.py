@@ -35,6 +35,7 @@ import http.client
 import ipaddress
 import json
 import logging
+import select
 import socket
 import threading
 import time
@@ -203,6 +204,20 @@ class Exchange:
 
     def send(self, data: bytes) -> None:
         self._write(data)
+
+    def client_gone(self) -> bool:
+        """Has the client closed its end (EOF or a reset) while we work on its reply?  Data it
+        sent meanwhile (a pipelined request) is left where it is: that client still waits."""
+        sock = self.h.connection
+        try:
+            ready, _, _ = select.select([sock], [], [], 0)
+            if not ready:
+                return False
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
 
     def _write(self, data: bytes) -> None:
         try:

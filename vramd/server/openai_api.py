@@ -15,6 +15,7 @@ when the GPU could not be had in time).
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -76,8 +77,20 @@ def _number(body: dict, key: str, default, lo=None, hi=None, integer=False):
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
         raise UsageError(f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}")
+    if isinstance(v, float) and not math.isfinite(v):   # JSON's NaN and Infinity, which every comparison lets through
+        raise UsageError(f"'{key}' must be a finite number, got {v!r}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         raise UsageError(f"'{key}' must be between {lo} and {hi}, got {v!r}")
+    return v
+
+
+def _flag(body: dict, key: str, default: bool = False) -> bool:
+    """A JSON boolean (or null: the default); "false" or 0 is refused, never read as truthy."""
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise UsageError(f"'{key}' must be true or false, got {v!r}")
     return v
 
 
@@ -92,6 +105,8 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     if not isinstance(body, dict):
         raise UsageError("request body must be a JSON object")
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise UsageError(f"'model' must be a string, got {type(model).__name__}")
     if model is not None and model not in model_names:
         raise NotFound(f"the model '{model}' does not exist here (this daemon serves "
                        f"{', '.join(sorted(model_names))})")
@@ -108,10 +123,12 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     req.top_p = float(_number(body, "top_p", 1.0, 0.0, 1.0))
     req.top_k = _number(body, "top_k", 0, 0, 1 << 20, integer=True)
     req.min_p = float(_number(body, "min_p", 0.0, 0.0, 1.0))
-    req.seed = _number(body, "seed", None, integer=True)
-    req.stream = bool(body.get("stream", False))
-    opts = body.get("stream_options") or {}
-    req.include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+    req.seed = _number(body, "seed", None, 0, (1 << 64) - 1, integer=True)
+    req.stream = _flag(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise UsageError("'stream_options' must be an object")
+    req.include_usage = _flag(opts or {}, "include_usage")
     stop = body.get("stop")
     if stop is None:
         req.stop = []
@@ -125,11 +142,11 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
         req.prompt = _prompt(body.get("prompt"))
         lp = body.get("logprobs")
         req.logprobs = None if lp is None else _number(body, "logprobs", 0, 0, 20, integer=True)
-        req.echo = bool(body.get("echo", False))
+        req.echo = _flag(body, "echo")
     else:
         req.messages, req.images = _messages(body.get("messages"))
         req.template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
-        if body.get("logprobs"):
+        if _flag(body, "logprobs"):
             req.logprobs = _number(body, "top_logprobs", 0, 0, 20, integer=True)
     return req
 

@@ -40,10 +40,19 @@ FREEING_POLL = 0.02
 EVICTION_KINDS = ("encoder", "scratch", "state", "weights")
 
 
-def ask_over_socket(peer, cmd: str, **args) -> dict:
-    """The production `ask`: the peer's control socket (vramd/server/control.py)."""
+# A peer asked to evict answers within this long or is counted out (the asker holds the token
+# meanwhile: a stopped or hung peer must not freeze every other member; before, 120 s).
+EVICT_WAIT = 5.0
+
+
+def ask_over_socket(peer, cmd: str, wait: float = EVICT_WAIT, **args) -> dict:
+    """The production `ask`: the peer's control socket (vramd/server/control.py).  A stopped
+    peer (SIGSTOP) is not asked at all: it could not answer before `wait` runs out."""
+    from vramd.arena.proclocks import pid_stopped
     from vramd.server.control import request
-    return request(peer.control, cmd, wait=120, **args)
+    if pid_stopped(peer.pid):
+        raise PeerError(f"{peer.name} (pid {peer.pid}) is stopped; not asked")
+    return request(peer.control, cmd, wait=wait, **args)
 
 
 class Room:

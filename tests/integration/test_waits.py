@@ -1,0 +1,125 @@
+"""Waits that end on time (issue 19, item 4).
+
+Real daemons, a real `vramd exec` holding the token, real SIGSTOP.  Each
+wait for the GPU counts from the request's arrival: queued requests, a
+`vramd wake --timeout`, and a frozen waiter at the head of the ticket queue
+must not stretch anyone's wait past its timeout (+ 1 s).
+"""
+
+import signal
+import subprocess
+import sys
+import time
+
+from vramd.arena.queue import Queue
+from vramd.arena.token import Token
+
+from .conftest import ROOT, daemon_env
+from .test_shutdown import held_elsewhere, hold_token_elsewhere, in_thread, post
+
+
+def test_queued_requests_each_get_their_503_within_their_own_timeout(arena, models, daemons):
+    d = daemons(arena, models[0], "alpha", "--wake-timeout", "3")
+    with held_elsewhere(d, arena):
+        url = d.member().endpoint + "/v1/completions"
+        waits = [in_thread(post, url, {"prompt": [1, 2], "max_tokens": 2}) for _ in range(4)]
+        for w in waits:
+            w["thread"].join(30)
+        for w in waits:
+            status, body = w["result"]
+            assert status == 503, body
+            assert w["took"] < 3 + 1.0, [x["took"] for x in waits]       # before: 3, 6, 9, 12 s
+            assert "waited" in body["error"]["message"] and "timeout 3 s" in body["error"]["message"], body
+            assert "held by sleep" in body["error"]["message"], body        # who holds, and how long
+            assert "warm for" in body["error"]["message"], body
+
+
+def test_wake_timeout_counts_while_queued_behind_another_request(arena, models, daemons):
+    d = daemons(arena, models[0], "alpha", "--wake-timeout", "6")
+    with held_elsewhere(d, arena):
+        url = d.member().endpoint + "/v1/completions"
+        first = in_thread(post, url, {"prompt": [1, 2], "max_tokens": 2})   # the loop waits 6 s on it
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "vramd.cli", "wake", "alpha", "--timeout", "3", "--arena", str(arena)],
+                           capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
+        took = time.monotonic() - t0
+        assert r.returncode == 1, r.stderr
+        assert took < 3 + 1.0, took                                   # before: 8.3 s
+        assert "waited" in r.stderr and "Traceback" not in r.stderr
+        first["thread"].join(30)
+        assert first["result"][0] == 503 and first["took"] < 6 + 1.0
+
+
+def all_threads_stopped(pid: int) -> bool:
+    import os
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+            stat = f.read()
+        states.append(stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3])
+    return all(s in (b"T", b"t") for s in states)
+
+
+def test_a_stopped_waiter_at_the_head_of_the_queue_is_skipped(arena, models, daemons):
+    d = daemons(arena, models[0], "alpha", "--wake-timeout", "5")
+    d.ask("yield")
+    blocker = hold_token_elsewhere(arena)
+    frozen = subprocess.Popen([sys.executable, "-m", "vramd.cli", "exec", "--", "true"],
+                              env=daemon_env(VRAMD_ARENA=str(arena)), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 20
+        while frozen.pid not in [pid for _n, pid in Queue(arena / "queue").live()]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        frozen.send_signal(signal.SIGSTOP)     # first in line, and it will not take its turn
+        while not all_threads_stopped(frozen.pid):   # before the token is free: none may take it first
+            time.sleep(0.01)
+        blocker.kill()
+        blocker.wait()
+        time.sleep(0.2)
+        assert Token(arena / "token.lock").holders() == []    # the GPU is free
+        t0 = time.monotonic()
+        status, body = post(d.member().endpoint + "/v1/completions", {"prompt": [1, 2], "max_tokens": 2})
+        assert status == 200, body                             # before: 503 after 5 s
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        frozen.kill()
+        frozen.wait()
+        if blocker.poll() is None:
+            blocker.kill()
+            blocker.wait()
+
+
+def test_a_stopped_parked_peer_does_not_freeze_the_one_that_needs_its_room(arena, tmp_path, daemons):
+    from tests.integration.conftest import SHAPE
+    from tests.integration.test_cache import compute, footprint
+    from tests.model.ggufgen import write_model
+    three = [write_model(tmp_path / f"m{i}.gguf", seed=10 + i, shape=SHAPE) for i in range(3)]
+    probe = daemons(arena, three[0], "probe")
+    one = footprint(probe)
+    assert probe.stop() == 0
+    budget = str(2 * one + one // 2)          # any two fit, not three
+    a = daemons(arena, three[0], "a", "--vram-budget", budget)
+    compute(a)
+    b = daemons(arena, three[1], "b", "--vram-budget", budget)
+    compute(b)
+    c = daemons(arena, three[2], "c", "--vram-budget", budget, "--wake-timeout", "4", wait_ready=False)
+    c.wait_ready()                                 # c made room: a (the LRU) gave some up
+    compute(a)                                     # a is warm again, b and c parked: b is the LRU now
+    b.proc.send_signal(signal.SIGSTOP)             # the peer that must give up room cannot answer
+    try:
+        t0 = time.monotonic()
+        status, body = post(c.member().endpoint + "/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
+        took = time.monotonic() - t0
+        # Answered within its own timeout (+1 s): served with the room a gives, or refused,
+        # never frozen 120 s behind the stopped peer while holding the GPU.
+        assert took < 4 + 1.0, (took, body)
+        assert status in (200, 503), body
+        assert "stopped" in c.output or status == 200
+        t0 = time.monotonic()
+        assert a.ask("wake", timeout=4)["state"] == "warm"   # the GPU is not held by a frozen asker
+        assert time.monotonic() - t0 < 4 + 1.0
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
