@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from vramd import __version__
-from vramd.errors import PeerError, Timeout, UsageError, VramdError
+from vramd.errors import ModelError, PeerError, Timeout, UsageError, VramdError
 
 
 def arena_options(f):
@@ -177,9 +177,21 @@ def ring(arena_path, allow_shared_arena, pid):
     (your shell or script), exactly like `echo 1 > <arena>/doorbell/$$`.
     """
     from vramd.arena import doorbell
+    if pid is not None and not pid_exists(pid):
+        raise UsageError(f"--pid {pid}: no such process (a ring names a live pid; the holder ignores others)")
     arena = open_arena(arena_path, allow_shared_arena)
     path = doorbell.ring(arena.doorbell_dir, pid or os.getppid())
     click.echo(f"rang {path}")
+
+
+def pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True   # another user's process: it exists
+    return True
 
 
 @cli.command(name="yield")
@@ -258,7 +270,7 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
 # -- serve / wake -------------------------------------------------------------------
 
 @cli.command()
-@click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=str))
+@click.argument("model", required=False, type=click.Path(path_type=str))
 @click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="TOML file with the same keys as the flags (flags override it).")
 @click.option("--name", default=None, help="Member name (default: the model file's stem).")
@@ -356,7 +368,7 @@ def wake(arena_path, allow_shared_arena, name, timeout):
 # -- plan ---------------------------------------------------------------------------
 
 @cli.command()
-@click.argument("model", type=click.Path(dir_okay=False, path_type=str))
+@click.argument("model", type=click.Path(path_type=str))
 @click.option("--n-cpu-moe", "n_cpu_moe", default=None,
               help="Expert layers kept on the host: a number >= 0, fractions in thirds (1.5, 4/3).")
 @click.option("--vram-budget", default=None, help="Find the smallest --n-cpu-moe (steps of 1/3) that fits.")
@@ -381,20 +393,33 @@ def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, as_json):
         click.echo(f"note: {model} has no expert tensors; --n-cpu-moe changes nothing", err=True)
     if as_json:
         click.echo(json.dumps(fp.to_json(), indent=2))
-        return
+    else:
+        print_plan(fp, ctx, bool(mmproj))
+    if not fp.runnable:
+        # The plan is printed (the loader's scratch estimate), but the answer to "will it run" is no.
+        from vramd.engine.arch import spec_for
+        try:
+            spec_for(mf)
+        except VramdError as e:
+            why = str(e).removeprefix(f"{model}: ")
+            raise ModelError(f"{model}: the engine does not run it ({why}): vramd serve refuses it") from None
+
+
+def print_plan(fp, ctx: int, mmproj: bool) -> None:
     width = max((len(t["name"]) for t in fp.plan.tensors), default=0)  # a file may hold no tensors
     for t in fp.plan.tensors:
         click.echo(f"{t['name']:<{width}}  {t['placement']:6s}  {human_bytes(t['bytes']):>10}")
     d, host = fp.device, fp.host
-    click.echo(f"\n--n-cpu-moe {fp.plan.n_cpu_moe:g}: device {human_bytes(fp.device_bytes)} (weights "
-               f"{human_bytes(d['weights'])}, KV {human_bytes(d['state'])} for --ctx {ctx}, scratch "
-               f"{human_bytes(d['scratch'])}), host {human_bytes(sum(host.values()))} (experts "
-               f"{human_bytes(host['experts'])})")
+    device = (f"device {human_bytes(fp.device_bytes)} (weights {human_bytes(d['weights'])}, KV "
+              f"{human_bytes(d['state'])} for --ctx {ctx}, scratch {human_bytes(d['scratch'])})")
+    if fp.plan.has_experts:
+        click.echo(f"\n--n-cpu-moe {fp.plan.n_cpu_moe:g}: {device}, host {human_bytes(sum(host.values()))} "
+                   f"(experts {human_bytes(host['experts'])})")
+    else:   # a dense model: experts are no question here
+        click.echo(f"\n{device}, host {human_bytes(sum(host.values()))} (the shadows going cold copies into)")
     if mmproj:
         click.echo(f"--mmproj: encoder {human_bytes(d['encoder'])} in host memory, on the device with "
                    f"{human_bytes(fp.encode_scratch)} of activations while it encodes")
-    if not fp.runnable:
-        click.echo(f"note: the engine does not run {model} (vramd serve refuses it); scratch is the loader's estimate")
 
 
 # -- exec -------------------------------------------------------------------------
@@ -404,17 +429,75 @@ def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, as_json):
 @click.option("--name", default=None, help="Member name shown by `vramd status` (default: the command).")
 @click.option("--timeout", type=click.FloatRange(min=0, max=86400), default=None,
               help="Give up (exit 1) if the GPU is not free within this many seconds.")
+@click.option("--vram", "need", default=None,
+              help="Device memory the job needs, e.g. 20GiB: parked daemons are evicted (least recently used "
+                   "first) until that much of the arena's budget is free, once the job holds the token.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def exec_(arena_path, allow_shared_arena, name, timeout, command):
+def exec_(arena_path, allow_shared_arena, name, timeout, need, command):
     """Run COMMAND holding the GPU token; release it when COMMAND exits.
 
     Rings, waits its turn, runs the command, and exits with its exit code
     (128+N if it died of signal N).  SIGINT, SIGTERM and SIGHUP are forwarded.
+    A command that does not exist is refused (127, 126 not executable) before
+    the token is taken: nobody is made to yield for it.
     """
     from vramd.arena.arbiter import Participant
+    from vramd.server.config import parse_size
+    nbytes = None if need is None else parse_size(need, "--vram")
+    check_command(command[0])
     arena = open_arena(arena_path, allow_shared_arena)
     participant = Participant(arena, name or os.path.basename(command[0]), model="(exec)")
-    sys.exit(run_holding(participant, list(command), timeout))
+    before = None if nbytes is None else (lambda: make_room(participant, nbytes))
+    sys.exit(run_holding(participant, list(command), timeout, before=before))
+
+
+def check_command(cmd: str) -> None:
+    """What a shell would say before running `cmd`: not found (127) or not executable (126)."""
+    import shutil
+    if "/" not in cmd:
+        if shutil.which(cmd) is None:
+            raise VramdCommandError(f"{cmd}: command not found", 127)
+        return
+    if not os.path.exists(cmd):
+        raise VramdCommandError(f"{cmd}: command not found", 127)
+    if os.path.isdir(cmd) or not os.access(cmd, os.X_OK):
+        raise VramdCommandError(f"{cmd}: permission denied (not an executable file)", 126)
+
+
+def make_room(participant, need: int) -> None:
+    """Holding the token: ask parked daemons to evict, in the arena's eviction order, until
+    `need` bytes of the budget their records publish are free: the Room's own policy
+    (vramd/server/room.py), for a job that holds nothing itself.  Without a published budget
+    (no daemon), the parked members' bytes are all that can be counted: they give up `need`."""
+    from vramd.arena.members import Registry
+    from vramd.server.room import Room
+    registry = Registry(participant.arena.members_dir)
+
+    def others():
+        return [m for m in registry.list(clean=False) if m.pid != os.getpid()]
+
+    budgets = [m.budget for m in others() if m.budget > 0]
+    room = Room(participant.member.name, _NothingResident(), [], min(budgets) if budgets else 0, members=others,
+                is_member=lambda pid: registry.read(pid) is not None, token=participant.token,
+                sample=lambda: {})
+    if budgets:
+        room.make_room(need)
+    else:
+        room.evict_peers(room.eviction_order(), need)
+    free = room.free_bytes()
+    if budgets and free < need:
+        click.echo(f"vramd: warning: {human_bytes(free)} of the arena's budget free after evicting, "
+                   f"{human_bytes(need)} asked (--vram): pinned or unanswering members keep theirs", err=True)
+
+
+class _NothingResident:
+    """The residency of a job that holds no vramd buffers (make_room's Room)."""
+
+    def breakdown(self) -> dict:
+        return {}
+
+    def stats(self) -> dict:
+        return {"reclaim_pending_bytes": 0}
 
 
 def in_terminal_foreground() -> bool:
@@ -443,7 +526,7 @@ def die_with_us():
     return in_child
 
 
-def run_holding(participant, command: list[str], timeout: float | None) -> int:
+def run_holding(participant, command: list[str], timeout: float | None, before=None) -> int:
     child: list[subprocess.Popen] = []
     # At a terminal the child shares our process group, so it keeps the
     # terminal and gets Ctrl-C from it directly.  Otherwise it gets a group of
@@ -462,6 +545,8 @@ def run_holding(participant, command: list[str], timeout: float | None) -> int:
     try:
         with participant:
             participant.ensure_warm(timeout)
+            if before is not None:
+                before()
             try:
                 child.append(subprocess.Popen(command, process_group=None if interactive else 0,
                                               preexec_fn=die_with_us()))

@@ -41,3 +41,15 @@ def test_decode_bench_cli_writes_json(tmp_path):
     assert res.exit_code == 0, res.output
     assert "profile (2 steps)" in res.output and "matvec_w_q8_0" in res.output  # rows on 16 bytes: matvec_w
     assert json.loads(out.read_text())["profile"]["steps"] == 2
+
+
+def test_decode_bench_roofline_only_with_a_known_bandwidth():
+    """Lavapipe is no H200: without --bandwidth there is no roofline (not the H200's); with it, one."""
+    res = CliRunner().invoke(command, ["--shape", "small", "--type", "Q8_0", "--prompt", "8", "--tokens", "2",
+                                       "--ctx", "32", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output)
+    assert r["bandwidth_gbps"] is None and r["roofline_tps"] is None and "--bandwidth" in r["bandwidth_from"]
+    res = CliRunner().invoke(command, ["--shape", "small", "--type", "Q8_0", "--prompt", "8", "--tokens", "2",
+                                       "--ctx", "32", "--bandwidth", "50"])
+    assert res.exit_code == 0 and "at 50 GB/s (--bandwidth)" in res.output, res.output

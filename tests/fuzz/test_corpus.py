@@ -344,10 +344,13 @@ def test_vramd_plan_refuses_with_one_line(name):
 
 @pytest.mark.timeout(120)
 def test_vramd_plan_of_a_file_without_tensors():
-    # A valid GGUF file may hold metadata only (a vocabulary): `vramd plan` prints its totals.
-    r = _vramd("plan", str(CORPUS / "bug-no-tensors.gguf"))
-    assert r.returncode == 0 and r.stderr == "", r.stderr
-    assert "--n-cpu-moe 0: device" in r.stdout
+    # A valid GGUF file may hold metadata only (a vocabulary): `vramd plan` prints its totals, and
+    # exits 7 saying the engine does not run it (issue 21: plan's exit status answers "will it run").
+    path = CORPUS / "bug-no-tensors.gguf"
+    r = _vramd("plan", str(path))
+    assert r.returncode == 7 and r.stderr.strip() == (f"vramd: {path}: the engine does not run it "
+                                                      "(no token_embd.weight): vramd serve refuses it"), r.stderr
+    assert "device 256.0 KiB" in r.stdout
 
 
 @pytest.mark.timeout(120)

@@ -25,7 +25,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from vramd.errors import ArenaError
+from vramd.errors import ArenaError, UsageError
 
 TOKEN = "token.lock"
 DOORBELL = "doorbell"
@@ -157,10 +157,22 @@ class Arena:
                 shared |= check_dir(sub_path, allow_shared=allow_shared, what="arena directory",
                                     owner_trusted=root_made)
             elif sub == DOORBELL:
-                raise ArenaError(f"{sub_path}: missing; run `vramd arena init` or pass a writable --arena")
+                raise ArenaError(not_an_arena(arena, shared))
         if create:
             _create_token(arena / TOKEN)
         return cls(arena, shared)
+
+
+def not_an_arena(path: Path, shared: bool) -> str:
+    """Why `path` (opened without creating) is no arena, and what to do: a system arena is laid
+    out by root (`vramd arena init`); a per-user one is made by the first daemon that uses it."""
+    if shared:
+        return (f"{path}: is world-writable (mode {stat.S_IMODE(os.lstat(path).st_mode):04o}) and holds no arena "
+                "(no doorbell/): name the arena's own directory, not a shared one like /tmp")
+    if path == SYSTEM_ARENA:
+        return f"{path}: no arena here yet; lay the system arena out with `sudo vramd arena init --group vramd`"
+    return (f"{path}: no arena here (no doorbell/); a user arena is made by the first daemon started with "
+            f"`vramd serve MODEL --arena {path}` (or `vramd exec --arena {path} -- CMD`)")
 
 
 def _check_private_base(base: Path) -> None:
@@ -216,6 +228,11 @@ def check_dir(path: Path, *, allow_shared: bool, what: str, owner_trusted: bool 
 
 def _make_private_dirs(path: Path) -> None:
     """Create the arena (and a missing default base) mode 0700."""
+    if path.parent != default_base() and not os.path.isdir(path.parent):
+        # Only the per-user base is made here: a typo in --arena would otherwise make a
+        # second arena that coordinates with no one.
+        raise ArenaError(f"{path}: the arena's parent directory {path.parent} does not exist "
+                         "(a typo? an arena elsewhere coordinates with no one); create it first")
     try:
         os.makedirs(path.parent, mode=0o700, exist_ok=True)
         if path.parent == default_base():
@@ -326,6 +343,14 @@ def doorbell_owner(user: str | int | None, group: str) -> tuple[int, str]:
         raise ArenaError(f"user {user!r} does not exist (create it with useradd, or systemd-sysusers)") from None
 
 
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
+
+
 def init_system_arena(path: Path, group: str, ring_group: str | None, user: str | int | None = None) -> Arena:
     """Lay out a group-shared arena (brief §9): daemons take the token, ringers only ring.
 
@@ -342,8 +367,10 @@ def init_system_arena(path: Path, group: str, ring_group: str | None, user: str 
     try:
         gid = grp.getgrnam(group).gr_gid
         ring_gid = grp.getgrnam(ring_group).gr_gid if ring_group else gid
-    except KeyError as e:
-        raise ArenaError(f"group {e.args[0]!r} does not exist (create it with groupadd)") from None
+    except KeyError:
+        flag, missing = next((f, g) for f, g in (("--group", group), ("--ring-group", ring_group))
+                             if g and not _group_exists(g))
+        raise UsageError(f"{flag} {missing}: no such group (create it with groupadd, or systemd-sysusers)") from None
     bell_uid, _name = doorbell_owner(user, group)
     try:
         os.makedirs(path, mode=0o755, exist_ok=True)

@@ -6,8 +6,10 @@ product does not depend on the values).  In one process: load, restore,
 prefill `--prompt` tokens (timed), then decode `--tokens` tokens one at a
 time, greedy (each timed).  The roofline of one decode step is the bytes it
 must read — every weight once, plus the K and V rows attended to — divided
-by the device's memory bandwidth (`--bandwidth`, GB/s; the H200's 4800 by
-default), and the report gives the measured rate as a fraction of it.
+by the device's memory bandwidth, and the report gives the measured rate as
+a fraction of it.  The bandwidth is `--bandwidth` (GB/s), else the spec
+sheet's for a device named in KNOWN_BANDWIDTH (the H200: 4800); on any other
+device there is no roofline (null in the JSON) rather than another GPU's.
 
 Decode replays one recorded step per token (vramd/engine/model.py).  With
 `--profile`, after the timed tokens, `--profile-steps` more tokens are decoded
@@ -31,7 +33,21 @@ import click
 import numpy as np
 
 
-def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx: int, bandwidth: float,
+# Device name (a substring of Vulkan's) -> memory bandwidth in GB/s, from the vendor's spec sheet.
+KNOWN_BANDWIDTH = {"H200": 4800.0}
+
+
+def device_bandwidth(device_name: str, given: float | None) -> tuple[float | None, str]:
+    """(GB/s, where it comes from) for the roofline: --bandwidth, the spec sheet, or none."""
+    if given is not None:
+        return given, "--bandwidth"
+    for key, gbps in KNOWN_BANDWIDTH.items():
+        if key in device_name:
+            return gbps, f"the {key}'s spec sheet"
+    return None, "unknown for this device: pass --bandwidth GB/s"
+
+
+def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx: int, bandwidth: float | None,
         profile_steps: int = 0) -> dict:
     from vramd.bench.models import LlamaShape, write_model
     from vramd.engine.model import TransformerModel
@@ -102,7 +118,8 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
     bytes_per_token = weight_bytes + kv_row * mid_pos
     step = statistics.median(steps)
     decode_tps = 1.0 / step
-    roofline_tps = bandwidth * 1e9 / bytes_per_token
+    bandwidth, bandwidth_from = device_bandwidth(device, bandwidth)
+    roofline_tps = bandwidth * 1e9 / bytes_per_token if bandwidth else None
     types = sorted({t.type.name for t in mf.tensors})
     return {
         "device": device, "model": os.path.basename(path) if model else f"synthetic {shape} {wtype}",
@@ -111,8 +128,8 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
         "load_s": load_s, "restore_s": restore_s,
         "prefill_tps": prompt / prefill_s, "decode_tps": decode_tps, "decode_ms_p50": step * 1000,
         "decode_ms_p99": sorted(steps)[min(len(steps) - 1, int(0.99 * len(steps)))] * 1000,
-        "bytes_per_token": bytes_per_token, "bandwidth_gbps": bandwidth,
-        "roofline_tps": roofline_tps, "roofline_ratio": decode_tps / roofline_tps,
+        "bytes_per_token": bytes_per_token, "bandwidth_gbps": bandwidth, "bandwidth_from": bandwidth_from,
+        "roofline_tps": roofline_tps, "roofline_ratio": decode_tps / roofline_tps if roofline_tps else None,
         **({"profile": profile} if profile is not None else {}),
     }
 
@@ -147,8 +164,9 @@ def _by_kernel(kernels: list[dict]) -> list[dict]:
 @click.option("--prompt", type=click.IntRange(min=8), default=512, show_default=True, help="Prefill tokens.")
 @click.option("--tokens", type=click.IntRange(min=1), default=32, show_default=True, help="Decoded tokens.")
 @click.option("--ctx", type=click.IntRange(min=16), default=1024, show_default=True)
-@click.option("--bandwidth", type=float, default=4800.0, show_default=True,
-              help="Device memory bandwidth in GB/s for the roofline (H200: 4800).")
+@click.option("--bandwidth", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Device memory bandwidth in GB/s for the roofline [the spec sheet's for a known device "
+                   "(H200: 4800), else no roofline].")
 @click.option("--profile", is_flag=True, help="Then time every kernel of a decode step on the GPU.")
 @click.option("--profile-steps", type=click.IntRange(min=1), default=8, show_default=True,
               help="Decode steps timed per kernel with --profile (after the timed tokens).")
@@ -171,8 +189,12 @@ def command(model, shape, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, ban
         return
     click.echo(f"{r['model']} ({', '.join(r['types'])}, {r['weight_bytes'] / 2**30:.2f} GiB) on {r['device']}")
     click.echo(f"  prefill {r['prompt_tokens']} tokens: {r['prefill_tps']:.0f} tok/s")
-    click.echo(f"  decode: {r['decode_tps']:.1f} tok/s ({r['decode_ms_p50']:.2f} ms/token); roofline "
-               f"{r['roofline_tps']:.0f} tok/s at {bandwidth:.0f} GB/s -> {100 * r['roofline_ratio']:.1f} %")
+    if r["roofline_tps"]:
+        roofline = (f"roofline {r['roofline_tps']:.0f} tok/s at {r['bandwidth_gbps']:.0f} GB/s "
+                    f"({r['bandwidth_from']}) -> {100 * r['roofline_ratio']:.1f} %")
+    else:
+        roofline = f"no roofline: the bandwidth is {r['bandwidth_from']}"
+    click.echo(f"  decode: {r['decode_tps']:.1f} tok/s ({r['decode_ms_p50']:.2f} ms/token); {roofline}")
     p = r.get("profile")
     if p:
         click.echo(f"  profile ({p['steps']} steps): GPU {p['gpu_ms_per_step']:.3f} ms of "

@@ -57,6 +57,18 @@ def _spot_check(region, seed: int) -> bool:
     return True
 
 
+def clamp_link(link_gib: float, dev, log) -> float:
+    """The raw link copy holds its bytes on the device and in a pinned host buffer at once:
+    at most a quarter of the device heap (the default 4 GiB does not fit a 2 GiB device)."""
+    heap = max((h["size"] for h in dev.heaps if h["device_local"]), default=0) or max(h["size"] for h in dev.heaps)
+    most = heap / 4 / GiB
+    if link_gib > most:
+        log(f"--link-gib {link_gib:g} is more than a quarter of the device heap ({heap / GiB:.2f} GiB): "
+            f"clamped to {most:.3f}")
+        return most
+    return link_gib
+
+
 def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int, device=None,
         log=lambda s: None, alloc_threads: int = 0, queue: str = "transfer", serial: bool = False,
         ramp: bool = True, dedicated: bool = True) -> dict:
@@ -71,6 +83,7 @@ def run(gib: float, state_gib: float, link_gib: float, block_mib: int, reps: int
         log(f"device: {dev.name}; transfer queue: {'dedicated' if dev.dedicated_transfer else 'shared'}; "
             f"extensions: {', '.join(sorted(dev.extensions))}; shadows "
             f"{'imported host memory' if res.limits['shadow_imported'] else 'host-visible cached memory'}")
+        link_gib = clamp_link(link_gib, dev, log)
         link = res.link_probe(int(link_gib * GiB), reps)
         log(f"link: H2D {link['h2d_gbps']:.1f} GB/s, D2H {link['d2h_gbps']:.1f} GB/s (median of {reps})")
 

@@ -199,6 +199,7 @@ class Daemon:
             self._check_projector(mf, engine_cfg)  # and a bad or mismatched projector
         check_address_space()   # a driver that runs out of it crashes in vkCreateDevice, with no message
         self.device = Device(cfg.device)
+        self._check_budget()
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
         self.residency = Residency(self.device)
@@ -282,11 +283,16 @@ class Daemon:
             self.participant.set_resident_state()
 
     def _budget(self) -> int:
-        """Device bytes the arena's members may hold together: --vram-budget, else the device heap."""
-        if self.cfg.vram_budget:
-            return self.cfg.vram_budget
+        """Device bytes the arena's members may hold together: --vram-budget (at most the device
+        heap: a larger one would promise room that is not there), else the device heap."""
         heaps = [h["size"] for h in self.device.heaps if h["device_local"]] or [h["size"] for h in self.device.heaps]
-        return max(heaps)
+        return min(self.cfg.vram_budget or max(heaps), max(heaps))
+
+    def _check_budget(self) -> None:
+        heap = self._budget()
+        if self.cfg.vram_budget and self.cfg.vram_budget > heap:
+            log.warning("%s: --vram-budget %d bytes is more than the device's %d (%s): clamped to the device",
+                        self.name, self.cfg.vram_budget, heap, self.device.name)
 
     def _restore(self) -> int:
         with self.lock:

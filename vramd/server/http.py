@@ -30,6 +30,7 @@ loopback, a proxy in front can limit each client (docs/operations.md).
 
 from __future__ import annotations
 
+import errno
 import hmac
 import http.client
 import ipaddress
@@ -451,6 +452,20 @@ class _Server(ThreadingHTTPServer):
             self._slots.release()
 
 
+def bind_hint(e: OSError) -> str:
+    """What to do about a failed bind, by its cause: the port taken, or the address (--host)."""
+    if e.errno == errno.EADDRINUSE:
+        return " (another daemon there? give each its own --port)"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return (" (--host is an address of no interface of this machine: `ip addr` lists them; "
+                "0.0.0.0 listens on all)")
+    if e.errno == errno.EACCES:
+        return " (ports below 1024 need privileges: choose a --port above 1023)"
+    if isinstance(e, socket.gaierror):
+        return " (--host is not an address or a name this machine resolves)"
+    return ""
+
+
 class HttpServer:
     def __init__(self, host: str, port: int, routes: dict[tuple[str, str], Route],
                  on_error: Callable[[BaseException], tuple[int, dict]], *, api_key: str | None = None,
@@ -462,8 +477,7 @@ class HttpServer:
         try:
             self.server = _Server((host, port), handler)
         except OSError as e:
-            raise UsageError(f"cannot serve HTTP on {host}:{port}: {e.strerror} "
-                             "(another daemon there? give each its own --port)") from None
+            raise UsageError(f"cannot serve HTTP on {host}:{port}: {e.strerror}{bind_hint(e)}") from None
         self.host, self.port = self.server.server_address[:2]
         if not api_key and not _loopback(self.host):
             log.warning("HTTP on %s without --api-key: anyone who can reach port %d can use this model",
