@@ -54,13 +54,17 @@ def cli():
 def status(arena_path, allow_shared_arena, as_json):
     """Show the token holder, the waiters and every member of the arena(s)."""
     from vramd.arena.layout import Arena, ENV_ARENA, default_base
-    from vramd.arena.status import arena_status, discover_arenas, flag_claims
+    from vramd.arena.status import arena_status, discover_arenas, drop_empty, flag_claims, member_totals
 
-    if arena_path or os.environ.get(ENV_ARENA):
+    explicit = bool(arena_path or os.environ.get(ENV_ARENA))
+    if explicit:
         arenas = [Arena.open(arena_path, create=False, allow_shared=True)]
     else:
         arenas = [Arena.open(p, create=False) for p in discover_arenas()]
-    reports = [flag_claims(ask_daemons(arena_status(a))) for a in arenas]
+    reports = [member_totals(flag_claims(ask_daemons(arena_status(a)))) for a in arenas]
+    left_out = []
+    if not explicit:
+        reports, left_out = drop_empty(reports)
     if as_json:
         out = reports[0] if len(reports) == 1 else {"arenas": reports}
         click.echo(json.dumps(out, indent=2))
@@ -72,6 +76,8 @@ def status(arena_path, allow_shared_arena, as_json):
         if i:
             click.echo()
         click.echo(render_status(report))
+    for path in left_out:
+        click.echo(f"(also {path}: empty)")
 
 
 def ask_daemons(report: dict) -> dict:
@@ -89,7 +95,8 @@ def ask_daemons(report: dict) -> dict:
         except VramdError:
             row["daemon"] = None
             continue
-        row["state"] = live["state"]
+        # A daemon shutting down still answers (it drains its replies): say so, not its last state.
+        row["state"] = "stopping" if live.get("stopping") else live["state"]
         row["device_bytes"] = {k: v["device"] for k, v in live["breakdown"].items()}
         row["host_bytes"] = {k: v["host"] for k, v in live["breakdown"].items()}
         row["device_total"] = sum(row["device_bytes"].values())
@@ -132,22 +139,24 @@ def render_status(r: dict) -> str:
     if not r["members"]:
         lines.append("members none")
         return "\n".join(lines)
-    header = ("", "NAME", "PID", "STATE", "VRAM", "WEIGHTS", "KV/STATE", "ENCODER", "SCRATCH",
-              "HOST", "SINCE", "SWITCHES")
+    header = ("", "NAME", "PID", "STATE", "ENDPOINT", "MODEL", "VRAM", "WEIGHTS", "KV/STATE", "ENCODER",
+              "SCRATCH", "HOST", "SINCE", "SWITCHES")
     rows = [header]
     for m in r["members"]:
         d = m["device_bytes"]
         state = m["state"] + (" pinned" if m.get("pinned") else "") + \
             (" (stopped)" if m.get("stopped") else
              " (no answer)" if "daemon" in m and m["daemon"] is None else "")
-        rows.append(("*" if m["holds_token"] else "", m["name"], str(m["pid"]), state,
-                     human_bytes(m["device_total"]), human_bytes(d["weights"]), human_bytes(d["state"]),
-                     human_bytes(d["encoder"]), human_bytes(d["scratch"]), human_bytes(m["host_total"]),
-                     human_age(m["for_s"]), str(m["switches"])))
+        endpoint = (m.get("endpoint") or "-").removeprefix("http://")
+        rows.append(("*" if m["holds_token"] else "", m["name"], str(m["pid"]), state, endpoint,
+                     m.get("model") or "-", human_bytes(m["device_total"]), human_bytes(d["weights"]),
+                     human_bytes(d["state"]), human_bytes(d["encoder"]), human_bytes(d["scratch"]),
+                     human_bytes(m["host_total"]), human_age(m["for_s"]), str(m["switches"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    lines.append("(* holds the token)")
+    if any(m["holds_token"] for m in r["members"]):
+        lines.append("(* holds the token)")
     if r.get("split_brain"):
         lines.append(f"SPLIT   {len(r['claims_gpu'])} members claim the GPU at once: {', '.join(r['claims_gpu'])} "
                      "(token.lock was replaced while one held it: each holds its own inode; stop the one "
@@ -277,7 +286,13 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
 @click.option("--arena", "arena", default=None, help="Arena (default: per user, keyed by the device's UUID).")
 @click.option("--allow-shared-arena", is_flag=True, default=None, help="Accept a world-writable arena.")
 @click.option("--device", default=None, help="Vulkan device index or UUID (default: first discrete GPU).")
-@click.option("--ctx", type=int, default=None, help="Context length the KV cache is sized for [4096].")
+@click.option("--ctx", type=int, default=None,
+              help="Context length the KV cache is sized for [the file's context length, capped by what fits "
+                   "--vram-budget or the device: the daemon logs which and why].")
+@click.option("--context-overflow", type=click.Choice(["error", "truncate-oldest", "shift"]), default=None,
+              help="A prompt longer than the context: error (a 400), truncate-oldest (drop the oldest chat turns "
+                   "or prompt tokens), shift (as truncate-oldest, and when the context fills while generating, "
+                   "drop the oldest half, llama.cpp's context shift); what was dropped is in usage.context [error].")
 @click.option("--evict-state", type=click.Choice(["auto", "always", "never"]), default=None,
               help="Copy the KV cache to the host when going cold: auto (only if the next peer needs the room), "
                    "always, never [auto].")

@@ -30,11 +30,13 @@ class DaemonProc:
     """`vramd serve` in its own process; its output is collected in a thread."""
 
     def __init__(self, arena: Path, model: Path, name: str, *flags: str, env: dict | None = None,
-                 wait_ready: bool = True):
+                 wait_ready: bool = True, ctx: int | None = None):
+        """ctx: --ctx (default CTX; 0: not given, the daemon's own choice)."""
         self.arena, self.name = arena, name
+        ctx = CTX if ctx is None else ctx
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vramd.cli", "serve", str(model), "--name", name, "--arena", str(arena),
-             "--port", "0", "--ctx", str(CTX), "--quantum", "0", *flags],
+             "--port", "0", *(("--ctx", str(ctx)) if ctx else ()), "--quantum", "0", *flags],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or daemon_env(), cwd=ROOT)
         self.lines: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()

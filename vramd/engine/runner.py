@@ -19,6 +19,7 @@ from typing import Callable
 from vramd.engine.arch import spec_for
 from vramd.engine.chat import MEDIA_MARKER, ChatTemplate, encode_prompt
 from vramd.engine.model import TransformerModel
+from vramd.engine.overflow import POLICIES, cut_tokens, cut_turns, room_for, shifted, too_long
 from vramd.engine.prompt import Prompt
 from vramd.engine.sampler import Piece, Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
 from vramd.engine.tokenizer import Tokenizer
@@ -28,12 +29,17 @@ __all__ = ["Engine", "Prompt"]
 
 
 class Engine:
-    def __init__(self, loaded, residency, ctx: int, encoder=None, text=None):
+    def __init__(self, loaded, residency, ctx: int, encoder=None, text=None, overflow: str = "error"):
         """text: (tokenizer, template) made by text_front() before the load
         (the daemon does, so that a bad vocabulary costs no GPU time); made
-        here when not given."""
+        here when not given.  overflow: the --context-overflow policy
+        (vramd/engine/overflow.py)."""
         mf = loaded.file
         self.ctx = ctx
+        if overflow not in POLICIES:
+            raise UsageError(f"context overflow {overflow!r}: one of {', '.join(POLICIES)}")
+        self.overflow = overflow
+        self.shift_stats = {"shifts": 0, "dropped_tokens": 0}   # of the last generate (policy shift)
         self.encoder = encoder            # a VisionEncoder (--mmproj), or None
         self.tokenizer, self.template = text if text is not None else self.text_front(mf)
         self.spec = spec_for(mf)
@@ -98,11 +104,36 @@ class Engine:
             if begin is not None and end is not None:
                 ids.append(end)
             ids += self.tokenizer.encode(text, add_special=False, parse_special=True)
-        if len(ids) >= self.ctx:
-            raise UsageError(f"the prompt has {len(ids)} tokens with its images; the context holds {self.ctx} (--ctx)")
+        if len(ids) >= self.ctx:   # no policy cuts an image prompt: its slots are not turns
+            raise too_long(len(ids), self.ctx, "prompt with its images")
         return ids, embeds
 
-    def prompt_ids(self, req: Prompt) -> list[int]:
+    def prompt_ids(self, req: Prompt, max_tokens: int | None = None) -> list[int]:
+        return self.fit(req, max_tokens)[0]
+
+    def fit(self, req: Prompt, max_tokens: int | None = None) -> tuple[list[int], dict | None]:
+        """The prompt's ids as the context takes them under the overflow policy, and what
+        was dropped to make them fit (None: nothing)."""
+        ids = self._ids(req)
+        # shift makes room while it generates: it cuts only a prompt the context cannot hold,
+        # leaving the minimum room; truncate-oldest leaves room for max_tokens.
+        room = room_for(self.ctx, None if self.overflow == "shift" else max_tokens)
+        fits = len(ids) < self.ctx if self.overflow == "shift" else len(ids) + room <= self.ctx
+        if self.overflow == "error" or fits:
+            if len(ids) >= self.ctx:
+                raise too_long(len(ids), self.ctx)
+            return ids, None
+        if req.kind == "chat" and self.template is not None:
+            def encode(messages):
+                return encode_prompt(self.tokenizer, self.template.render(
+                    messages, add_generation_prompt=True, **req.template_kwargs))
+            ids, dropped = cut_turns(list(req.messages), encode, self.ctx, room)
+        else:
+            bos = self.tokenizer.bos_id if self.tokenizer is not None and self.tokenizer.add_bos else None
+            ids, dropped = cut_tokens(ids, self.ctx, room, bos)
+        return ids, dropped and {"policy": self.overflow, **dropped}
+
+    def _ids(self, req: Prompt) -> list[int]:
         if req.kind == "chat":
             text = self._render(req) if self.template else None
             if text is None:
@@ -118,8 +149,6 @@ class Engine:
                 raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
         if not ids:
             raise UsageError("the prompt is empty")
-        if len(ids) >= self.ctx:
-            raise UsageError(f"the prompt has {len(ids)} tokens; the context holds {self.ctx} (--ctx)")
         return ids
 
     def detokenize(self, ids: list[int]) -> str:
@@ -161,7 +190,11 @@ class Engine:
         stops = StopMatcher(params.stop)
         decoder = self.tokenizer.stream_decoder() if self.tokenizer else None
         logits, _ = self._prefill(ids, embeds)
-        budget = min(params.max_tokens or self.ctx, self.ctx - len(self.cached))
+        shift = self.overflow == "shift" and not embeds
+        self.shift_stats = {"shifts": 0, "dropped_tokens": 0}
+        budget = params.max_tokens or self.ctx
+        if not shift:
+            budget = min(budget, self.ctx - len(self.cached))
         finish = "length"
         for _ in range(max(budget, 0)):
             token = sampler.sample(logits)
@@ -182,7 +215,10 @@ class Engine:
                 finish = "stop"
                 break
             if len(self.cached) >= self.ctx:
-                break
+                if not shift:
+                    break
+                logits = self._shift(self.cached + [token])
+                continue
             logits = self.model.forward([token], len(self.cached))
             self.cached.append(token)
         else:
@@ -193,6 +229,17 @@ class Engine:
         if tail:
             emit(Piece(token=-1, text=tail))
         return finish
+
+    def _shift(self, tokens: list[int]):
+        """The context is full: keep the BOS and the newer half of the rest, prefilled again at
+        their new positions (overflow.py says why not rotating the cache); the last token's logits."""
+        bos = self.tokenizer.bos_id if self.tokenizer is not None else None
+        n_keep = 1 if bos is not None and tokens and tokens[0] == bos else 0
+        kept = shifted(tokens, n_keep)
+        self.shift_stats["shifts"] += 1
+        self.shift_stats["dropped_tokens"] += len(tokens) - len(kept)
+        logits, _ = self._prefill(kept)
+        return logits
 
     def close(self) -> None:
         self.model.close()

@@ -155,3 +155,39 @@ def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj
 
 def _device_layout(p: placement.Plan) -> list[tuple[str, int]]:
     return [(t["name"], t["bytes"]) for t in p.tensors if t["placement"] == "device"]
+
+
+DEFAULT_CTX = 4096       # a file that does not say its context length
+CTX_STEP = 256           # the context --ctx auto picks is a multiple of this (or the file's own)
+
+
+def file_context_length(mf) -> int | None:
+    """What the file says it was trained for: `<arch>.context_length`."""
+    return loader.arch_int(mf, "context_length")
+
+
+def auto_ctx(mf, budget: int, *, n_cpu_moe=None, limits: dict | None = None) -> tuple[int, str]:
+    """--ctx's default: the file's context length, or the largest multiple of CTX_STEP below it
+    whose KV cache fits `budget` with the weights and scratch.  Returns (ctx, why): the one line
+    the daemon logs.  A model whose weights leave no room for CTX_STEP gets CTX_STEP (its restore
+    then says what does not fit)."""
+    trained = file_context_length(mf)
+    cap = trained if trained and trained > 0 else DEFAULT_CTX
+    cap = min(cap, 1 << 20)
+    said = f"the file's context length {trained}" if trained else f"the file says no context length: {DEFAULT_CTX}"
+
+    def fits(ctx: int) -> bool:
+        return footprint(mf, ctx, n_cpu_moe=n_cpu_moe, limits=limits).device_bytes <= budget
+
+    if fits(cap):
+        return cap, f"{said}; its KV cache fits the budget of {budget} bytes"
+    lo, hi = 0, cap // CTX_STEP          # multiples of CTX_STEP: lo fits (0: none does), hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid * CTX_STEP):
+            lo = mid
+        else:
+            hi = mid
+    ctx = max(lo, 1) * CTX_STEP
+    return min(ctx, cap), (f"the largest whose KV cache fits the budget of {budget} bytes with the weights "
+                           f"and scratch ({said}); give --ctx to choose")

@@ -31,7 +31,8 @@ class ServeConfig:
     arena: str | None = None
     allow_shared_arena: bool = False
     device: str | None = None
-    ctx: int = 4096
+    ctx: int | None = None         # None: the file's context length, capped by what fits (footprint.auto_ctx)
+    context_overflow: str = "error"   # a prompt or generation longer than ctx (vramd/engine/overflow.py)
     evict_state: str = "auto"
     idle_sleep: float = -1.0
     vram_budget: int | None = None
@@ -58,8 +59,11 @@ class ServeConfig:
             raise UsageError("no model: give MODEL.gguf or `model = \"...\"` in --config")
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.name):
             raise UsageError(f"{where}: name {self.name!r}: use letters, digits, '_', '.', '-' (at most 64)")
-        if self.ctx < 1 or self.ctx > 1 << 20:
+        if self.ctx is not None and (self.ctx < 1 or self.ctx > 1 << 20):
             raise UsageError(f"{where}: ctx {self.ctx}: must be between 1 and {1 << 20}")
+        from vramd.engine.overflow import POLICIES
+        if self.context_overflow not in POLICIES:
+            raise UsageError(f"{where}: context_overflow {self.context_overflow!r}: one of {', '.join(POLICIES)}")
         if self.evict_state not in EVICT_STATE:
             raise UsageError(f"{where}: evict_state {self.evict_state!r}: one of {', '.join(EVICT_STATE)}")
         if not 0 < self.wake_timeout <= 86400:

@@ -203,6 +203,7 @@ class Daemon:
         self.arena = arena_for_device(cfg, self.device)
         self._refuse_duplicate_name()
         self.residency = Residency(self.device)
+        self._choose_ctx(mf)
         fp = self._footprint(mf)
         self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf,
                                  scratch=fp.layouts["scratch"], host_tensors=fp.host_tensors)
@@ -264,6 +265,27 @@ class Daemon:
         if n is not None and placement.parse_n_cpu_moe(n) == "auto":
             log.info("%s: --n-cpu-moe auto: %g layers of experts on the host", self.name, fp.plan.n_cpu_moe)
         return fp
+
+    def _choose_ctx(self, mf) -> None:
+        """--ctx not given: the file's context length, capped by what fits the budget; one line says
+        which and why (a file saying 32768 silently got 4096 before)."""
+        from vramd.model.footprint import DEFAULT_CTX, auto_ctx, file_context_length
+        from vramd.model.placement import parse_n_cpu_moe
+        if self.cfg.ctx is not None:
+            trained = file_context_length(mf)
+            if trained and self.cfg.ctx > trained:
+                log.warning("%s: --ctx %d is more than the %d the model was trained for: positions past it "
+                            "may give poor text", self.name, self.cfg.ctx, trained)
+            return
+        n = self.cfg.n_cpu_moe
+        if n is not None and parse_n_cpu_moe(n) == "auto":
+            # The budget decides the experts' placement: the context is not also traded against it.
+            trained = file_context_length(mf) or DEFAULT_CTX
+            self.cfg.ctx = min(trained, DEFAULT_CTX)
+            why = f"--n-cpu-moe auto: the file's {trained} capped at {DEFAULT_CTX}; give --ctx to choose"
+        else:
+            self.cfg.ctx, why = auto_ctx(mf, self._budget(), n_cpu_moe=n, limits=self.residency.limits)
+        log.info("%s: --ctx %d: %s", self.name, self.cfg.ctx, why)
 
     def _refuse_duplicate_name(self) -> None:
         for m in Registry(self.arena.members_dir).list():
@@ -674,8 +696,9 @@ class Daemon:
             raise ShuttingDown(f"{self.name} is shutting down")
         # Validated, rendered and tokenized here, before the job is queued: a bad request
         # is a 400 that never rings a peer nor takes the GPU (vramd/server/prompts.py).
-        sampling, prepared = prompts.prepare(self.engine, req, self.encoder is not None)
+        sampling, prepared, dropped = prompts.prepare(self.engine, req, self.encoder is not None)
         builder = openai_api.ResponseBuilder(req, self.name)
+        builder.context = dropped
         events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         cancelled = threading.Event()
 
@@ -696,6 +719,8 @@ class Daemon:
                 # so does a token that is no longer the arena's (never compute beside another holder).
                 return not cancelled.is_set() and not self.stopping and self.lost is None
             finish = self.engine.generate(ids, sampling, emit, embeds)
+            if self.engine.shift_stats["shifts"]:
+                builder.add_shifts(self.engine.shift_stats)
             if finish == "cancelled" and self.lost is not None:
                 raise ShuttingDown(f"{self.name}: {self.lost}: the generation was ended after {made[0]} tokens")
             if finish == "cancelled" and not cancelled.is_set():
@@ -730,7 +755,7 @@ class Daemon:
                 kind_, piece = events.get()
                 if kind_ == "piece":
                     builder.add(piece)
-            ex.reply(200, builder.final(finish))
+            ex.reply(200, builder.final(finish), headers=builder.context_header())
             return
         # Streamed: the status line waits for the first sign of life, so that
         # a refusal (400, 503) is still an HTTP error, not a broken stream.
@@ -802,6 +827,7 @@ class Daemon:
                 "engine": dict(self.engine.stats) if self.engine else None,
                 "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url,
                 "inflight": self._inflight,   # generation requests submitted and not yet answered
+                "stopping": self.stopping,    # shutting down: draining its replies (`vramd status` says so)
                 "device_memory": self._device_memory_status()}
 
     def _device_memory_status(self) -> dict | None:
@@ -868,7 +894,8 @@ class Daemon:
             # A signal while we wait for the token gives up the wait.
             self._ensure_warm(None, cancel=lambda: bool(pending) or self._beat_or_give_up())
             from vramd.engine.runner import Engine
-            self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder, text=self.text)
+            self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder, text=self.text,
+                                 overflow=self.cfg.context_overflow)
             self.sample_device_memory()   # while we hold the token: the watchdog's baseline
             self.loaded = True
             self.last_activity = time.monotonic()

@@ -243,10 +243,28 @@ class ResponseBuilder:
         self.prompt_tokens = 0
         self.echo_text = ""
         self.role_sent = False
+        self.context: dict | None = None   # what --context-overflow dropped (vramd/engine/overflow.py)
+
+    def add_shifts(self, stats: dict) -> None:
+        """The context shifts of the generation (policy shift), beside any cut of the prompt."""
+        c = self.context or {"policy": "shift", "dropped_tokens": 0, "dropped_messages": 0}
+        c["shifts"] = stats["shifts"]
+        c["dropped_tokens"] += stats["dropped_tokens"]
+        self.context = c
+
+    def context_header(self) -> dict:
+        if not self.context:
+            return {}
+        c = self.context
+        return {"X-Vramd-Context-Dropped": f"policy={c['policy']}; messages={c['dropped_messages']}; "
+                                          f"tokens={c['dropped_tokens']}; shifts={c.get('shifts', 0)}"}
 
     def usage(self) -> dict:
         n = sum(1 for p in self.pieces if p.token >= 0)  # a text-only tail piece is no token
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+        if self.context:
+            out["context"] = dict(self.context)
+        return out
 
     def add(self, piece: Piece) -> None:
         self.pieces.append(piece)

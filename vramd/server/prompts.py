@@ -18,6 +18,8 @@ tokenizing it (a 31 MB prompt took 86 s on the loop thread before).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vramd.engine.chat import MEDIA_MARKER
 from vramd.engine.sampler import SamplingParams
 from vramd.errors import UsageError
@@ -32,34 +34,46 @@ def check_length(text: str, ctx: int, piece_chars: int, what: str) -> None:
     """Refuse, without tokenizing, a text that cannot fit in `ctx` tokens."""
     if len(text) > ctx * max(piece_chars, 1):
         raise UsageError(f"the {what} has {len(text)} characters: more than the context of {ctx} tokens "
-                         f"(--ctx) can hold with this vocabulary (at most {piece_chars} characters a token)")
+                         f"(--ctx) can hold with this vocabulary (at most {piece_chars} characters a token): "
+                         "shorten it, or start the daemon with --context-overflow truncate-oldest")
 
 
-def prepare(engine, req: GenerationRequest, has_encoder: bool) -> tuple[SamplingParams, list[int] | None]:
+def prepare(engine, req: GenerationRequest,
+            has_encoder: bool) -> tuple[SamplingParams, list[int] | None, dict | None]:
     """Validate `req`: its SamplingParams (the engine's own checks: seed range, NaN, stop
     strings) and its token ids (None for an image prompt: its ids and embeddings need the
-    encoder, on the loop).  Raises UsageError (400) for anything the loop would refuse."""
-    return req.sampling(), _ids(engine, req, has_encoder)
+    encoder, on the loop), as the context takes them under --context-overflow, with what was
+    dropped (None: nothing).  Raises UsageError (400) for anything the loop would refuse."""
+    sampling = req.sampling()
+    ids, dropped = _ids(engine, req, has_encoder)
+    return sampling, ids, dropped
 
 
-def _ids(engine, req: GenerationRequest, has_encoder: bool) -> list[int] | None:
+def _ids(engine, req: GenerationRequest, has_encoder: bool) -> tuple[list[int] | None, dict | None]:
     ctx, piece_chars = engine.ctx, longest_piece(engine.tokenizer)
     prompt = req.prompt_input()
+    cuts = engine.overflow != "error"   # a longer prompt is cut, not refused
     if req.kind == "chat" and engine.template is not None:
         for i, m in enumerate(req.messages):
             check_length(m["content"], ctx, piece_chars, f"content of messages[{i}]")
         text = engine.template.render(req.messages, add_generation_prompt=True,
                                       **req.template_kwargs)   # its refusals: 400
-        check_length(text, ctx, piece_chars, "rendered chat prompt")
+        if not cuts or req.images:
+            check_length(text, ctx, piece_chars, "rendered chat prompt")
         if req.images:
             if not has_encoder:
                 raise UsageError("this model has no vision encoder: start it with --mmproj to send images")
             if len(text.split(MEDIA_MARKER)) != len(req.images) + 1:
                 raise UsageError("the chat template dropped or repeated an image")
-            return None
+            return None, None
     elif req.images:   # a chat without a template
         raise UsageError("this model has no vision encoder: start it with --mmproj to send images"
                          if not has_encoder else "this model has no chat template or tokenizer for an image prompt")
     elif isinstance(req.prompt, str):
-        check_length(req.prompt, ctx, piece_chars, "prompt")
-    return engine.prompt_ids(prompt)
+        if cuts:
+            # Only the newest ctx x piece_chars characters can be among the tokens kept: the
+            # rest is dropped before tokenizing (bounded, as the refusal is).
+            prompt = replace(prompt, prompt=req.prompt[-ctx * max(piece_chars, 1):])
+        else:
+            check_length(req.prompt, ctx, piece_chars, "prompt")
+    return engine.fit(prompt, req.max_tokens)
