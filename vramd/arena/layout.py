@@ -35,6 +35,20 @@ CONTROL = "control"
 
 ENV_ARENA = "VRAMD_ARENA"
 SYSTEM_ARENA = Path("/run/vramd")
+ENV_SYSTEM_ARENA = "VRAMD_SYSTEM_ARENA"   # where the units' arena is, if not SYSTEM_ARENA (and for tests)
+
+
+def system_arena() -> Path:
+    """The system arena the systemd units share: $VRAMD_SYSTEM_ARENA, else /run/vramd."""
+    return Path(os.environ.get(ENV_SYSTEM_ARENA) or SYSTEM_ARENA)
+
+
+def has_members(path: Path) -> bool:
+    """Does the arena at `path` hold any member record (something runs or ran there)?"""
+    try:
+        return any(name.endswith(".json") for name in os.listdir(path / MEMBERS))
+    except OSError:
+        return False
 
 # Files in the arena are small: a member record, a ticket, a ring.  Anything
 # larger was planted, and reading it would only waste memory.
@@ -101,6 +115,10 @@ def resolve_arena(path: str | os.PathLike | None) -> Path:
     if env:
         return Path(env)
     found = existing_arenas()
+    system = system_arena()
+    if not any(has_members(p) for p in found) and has_members(system):
+        # The units run (the system arena has members) and ours is empty or absent: theirs is meant.
+        return system
     if len(found) == 1:
         return found[0]
     if len(found) > 1:
@@ -169,7 +187,7 @@ def not_an_arena(path: Path, shared: bool) -> str:
     if shared:
         return (f"{path}: is world-writable (mode {stat.S_IMODE(os.lstat(path).st_mode):04o}) and holds no arena "
                 "(no doorbell/): name the arena's own directory, not a shared one like /tmp")
-    if path == SYSTEM_ARENA:
+    if path == system_arena():
         return f"{path}: no arena here yet; lay the system arena out with `sudo vramd arena init --group vramd`"
     return (f"{path}: no arena here (no doorbell/); a user arena is made by the first daemon started with "
             f"`vramd serve MODEL --arena {path}` (or `vramd exec --arena {path} -- CMD`)")

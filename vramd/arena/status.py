@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from vramd.arena import doorbell, proclocks
-from vramd.arena.layout import SYSTEM_ARENA, Arena, existing_arenas
+from vramd.arena.layout import Arena, existing_arenas, system_arena
 from vramd.arena.members import KINDS, Registry
 from vramd.arena.queue import Queue
 
@@ -68,6 +68,7 @@ def arena_status(arena: Arena) -> dict:
             "name": m.name,
             "pid": m.pid,
             "model": m.model,
+            "endpoint": m.endpoint,
             "state": m.state,
             "holds_token": m.pid in holders,
             "device_bytes": {k: m.breakdown[k]["device"] for k in KINDS},
@@ -115,6 +116,28 @@ def arena_status(arena: Arena) -> dict:
 def discover_arenas(base: Path | None = None) -> list[Path]:
     """Every arena under the per-user base (one per device), then the system arena if there is one."""
     found = existing_arenas(base)
-    if (SYSTEM_ARENA / "token.lock").exists() and SYSTEM_ARENA not in found:
-        found.append(SYSTEM_ARENA)
+    system = system_arena()
+    if (system / "token.lock").exists() and system not in found:
+        found.append(system)
     return found
+
+
+def drop_empty(reports: list[dict]) -> tuple[list[dict], list[str]]:
+    """Of several arenas, the ones to show: an empty one (no member, no holder, nobody waiting)
+    is left out when another has someone (the units run in /run/vramd, the per-user one was only
+    ever made by a test).  Returns (shown, the paths left out)."""
+    def empty(r):
+        return not r["members"] and r["holder_pid"] is None and not r["waiting"]
+    if len(reports) < 2 or all(empty(r) for r in reports):
+        return reports, []
+    return [r for r in reports if not empty(r)], [r["arena"] for r in reports if empty(r)]
+
+
+def member_totals(report: dict) -> dict:
+    """The header's totals from the rows as they are now (after the daemons' live answers), so
+    that `vram N used` is the sum of the VRAM column."""
+    used = sum(m["device_total"] for m in report["members"])
+    report["device_bytes_used"] = used
+    if report.get("budget_bytes"):
+        report["free_bytes"] = report["budget_bytes"] - used
+    return report
