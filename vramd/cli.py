@@ -186,21 +186,11 @@ def ring(arena_path, allow_shared_arena, pid):
     (your shell or script), exactly like `echo 1 > <arena>/doorbell/$$`.
     """
     from vramd.arena import doorbell
-    if pid is not None and not pid_exists(pid):
+    if pid is not None and not doorbell.pid_alive(pid):
         raise UsageError(f"--pid {pid}: no such process (a ring names a live pid; the holder ignores others)")
     arena = open_arena(arena_path, allow_shared_arena)
     path = doorbell.ring(arena.doorbell_dir, pid or os.getppid())
     click.echo(f"rang {path}")
-
-
-def pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True   # another user's process: it exists
-    return True
 
 
 @cli.command(name="yield")
