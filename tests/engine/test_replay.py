@@ -70,7 +70,7 @@ def test_a_profiled_step_times_every_dispatch(model, device):
     from vramd.gpu.timing import Timestamps, summarize
 
     m, _ref, _res = model
-    cfg = m.cfg
+    cfg = m.spec
     timer = Timestamps(device)
     try:
         m.profile(timer)

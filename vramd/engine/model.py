@@ -44,7 +44,7 @@ class TransformerModel:
     def __init__(self, loaded, residency, ctx: int, scratch_region, batch: int | None = None, *,
                  gpu_routing: bool = True, spec=None):
         self.file = mf = loaded.file
-        self.spec = self.cfg = spec or spec_for(mf)
+        self.spec = spec or spec_for(mf)
         self.ctx, self.batch = ctx, batch or self.spec.batch
         self.ops = Ops(residency)
         self.residency = residency
