@@ -91,8 +91,10 @@ def test_host_not_on_this_machine_gets_the_matching_hint(arena, models):
     # 192.0.2.1 (TEST-NET-1) is on no interface here.
     r = vramd("serve", str(models[0]), "--arena", str(arena), "--port", "0", "--ctx", "64", "--host", "192.0.2.1",
               "--api-key", "k")
-    assert r.returncode == 2, r.stderr
-    assert "no interface of this machine" in r.stderr and "--port" not in r.stderr.splitlines()[-1], r.stderr
+    # 2 here; 1 once the address may still come up (a unit started before the network): either way
+    # the hint names the address, not the port.
+    assert r.returncode in (1, 2), r.stderr
+    assert "the address is not on this machine" in r.stderr and "--port" not in r.stderr.splitlines()[-1], r.stderr
 
 
 def test_vram_budget_larger_than_the_device_is_clamped_with_a_word(arena, models, daemons):

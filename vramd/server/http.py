@@ -457,8 +457,8 @@ def bind_hint(e: OSError) -> str:
     if e.errno == errno.EADDRINUSE:
         return " (another daemon there? give each its own --port)"
     if e.errno == errno.EADDRNOTAVAIL:
-        return (" (--host is an address of no interface of this machine: `ip addr` lists them; "
-                "0.0.0.0 listens on all)")
+        return (" (the address is not on this machine: `ip addr` lists its addresses; "
+                "--host 0.0.0.0 listens on all)")
     if e.errno == errno.EACCES:
         return " (ports below 1024 need privileges: choose a --port above 1023)"
     if isinstance(e, socket.gaierror):
