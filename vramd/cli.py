@@ -377,7 +377,8 @@ def wake(arena_path, allow_shared_arena, name, timeout):
 @click.option("--n-cpu-moe", "n_cpu_moe", default=None,
               help="Expert layers kept on the host: a number >= 0, fractions in thirds (1.5, 4/3).")
 @click.option("--vram-budget", default=None, help="Find the smallest --n-cpu-moe (steps of 1/3) that fits.")
-@click.option("--ctx", type=click.IntRange(min=1, max=1 << 20), default=4096, show_default=True)
+@click.option("--ctx", type=click.IntRange(min=1, max=1 << 20), default=None,
+              help="Context length [the file's; with --vram-budget, what `vramd serve` would choose there].")
 @click.option("--mmproj", default=None, type=click.Path(dir_okay=False, path_type=str),
               help="Vision encoder (projector) GGUF: its bytes too.")
 @click.option("--json", "as_json", is_flag=True)
@@ -392,6 +393,8 @@ def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, as_json):
         raise UsageError("--n-cpu-moe auto needs --vram-budget here")
     mf = validate_gguf(model)
     budget = None if vram_budget is None else parse_size(vram_budget, "--vram-budget")
+    if ctx is None:
+        ctx = plan_ctx(mf, budget)
     fp = footprint(mf, ctx, n_cpu_moe="auto" if budget is not None else n_cpu_moe, budget=budget,
                    mmproj=validate_gguf(mmproj) if mmproj else None)
     if not fp.plan.has_experts and n_cpu_moe is not None:
@@ -408,6 +411,14 @@ def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, as_json):
         except VramdError as e:
             why = str(e).removeprefix(f"{model}: ")
             raise ModelError(f"{model}: the engine does not run it ({why}): vramd serve refuses it") from None
+
+
+def plan_ctx(mf, budget: int | None) -> int:
+    """plan's --ctx default, as serve picks it: the file's context length; with a budget (which
+    places the experts: --n-cpu-moe auto) the file's capped at DEFAULT_CTX, as serve does then."""
+    from vramd.model.footprint import DEFAULT_CTX, file_context_length
+    trained = min(file_context_length(mf) or DEFAULT_CTX, 1 << 20)
+    return min(trained, DEFAULT_CTX) if budget is not None else trained
 
 
 def print_plan(fp, ctx: int, mmproj: bool) -> None:

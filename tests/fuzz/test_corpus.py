@@ -350,7 +350,7 @@ def test_vramd_plan_of_a_file_without_tensors():
     r = _vramd("plan", str(path))
     assert r.returncode == 7 and r.stderr.strip() == (f"vramd: {path}: the engine does not run it "
                                                       "(no token_embd.weight): vramd serve refuses it"), r.stderr
-    assert "device 256.0 KiB" in r.stdout
+    assert "KV 64.0 KiB for --ctx 256" in r.stdout   # the file's context length, 256
 
 
 @pytest.mark.timeout(120)
