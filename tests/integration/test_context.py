@@ -98,9 +98,11 @@ def test_truncate_oldest_drops_the_oldest_turns_and_says_so(arena, chat_model, d
     assert status == 200 and "context" not in again["usage"] and "X-Vramd-Context-Dropped" not in headers
     assert again["usage"]["prompt_tokens"] == body["usage"]["prompt_tokens"]
     assert again["choices"][0]["message"] == body["choices"][0]["message"]
-    # The fewest: one turn fewer dropped would not fit.
-    status, more, _ = post(url, {"messages": msgs[:1] + msgs[k:], "max_tokens": 4, "temperature": 0})
-    assert status == 200 and more["usage"]["context"]["dropped_messages"] == 1
+    # Whole turns, so that the kept history starts with a user message; and the fewest: one turn
+    # (a question and its answer) fewer dropped would not fit.
+    assert kept[1]["role"] == "user" and k % 2 == 0
+    status, more, _ = post(url, {"messages": msgs[:1] + msgs[k - 1:], "max_tokens": 4, "temperature": 0})
+    assert status == 200 and more["usage"]["context"]["dropped_messages"] == 2
 
 
 def test_truncate_oldest_cuts_a_completion_prompt_keeping_its_bos(arena, chat_model, daemons):

@@ -60,8 +60,10 @@ def cut_turns(messages: list[dict], encode: Callable[[list[dict]], list[int]], c
     """A chat's ids with its oldest turns dropped until they fit with `room` to spare.
 
     The system messages at the start and everything from the last user turn on
-    stay; the fewest turns after the system messages are dropped (a binary
-    search: each try renders and tokenizes once)."""
+    stay; the fewest turns after the system messages are dropped, so that what
+    is kept starts with a user message (templates that want the roles to
+    alternate still render it), found by a binary search: each try renders and
+    tokenizes once."""
     ids = encode(messages)
     if len(ids) + room <= ctx:
         return ids, None
@@ -69,27 +71,28 @@ def cut_turns(messages: list[dict], encode: Callable[[list[dict]], list[int]], c
     while system < len(messages) and messages[system].get("role") == "system":
         system += 1
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages) - 1)
-    droppable = max(last_user - system, 0)
+    # How many messages may go: up to a user message, the last user turn at the most.
+    cuts = [k for k in range(1, last_user - system + 1) if messages[system + k].get("role") == "user"]
 
     def fits(k: int) -> list[int] | None:
         got = encode(messages[:system] + messages[system + k:])
         return got if len(got) + room <= ctx else None
 
-    best = fits(droppable) if droppable else None
+    best = fits(cuts[-1]) if cuts else None
     if best is None:
-        kept = encode(messages[:system] + messages[system + droppable:])
+        kept = encode(messages[:system] + messages[system + (cuts[-1] if cuts else 0):])
         raise UsageError(f"the prompt has {len(kept)} tokens after dropping every older turn (the system "
                          f"messages and the last user turn stay); the context holds {ctx} (--ctx {ctx}) with "
                          f"{room} left for the reply: shorten the last turn or give a smaller max_tokens")
-    lo, hi = 0, droppable          # fits(hi) holds; find the smallest k that fits
+    lo, hi = 0, len(cuts) - 1      # cuts[hi] fits (best is its ids); find the first that does
     while lo < hi:
         mid = (lo + hi) // 2
-        got = fits(mid)
+        got = fits(cuts[mid])
         if got is not None:
             hi, best = mid, got
         else:
             lo = mid + 1
-    return best, {"dropped_tokens": len(ids) - len(best), "dropped_messages": hi}
+    return best, {"dropped_tokens": len(ids) - len(best), "dropped_messages": cuts[hi]}
 
 
 def shifted(tokens: list[int], n_keep: int) -> list[int]:
