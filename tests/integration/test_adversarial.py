@@ -38,7 +38,7 @@ from tests.integration.conftest import ROOT, SHAPE, DaemonProc, daemon_env
 from tests.integration.test_bad_requests import BAD, raw_post
 from tests.integration.test_cache import footprint
 from tests.integration.test_waits import all_threads_stopped
-from tests.model.ggufgen import write_model
+from tests.ggufgen.check import write_model
 from vramd.arena.members import Registry
 from vramd.arena.queue import Queue
 from vramd.arena.token import Token
