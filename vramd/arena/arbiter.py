@@ -107,6 +107,7 @@ class Participant:
         self._foreign_at_release: set[int] = set()
         self._publish_lock = threading.RLock()
         self._wait_started = time.monotonic()
+        self.cold_reason = ""
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -389,6 +390,7 @@ class Participant:
         """Release our buffers and drop the token.  A no-op when cold."""
         if not self.token.held:
             return
+        self.cold_reason = reason   # what the release callback reports (the daemon's log line)
         try:
             self._publish("cooling")
         except Exception as e:  # a record we cannot write must not keep the GPU
