@@ -57,6 +57,8 @@ RING_CLOCK_SLACK = 0.05
 RE_RING_INTERVAL = 0.01
 # A waiter whose token.lock was replaced while it waited waits again on the new one, this many times.
 TOKEN_REPLACED_RETRIES = 3
+# close() waits this long for the warden thread (the daemon's stop path counts it: STOP_BOUND).
+WARDEN_JOIN = 2.0
 
 ReleaseFn = Callable[[], "int | None"]
 RestoreFn = Callable[[], "int | None"]
@@ -128,7 +130,7 @@ class Participant:
             if self._watcher is not None:
                 self._watcher.interrupt()
             if self._warden is not None:
-                self._warden.join(timeout=2)
+                self._warden.join(timeout=WARDEN_JOIN)
             if self._watcher is not None:
                 self._watcher.close()
                 self._watcher = None

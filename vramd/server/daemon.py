@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from vramd.arena.arbiter import Participant
+from vramd.arena.arbiter import WARDEN_JOIN, Participant
 from vramd.arena.layout import Arena, default_base
 from vramd.arena.members import Registry
 from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError, ShuttingDown, Timeout,
@@ -44,7 +44,7 @@ from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError,
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
-from vramd.server.guard import Guard
+from vramd.server.guard import JOIN_WAIT, Guard
 from vramd.server import openai_api, prompts
 from vramd.server.http import OPEN_PATHS, Exchange, HttpServer, json_route
 from vramd.server.logs import LoadProgress, event
@@ -61,10 +61,15 @@ VRAM_WATCH_INTERVAL = 5.0
 # (never in the middle of our own restore or release); past it, it shows the last look.
 SAMPLE_LOCK_WAIT = 0.5
 # Stopping (SIGTERM): queued work fails at once and the generation in flight ends at its next
-# step, so the loop is done in well under a second; it is waited for at most STOP_GRACE s and
-# the replies in flight at most REPLY_GRACE s more, inside systemd's TimeoutStopSec=30.
+# step, so the loop is done in well under a second; it is waited for at most STOP_GRACE s in all
+# (one deadline), the replies in flight at most REPLY_GRACE s more, then the guard and the warden
+# threads are joined (at most guard.JOIN_WAIT and arbiter.WARDEN_JOIN s) and the buffers released
+# (a KV cache copied to the host when it must be).  STOP_BOUND is that path less the release;
+# systemd/vramd@.service's TimeoutStopSec= leaves room for the release on top of it
+# (tests/server/test_systemd.py holds the two together).
 STOP_GRACE = 10.0
 REPLY_GRACE = 2.0
+STOP_BOUND = STOP_GRACE + REPLY_GRACE + JOIN_WAIT + WARDEN_JOIN
 # A second SIGTERM/SIGINT while stopping: exit at once with 128 + the signal's number.
 # A non-streamed request's connection is looked at this often for a client that hung up.
 CLIENT_CHECK = 0.1
@@ -167,6 +172,7 @@ class Daemon:
         self.lock = threading.RLock()
         self._submit_lock = threading.Lock()
         self._stop_sent = False
+        self._stop_deadline: float | None = None   # when the loop has had its STOP_GRACE
         self._loop: threading.Thread | None = None
         self.started = time.time()
         self._release_everything = False  # set for idle sleep, shutdown, an operator's --release
@@ -899,6 +905,7 @@ class Daemon:
             job = None
             if not self._stop_sent:
                 self._stop_sent = True
+                self._stop_deadline = time.monotonic() + STOP_GRACE
                 job = Job("stop")
                 self.jobs.put(job)
         if first:
@@ -906,7 +913,7 @@ class Daemon:
                              f"{self._queued()} queued (failed now)")
         self._fail_pending("shutting down")
         if job is not None and self._loop is not None and self._loop.is_alive():
-            job.done.wait(STOP_GRACE)
+            job.done.wait(max(0.0, self._stop_deadline - time.monotonic()))
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT or a `shutdown` request; returns the exit code."""
@@ -969,7 +976,8 @@ class Daemon:
         self.request_stop(why)
         loop_alive = self._loop is not None and self._loop.is_alive()
         if loop_alive:
-            self._loop.join(STOP_GRACE)
+            # What is left of the one STOP_GRACE (request_stop waited for part of it).
+            self._loop.join(max(0.0, self._stop_deadline - time.monotonic()) if self._stop_deadline else STOP_GRACE)
             loop_alive = self._loop.is_alive()
         if loop_alive:
             # Never release buffers (or the token) under a loop that still computes: the

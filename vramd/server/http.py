@@ -37,6 +37,7 @@ at debug level.  `on_start`/`on_finish` let the daemon count them (metrics).
 
 from __future__ import annotations
 
+import errno
 import hmac
 import http.client
 import ipaddress
@@ -50,7 +51,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from vramd.errors import UsageError
+from vramd.errors import UsageError, VramdError
 from vramd.server.logs import event
 
 log = logging.getLogger("vramd.http")
@@ -501,6 +502,12 @@ class HttpServer:
         try:
             self.server = _Server((host, port), handler)
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                # Not a bad flag: the address is not (yet) on this machine, as at boot before the
+                # network is up.  Exit 1, which systemd's Restart=on-failure retries (2 is not).
+                raise VramdError(f"cannot serve HTTP on {host}:{port}: {e.strerror} (the address is not on this "
+                                 "machine, or not yet: under systemd, order the instance after "
+                                 "network-online.target, systemd/README.md)") from None
             raise UsageError(f"cannot serve HTTP on {host}:{port}: {e.strerror} "
                              "(another daemon there? give each its own --port)") from None
         self.host, self.port = self.server.server_address[:2]
