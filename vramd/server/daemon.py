@@ -488,8 +488,7 @@ class Daemon:
             return
         if (self.cfg.idle_sleep >= 0 and self.participant.holds_token
                 and time.monotonic() - self.last_activity >= self.cfg.idle_sleep):
-            log.info("%s: idle for %.1f s, releasing the GPU", self.name, self.cfg.idle_sleep)
-            self._release_everything = True
+            self._release_everything = True   # the `cold` line says reason=idle-sleep
             self.participant.go_cold(reason="idle-sleep")
 
     def _busy_text(self) -> str:
@@ -787,7 +786,7 @@ class Daemon:
             while not job.done.wait(CLIENT_CHECK):
                 if ex.client_gone():
                     cancelled.set()
-                    log.info("%s: the client of a non-streamed request went away: generation stopped", self.name)
+                    ex.error = "the client went away: generation stopped"   # in its request line
                     job.done.wait()
                     return
             finish = job.wait()
