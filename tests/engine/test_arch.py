@@ -117,3 +117,20 @@ def test_plan_sizes_scratch_as_serve_allocates_it(tmp_path, name):
     path, _ = _file(tmp_path, name)
     mf = validate_gguf(path)
     assert footprint(mf, 64).layouts["scratch"] == scratch_layout(spec_for(mf))
+
+
+def test_a_shared_expert_without_its_width_key_takes_the_tensors_width(tmp_path):
+    """qwen2moe: without expert_shared_feed_forward_length the shared expert used
+    to be computed at width 0 (wrong logits, no error); its width now comes from
+    its tensors, and the spec says so."""
+    path, _ = _file(tmp_path, "qwen2moe")
+    want = spec_for(validate_gguf(path)).moe.n_ff_shexp
+    bad = GGUFImage.from_file(path).drop_kv("qwen2moe.expert_shared_feed_forward_length").write(tmp_path / "s.gguf")
+    assert want > 0 and spec_for(validate_gguf(bad)).moe.n_ff_shexp == want
+
+
+def test_rope_frequency_factors_are_read_only_where_llama_cpp_reads_them(tmp_path):
+    assert spec_for(validate_gguf(_file(tmp_path, "llama")[0])).rope_factors
+    assert spec_for(validate_gguf(_file(tmp_path, "mixtral")[0])).rope_factors
+    for name in ("qwen2", "gemma3", "qwen3moe", "qwen2moe"):
+        assert not spec_for(validate_gguf(_file(tmp_path, name)[0])).rope_factors

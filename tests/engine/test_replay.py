@@ -70,7 +70,7 @@ def test_a_profiled_step_times_every_dispatch(model, device):
     from vramd.gpu.timing import Timestamps, summarize
 
     m, _ref, _res = model
-    cfg = m.cfg
+    cfg = m.spec
     timer = Timestamps(device)
     try:
         m.profile(timer)
@@ -83,6 +83,10 @@ def test_a_profiled_step_times_every_dispatch(model, device):
         m.forward([9], 6)   # re-recorded without timestamps; still works
     finally:
         timer.close()
+    # Steps of several tokens are never timed (the profile is the one-token step's):
+    # the 3-token step recorded while the timer was attached replays after it is closed.
+    assert m._steps[3].timer is None
+    m.forward([10, 11, 12], 7)
     assert m.step_records == 2
     n = m._steps[1]._graph.dispatches + 3   # and the copies: id and position in, logits out
     assert all(len(s) == n for s in steps)
@@ -141,7 +145,7 @@ def test_steps_of_several_tokens_replay_as_their_chunk_computes(model):
         toks = list(range(40, 40 + n))
         batch = TokenBatch.of(toks, pos)
         chunk = m._chunk(batch)[0]                 # the recorded-per-chunk path
-        replayed = m.run(batch)[0]                 # the step recorded for n tokens, replayed
+        replayed = m.forward(batch)                # the step recorded for n tokens, replayed
         assert np.array_equal(chunk, replayed)
         assert rel_err(replayed, ref.forward(toks, kv)[-1]) < TOL
         assert m._steps[n].records == 1

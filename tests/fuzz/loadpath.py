@@ -145,8 +145,7 @@ def _sizes(layout, what: str) -> None:
 def _kv_sizes(mf: ModelFile) -> None:
     shape = loader.kv_shape(mf, CTX)
     if shape is not None:
-        k, v = shape.layer_bytes
-        _sizes([("cache_k", k), ("cache_v", v)], "KV cache")
+        _sizes(shape.tensors()[:2], "KV cache")
 
 
 def _placement(mf: ModelFile) -> None:

@@ -21,8 +21,8 @@ import numpy as np
 
 @dataclass
 class TokenBatch:
-    ids: np.ndarray               # int32 [n]
-    pos: np.ndarray               # int32 [n]
+    ids: np.ndarray               # int64 [n]
+    pos: np.ndarray               # int64 [n]
     seq: np.ndarray               # int32 [n]
     out: tuple                    # rows whose logits are wanted, ascending
     embeds: dict = field(default_factory=dict)
@@ -35,7 +35,10 @@ class TokenBatch:
         n = len(tokens)
         if n == 0:
             raise ValueError("no tokens")
-        return cls(ids=np.asarray(tokens, dtype=np.int64).astype(np.int32), pos=np.arange(pos0, pos0 + n, dtype=np.int32),
+        # int64 here: an image's placeholder ids (about -2^36) are replaced before
+        # the ids go to the device, and positions are checked against the context
+        # (KVCache.check) before they are written as int32.
+        return cls(ids=np.asarray(tokens, dtype=np.int64), pos=np.arange(pos0, pos0 + n, dtype=np.int64),
                    seq=np.full(n, seq, dtype=np.int32), out=tuple(range(n)) if all_logits else (n - 1,),
                    embeds=dict(embeds or {}))
 

@@ -58,7 +58,7 @@ def attention(m, i: int, n: int) -> None:
             ops.rms_norm(a["q"], t.vector(p + "attn_q_norm.weight"), a["q"], s.eps, n * s.n_head, hd)
             ops.rms_norm(a["k"], t.vector(p + "attn_k_norm.weight"), a["k"], s.eps, n * s.n_head_kv, hd)
     rope = dict(n_rot=s.n_rot, neox=s.neox, freq_base=layer.rope_base, freq_scale=layer.rope_scale,
-                freq_factors=t.vector("rope_freqs.weight"))
+                freq_factors=t.vector("rope_freqs.weight") if s.rope_factors else None)
     with ops.parallel():   # q rotates in place, k rotated into the cache, v to the cache as it is
         ops.rope(a["q"], a["pos"], n, s.n_head, hd, **rope)
         ops.rope_kv_write(a["k"], kv.k(i), a["pos"], n, s.n_head_kv, hd, kv.ctx, **rope)

@@ -65,5 +65,6 @@ class KVCache:
         lo, hi = int(batch.pos.min()), int(batch.pos.max())
         if lo < 0 or hi >= self.ctx:
             raise ModelError(f"positions {lo}..{hi} outside the context of {self.ctx}")
-        if int(batch.seq.max()) >= self.layout.n_seq or int(batch.seq.min()) < 0:
-            raise ModelError(f"sequence {int(batch.seq.max())} outside the cache's {self.layout.n_seq}")
+        bad = [int(q) for q in batch.seq if not 0 <= q < self.layout.n_seq]
+        if bad:
+            raise ModelError(f"sequence {bad[0]} outside the cache's {self.layout.n_seq}")

@@ -8,8 +8,8 @@ path for devices without them and the reference they are tested against.
 
 Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
   matvec_<type>    one work group per 8 rows, a token per z: decode and tiny batches
-  matvec_w_<type>  a quant unit per thread (Q8_0, Q4_K, Q6_K rows on 16 bytes): decode,
-                   where it reads 1.2-1.7x faster on the H200 than matvec_<type>
+  matvec_w_<type>  a quant unit per thread (Q8_0, Q4_K, Q6_K rows on 16 bytes): decode
+                   (docs/benchmarks.md "Decode at the roofline" has its figures)
   matmul_<type>    64 rows x 32 tokens a work group, from 4 tokens (prefill)
 """
 

@@ -44,7 +44,7 @@ class TransformerModel:
     def __init__(self, loaded, residency, ctx: int, scratch_region, batch: int | None = None, *,
                  gpu_routing: bool = True, spec=None):
         self.file = mf = loaded.file
-        self.spec = self.cfg = spec or spec_for(mf)
+        self.spec = spec or spec_for(mf)
         self.ctx, self.batch = ctx, batch or self.spec.batch
         self.ops = Ops(residency)
         self.residency = residency
@@ -82,23 +82,24 @@ class TransformerModel:
         if batch.embeds and not self.spec.takes_embeds:
             raise ModelError(f"{self.file.path}: {self.spec.arch} models do not take input embeddings")
         self.kv.check(batch)
-        logits = self.run(batch)
-        return logits if len(batch.out) > 1 or all_logits else logits[0]
+        logits = self._run(batch)
+        return logits if len(batch.out) != 1 or all_logits else logits[0]
 
-    def run(self, batch: TokenBatch) -> np.ndarray:
-        """The logits of batch.out's rows, [len(out), n_vocab]."""
+    def _run(self, batch: TokenBatch) -> np.ndarray:
+        """The logits of batch.out's rows, [len(out), n_vocab] (forward() checked the batch)."""
         n = len(batch)
         if batch.decode_shape and self.replays_decode and n <= REPLAY_TOKENS and len(set(batch.seq)) == 1:
             return self._step(n).run(batch.ids, batch.pos, lambda: self._record(n, (n - 1,)))[None]
         size = min(self.batch, logit_rows(self.spec, self.batch)) if len(batch.out) > 1 else self.batch
-        out = [self._chunk(c) for c in batch.chunks(size)]
-        return np.concatenate([o for o in out if o is not None], axis=0)
+        out = [o for o in (self._chunk(c) for c in batch.chunks(size)) if o is not None]
+        return np.concatenate(out, axis=0) if out else np.empty((0, self.spec.n_vocab), np.float32)
 
     def _step(self, n: int) -> DecodeStep:
         step = self._steps.get(n)
         if step is None:
             step = self._steps[n] = DecodeStep(self.ops, self.residency, self.act, self.spec.n_vocab, n_tokens=n)
-            step.timer = self._timer
+            if n == 1:   # the profile times the one-token step only (steps of n > 1 never keep a timer)
+                step.timer = self._timer
         return step
 
     @property

@@ -34,7 +34,7 @@ import numpy as np
 
 from vramd.engine import blocks, hostmv
 from vramd.engine.ops import ROUTE_MAX_EXPERTS, ROUTE_MAX_USED, row_bytes, view
-from vramd.engine.tensors import EXPERT_KINDS
+from vramd.model.placement import EXPERT_KINDS
 
 
 def route(logits: np.ndarray, k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -72,7 +72,7 @@ def gpu_experts(m, i: int, n: int) -> None:
     moe = s.moe
     p, E, k, F = f"blk.{i}.", s.n_embd, moe.n_used, moe.n_ff_exp
     slots = n * k
-    shared = t.has(p + "ffn_gate_shexp.weight")
+    shared = moe.n_ff_shexp > 0
     with ops.parallel():   # everything that reads only h
         ops.matvec(t.matrix(p + "ffn_gate_inp.weight"), a["h"], a["router"], n)
         if shared:
@@ -103,7 +103,7 @@ def host_routed_layer(m, i: int, n: int) -> None:
     s, ops, a, t = m.spec, m.ops, m.act, m.t
     moe = s.moe
     p, E, F = f"blk.{i}.", s.n_embd, moe.n_ff_exp
-    shared = t.has(p + "ffn_gate_shexp.weight")
+    shared = moe.n_ff_shexp > 0
     with ops.batch():
         blocks.attention(m, i, n)
         ops.matvec(t.matrix(p + "ffn_gate_inp.weight"), a["h"], a["router"], n)

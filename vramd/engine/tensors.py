@@ -16,7 +16,6 @@ import numpy as np
 from vramd.engine.ops import Weight, row_bytes, view
 from vramd.errors import ModelError
 
-EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # the order they leave the device
 
 
 def required(spec) -> tuple[dict, dict]:
@@ -53,11 +52,13 @@ def required(spec) -> tuple[dict, dict]:
 
 def optional(spec) -> dict:
     """{vector name: length} the forward pass reads where the file has them: biases, RoPE factors."""
-    vecs = {"rope_freqs.weight": spec.n_rot // 2}
+    vecs = {"rope_freqs.weight": spec.n_rot // 2} if spec.rope_factors else {}
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         vecs.update({p + "attn_q.bias": spec.q_width, p + "attn_k.bias": spec.kv_width,
                      p + "attn_v.bias": spec.kv_width, p + "attn_output.bias": spec.n_embd})
+        if spec.n_ff and not spec.layers[i].moe:
+            vecs.update({p + "ffn_gate.bias": spec.n_ff, p + "ffn_up.bias": spec.n_ff, p + "ffn_down.bias": spec.n_embd})
     return vecs
 
 

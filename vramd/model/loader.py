@@ -18,23 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from vramd.engine.kvcache import KVLayout
 from vramd.errors import ModelError
 from vramd.model.gguf_check import ModelFile, validate_gguf
 
-KV_BYTES_PER_ELEMENT = 2  # f16 K and V
 SCRATCH_BATCH = 512       # tokens a prefill step processes at once
-
-
-@dataclass
-class KVShape:
-    layers: int
-    ctx: int
-    k_width: int  # head_dim_k * n_head_kv
-    v_width: int
-
-    @property
-    def layer_bytes(self) -> tuple[int, int]:
-        return (self.ctx * self.k_width * KV_BYTES_PER_ELEMENT, self.ctx * self.v_width * KV_BYTES_PER_ELEMENT)
 
 
 @dataclass
@@ -43,7 +31,7 @@ class LoadedModel:
     weights: object              # vramd.gpu.residency.Region
     kv: object | None
     scratch: object
-    kv_shape: KVShape | None
+    kv_shape: KVLayout | None        # the KV cache's geometry (vramd/engine/kvcache.py)
     load_seconds: float = 0.0
     regions: list = field(default_factory=list)
     # Tensors placed on the host (--n-cpu-moe): raw bytes in plain memory,
@@ -61,7 +49,7 @@ def arch_int(mf: ModelFile, key: str, default: int | None = None) -> int | None:
     return Hparams(mf).get(key, default)
 
 
-def kv_shape(mf: ModelFile, ctx: int) -> KVShape | None:
+def kv_shape(mf: ModelFile, ctx: int) -> KVLayout | None:
     """KV cache geometry from the metadata; None if the model does not say."""
     layers = arch_int(mf, "block_count")
     n_embd = arch_int(mf, "embedding_length")
@@ -71,14 +59,12 @@ def kv_shape(mf: ModelFile, ctx: int) -> KVShape | None:
     n_head_kv = arch_int(mf, "attention.head_count_kv", n_head)
     k_dim = arch_int(mf, "attention.key_length", n_embd // n_head or 1)
     v_dim = arch_int(mf, "attention.value_length", n_embd // n_head or 1)
-    return KVShape(layers, ctx, k_dim * n_head_kv, v_dim * n_head_kv)
+    return KVLayout(layers, ctx, k_dim * n_head_kv, v_dim * n_head_kv)
 
 
-def kv_layout(shape: KVShape) -> list[tuple[str, int]]:
-    """The KV cache region's tensors, [(name, nbytes)]: one K and one V per layer
-    (the engine's layout, vramd/engine/kvcache.py, which binds them)."""
-    from vramd.engine.kvcache import KVLayout
-    return KVLayout(shape.layers, shape.ctx, shape.k_width, shape.v_width).tensors()
+def kv_layout(shape: KVLayout) -> list[tuple[str, int]]:
+    """The KV cache region's tensors, [(name, nbytes)]: one K and one V per layer."""
+    return shape.tensors()
 
 
 def scratch_bytes(mf: ModelFile) -> int:

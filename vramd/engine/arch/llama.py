@@ -18,15 +18,16 @@ from vramd.engine.arch.hparams import Hparams
 from vramd.engine.arch.spec import ArchSpec, LayerSpec
 
 
-def dense(hp: Hparams, *, neox: bool, qk_norm: bool = False) -> ArchSpec:
+def dense(hp: Hparams, *, neox: bool, qk_norm: bool = False, rope_factors: bool = False) -> ArchSpec:
     g = hp.common()
     base, scale = hp.get("rope.freq_base", 10000.0, kind=float), hp.rope_freq_scale()
     return ArchSpec(family=g["arch"], n_ff=hp.get("feed_forward_length"), neox=neox, qk_norm=qk_norm,
+                    rope_factors=rope_factors,
                     layers=tuple(LayerSpec(base, scale) for _ in range(g["n_layer"])), **g)
 
 
 def llama(hp: Hparams) -> ArchSpec:
-    return dense(hp, neox=False)
+    return dense(hp, neox=False, rope_factors=True)
 
 
 def qwen2(hp: Hparams) -> ArchSpec:

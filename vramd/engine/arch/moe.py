@@ -25,18 +25,35 @@ def is_moe(hp: Hparams) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n > 0
 
 
-def routed(hp: Hparams, *, neox: bool, qk_norm: bool = False, renormalize: bool = True) -> ArchSpec:
+def routed(hp: Hparams, *, neox: bool, qk_norm: bool = False, renormalize: bool = True,
+           rope_factors: bool = False) -> ArchSpec:
     g = hp.common()
     n_expert, n_used = hp.get("expert_count"), hp.get("expert_used_count")
     if n_used > n_expert:
         raise hp.fail(f"{hp.arch}.expert_used_count {n_used} exceeds {hp.arch}.expert_count {n_expert}")
-    shexp = "expert_shared_feed_forward_length"
     moe = MoESpec(n_expert=n_expert, n_used=n_used,
                   n_ff_exp=hp.get("expert_feed_forward_length", hp.md.get(f"{hp.arch}.feed_forward_length")),
-                  n_ff_shexp=hp.get(shexp) if hp.md.get(f"{hp.arch}.{shexp}") else 0, renormalize=renormalize)
+                  n_ff_shexp=shared_width(hp), renormalize=renormalize)
     base, scale = hp.get("rope.freq_base", 10000.0, kind=float), hp.rope_freq_scale()
     return ArchSpec(family=g["arch"], neox=neox, qk_norm=qk_norm, moe=moe, batch=BATCH, takes_embeds=False,
+                    rope_factors=rope_factors,
                     layers=tuple(LayerSpec(base, scale, moe=True) for _ in range(g["n_layer"])), **g)
+
+
+def shared_width(hp: Hparams) -> int:
+    """The shared expert's width: expert_shared_feed_forward_length, or, where the
+    key is absent but the file has shared-expert tensors, their width (so that a
+    shared expert is never computed at width 0); 0: no shared expert."""
+    key = "expert_shared_feed_forward_length"
+    if hp.md.get(f"{hp.arch}.{key}"):
+        return hp.get(key)
+    name = "blk.0.ffn_gate_shexp.weight"
+    if name not in hp.tensor_names:
+        return 0
+    shape = hp.mf.tensor(name).shape
+    if len(shape) != 2 or not 0 < shape[1] <= (1 << 20):
+        raise hp.fail(f"tensor {name!r} has shape {tuple(shape)}, expected (n_embd, width)")
+    return shape[1]
 
 
 def qwen3moe(hp: Hparams) -> ArchSpec:
@@ -48,4 +65,4 @@ def qwen2moe(hp: Hparams) -> ArchSpec:
 
 
 def mixtral(hp: Hparams) -> ArchSpec:
-    return replace(routed(hp, neox=False), family="mixtral")
+    return replace(routed(hp, neox=False, rope_factors=True), family="mixtral")

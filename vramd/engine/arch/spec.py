@@ -47,6 +47,7 @@ class ArchSpec:
     layers: tuple              # LayerSpec per layer
     n_ff: int = 0              # dense FFN width (0: every FFN is MoE)
     neox: bool = False         # RoPE pairs (x[i], x[i + n_rot/2]) instead of (x[2i], x[2i+1])
+    rope_factors: bool = False  # rope_freqs.weight, where the file has it, divides the frequencies (llama 3)
     qk_norm: bool = False      # RMSNorm over each head of q and k (attn_q_norm, attn_k_norm)
     post_norms: bool = False   # gemma: RMSNorm of the attention and FFN outputs before the residual add
     embed_scale: float = 1.0   # token embeddings are multiplied by this (gemma: sqrt(n_embd))
