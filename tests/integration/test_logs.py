@@ -148,3 +148,15 @@ def test_bad_log_keys_in_a_config_file(tmp_path, models):
     assert_one_line_error(serve("--config", str(cfg)), 2, "log_format", "'yaml'")
     cfg.write_text(f'model = "{models[0]}"\nmetrics_public = "yes"\n')
     assert_one_line_error(serve("--config", str(cfg)), 2, "metrics_public", "true or false")
+
+
+def test_a_request_refused_before_its_route_has_its_line(arena, models, daemons):
+    import socket
+    d = daemons(arena, models[0], "alpha")
+    host, port = d.member().endpoint.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"GET /v1/models HTTP/2.0\r\n\r\n")
+        assert b" 505 " in s.recv(100).split(b"\r\n", 1)[0]
+    wait_for(lambda: any(e.get("status") == "505" for e in events(d, "request")), "the 505's line", d)
+    line = next(e for e in events(d, "request") if e.get("status") == "505")
+    assert "Invalid HTTP version" in line["error"]   # the line was refused before its method and path were read

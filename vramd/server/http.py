@@ -314,10 +314,16 @@ class _Handler(BaseHTTPRequestHandler):
     def send_error(self, code, message=None, explain=None) -> None:
         """http.server's own refusals (malformed request, head too large), as OpenAI-shaped JSON."""
         self.close_connection = True
+        if self.request_version == "HTTP/0.9":
+            # parse_request starts from 0.9 and fails before it read the version: http.server would
+            # then write the body without a status line.  Nobody speaks 0.9 to this daemon.
+            self.request_version = "HTTP/1.0"
         text = message or HTTPStatus(code).phrase
         if explain and explain != text:
             text = f"{text}: {explain}"
         body = json.dumps(error_payload(text)).encode()
+        # Refused before a route was chosen: its request line (the path, if the line had one).
+        event(log, "request", method=self.command, path=getattr(self, "path", None), status=int(code), error=text)
         try:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
