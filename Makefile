@@ -9,4 +9,4 @@ demo: setup
 	.venv/bin/python -m vramd.demo
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=25

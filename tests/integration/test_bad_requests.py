@@ -16,7 +16,7 @@ import zlib
 
 import pytest
 
-from tests.engine.models import write_llama
+from tests.ggufgen.llama import write_llama
 from vramd.arena.token import Token
 
 REFUSING = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system "
