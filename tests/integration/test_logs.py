@@ -64,11 +64,14 @@ def test_a_session_in_text_lines(arena, models, daemons):
 
     # Switches and yields: beta takes the GPU from alpha, then an operator asks for it back.
     b = daemons(arena, models[1], "beta")
+    wait_for(lambda: events(b, "switch"), "beta's start-up switch line", b)
     assert events(b, "switch")[0]["reason"] == "start-up"
     wait_for(lambda: any(e["reason"] == "yield" for e in events(a, "cold")), "alpha's yield", a)
     cold = next(e for e in events(a, "cold") if e["reason"] == "yield")
     assert int(cold["kept_on_device_bytes"]) > 0   # cache mode: parked
+    switches = len(events(a, "switch"))
     assert a.ask("wake")["ok"]
+    wait_for(lambda: len(events(a, "switch")) > switches, "alpha's switch line", a)
     switch = events(a, "switch")[-1]
     # Parked: its buffers were still on the device, nothing to upload.
     assert switch["reason"] == "a wake request" and int(switch["uploaded_bytes"]) == 0
@@ -78,6 +81,7 @@ def test_a_session_in_text_lines(arena, models, daemons):
     # beta is parked now: an eviction asked over its control socket is a line with the reason.
     wait_for(lambda: b.member().state == "parked", "beta parked", b)
     assert b.ask("evict", everything=True)["freed"] > 0
+    wait_for(lambda: events(b, "evict"), "the evict line", b)   # the line comes through the output pump
     evict = events(b, "evict")[-1]
     assert int(evict["freed_bytes"]) > 0 and "control socket" in evict["reason"]
     assert int(evict["kept_on_device_bytes"]) == 0
