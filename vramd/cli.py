@@ -318,6 +318,11 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
               help="Seconds a request waits for the GPU before it fails with 503 [60].")
 @click.option("--priority", type=int, default=None,
               help="Eviction priority; each point counts as 60 s of recency (ages like it) [0].")
+@click.option("--log-level", default=None, help="debug, info, warning or error [info].")
+@click.option("--log-format", default=None,
+              help="text (key=value fields) or json (one object per line) [text].")
+@click.option("--metrics-public", is_flag=True, default=None,
+              help="Answer /metrics without the API key (for scrapers).")
 def serve(model, config_file, **flags):
     """Serve MODEL.gguf: resident on the GPU only while it serves."""
     import logging
@@ -337,7 +342,8 @@ def serve(model, config_file, **flags):
         flags["api_key"] = None  # --api-key-file on the command line beats VRAMD_API_KEY
     flags["model"] = model
     cfg = config_mod.build(config_file, flags)
-    logging.basicConfig(level=logging.INFO, format="vramd[%(process)d] %(levelname)s %(message)s")
+    from vramd.server import logs
+    logs.configure(cfg.log_level, cfg.log_format)
     armed = failpoints.describe_armed()
     if armed:
         logging.getLogger("vramd").warning(

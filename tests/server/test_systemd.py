@@ -435,3 +435,65 @@ def test_sysusers_and_tmpfiles_lay_out_what_arena_init_does(tmp_path):
     assert (live / layout.TOKEN).read_bytes() == b"kept"
     assert (live / layout.DOORBELL / "4242").exists()
     assert describe_tree(live, lambda gid: groups[gid], lambda uid: users[uid]) == made
+
+
+def test_timeout_stop_covers_the_daemons_stop_path():
+    """TimeoutStopSec= is the stop path's bound (daemon.STOP_BOUND: the loop, the replies, the
+    threads) plus room for releasing the buffers; a longer stop path must raise it."""
+    from vramd.server import daemon
+    (value,) = service_values("TimeoutStopSec")
+    assert daemon.STOP_BOUND == 16.0
+    assert int(value) >= daemon.STOP_BOUND + 10, (value, daemon.STOP_BOUND)
+    # The unit's comment states the numbers it was reasoned from.
+    text = SERVICE.read_text()
+    assert f"{daemon.STOP_BOUND:g} s at most before the buffers" in text
+    assert f"most {daemon.STOP_GRACE:g} s, the cut-short replies {daemon.REPLY_GRACE:g} s" in text
+
+
+def verify_with_drop_in(tmp_path, drop_in: str):
+    """systemd-analyze verify of vramd@chat.service with `drop_in` as its drop-in, from a unit path of ours."""
+    analyze = shutil.which("systemd-analyze")
+    fake = tmp_path / "bin" / "vramd"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    units = tmp_path / "units"
+    (units / "vramd@chat.service.d").mkdir(parents=True, exist_ok=True)
+    (units / "vramd@.service").write_text(SERVICE.read_text().replace(REAL_EXEC, str(fake)))
+    (units / "vramd@chat.service.d" / "network-online.conf").write_text(drop_in)
+    # The unit path of ours first, then systemd's own (network-online.target lives there): the trailing ':'.
+    r = subprocess.run([analyze, "verify", "--man=no", "vramd@chat.service"], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path,
+                       env=dict(os.environ, SYSTEMD_UNIT_PATH=f"{units}:", SYSTEMD_LOG_LEVEL="info",
+                                SYSTEMD_LOG_COLOR="0"))
+    return r.returncode, [ln for ln in (r.stdout + r.stderr).splitlines() if "network-online.conf" in ln]
+
+
+def test_network_online_drop_in_is_a_valid_drop_in(tmp_path):
+    text = (UNITS / "network-online.conf").read_text()
+    settings = unit_settings(text)
+    assert ("Unit", "After", "network-online.target") in settings
+    assert ("Unit", "Wants", "network-online.target") in settings
+    rc, complaints = verify_with_drop_in(tmp_path, text)
+    assert rc == 0 and complaints == [], complaints
+    # The drop-in is read (a typo in it is reported): the check above can fail.
+    rc, complaints = verify_with_drop_in(tmp_path, text.replace("Wants=", "Wantz="))
+    assert complaints and "Wantz" in " ".join(complaints), complaints
+    # The template itself stays ordered after network.target only (it cannot know the host).
+    assert service_values("After") == ["network.target"]
+    readme = (UNITS / "README.md").read_text()
+    assert "network-online.conf /etc/systemd/system/vramd@chat.service.d/network-online.conf" in readme
+
+
+def test_readme_install_names_what_the_build_needs():
+    """pip install . compiles the native core: the README's apt line names the compiler, the C
+    library's headers, Vulkan's and Python's, and the Vulkan loader the daemon runs on."""
+    readme = (UNITS / "README.md").read_text()
+    apt = next(ln for ln in readme.splitlines() if ln.startswith("apt-get install "))
+    named = set(apt.split()[2:])
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    listed = set(setup.split("APT_PACKAGES=(", 1)[1].split(")", 1)[0].split())
+    build = {"gcc", "libc6-dev", "libvulkan-dev", "libvulkan1", "python3-venv"}
+    assert build <= listed, "scripts/setup.sh no longer installs what the README names"
+    assert build | {"python3-dev"} <= named, apt
+    assert apt in readme.split("pip install .", 1)[0]   # before the step that needs them

@@ -57,6 +57,8 @@ RING_CLOCK_SLACK = 0.05
 RE_RING_INTERVAL = 0.01
 # A waiter whose token.lock was replaced while it waited waits again on the new one, this many times.
 TOKEN_REPLACED_RETRIES = 3
+# close() waits this long for the warden thread (the daemon's stop path counts it: STOP_BOUND).
+WARDEN_JOIN = 2.0
 
 ReleaseFn = Callable[[], "int | None"]
 RestoreFn = Callable[[], "int | None"]
@@ -107,6 +109,7 @@ class Participant:
         self._foreign_at_release: set[int] = set()
         self._publish_lock = threading.RLock()
         self._wait_started = time.monotonic()
+        self.cold_reason = ""
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -127,7 +130,7 @@ class Participant:
             if self._watcher is not None:
                 self._watcher.interrupt()
             if self._warden is not None:
-                self._warden.join(timeout=2)
+                self._warden.join(timeout=WARDEN_JOIN)
             if self._watcher is not None:
                 self._watcher.close()
                 self._watcher = None
@@ -389,6 +392,7 @@ class Participant:
         """Release our buffers and drop the token.  A no-op when cold."""
         if not self.token.held:
             return
+        self.cold_reason = reason   # what the release callback reports (the daemon's log line)
         try:
             self._publish("cooling")
         except Exception as e:  # a record we cannot write must not keep the GPU

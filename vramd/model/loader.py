@@ -82,7 +82,9 @@ def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
     """Validate `path`, lay out its regions, read its tensors into the host shadows.
 
     `scratch`: the compute buffers as [(name, nbytes)] (the engine knows
-    them); without it one buffer of an estimated size stands in.
+    them); without it one buffer of an estimated size stands in.  `progress`:
+    True for a bar on stderr (the default when it is a terminal), or a
+    callable given (bytes read, bytes in all) after each tensor.
     """
     t0 = time.monotonic()
     mf = mf or validate_gguf(path)
@@ -107,7 +109,7 @@ def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
     return LoadedModel(mf, weights, kv, scratch, shape, time.monotonic() - t0, regions, host)
 
 
-def read_tensors(mf: ModelFile, region, progress: bool = False, host: dict | None = None,
+def read_tensors(mf: ModelFile, region, progress=False, host: dict | None = None,
                  on_host=frozenset()) -> None:
     """pread every tensor into its shadow (or, if in `on_host`, into a plain array in `host`);
     check the file did not change since validation."""
@@ -118,7 +120,7 @@ def read_tensors(mf: ModelFile, region, progress: bool = False, host: dict | Non
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != tuple(mf.identity):
             raise ModelError(f"{mf.path}: the file changed while it was being loaded")
-        bar = _Progress(Path(mf.path).name, total) if progress else None
+        bar = progress if callable(progress) else _Progress(Path(mf.path).name, total) if progress else None
         for t in mf.tensors:
             if t.name in on_host:
                 host[t.name] = np.empty(t.nbytes, dtype=np.uint8)
@@ -132,9 +134,11 @@ def read_tensors(mf: ModelFile, region, progress: bool = False, host: dict | Non
                     raise ModelError(f"{mf.path}: truncated while reading tensor {t.name!r}")
                 got += n
             done += t.nbytes
-            if bar:
+            if callable(bar):
+                bar(done, total)
+            elif bar:
                 bar.update(done)
-        if bar:
+        if bar and not callable(bar):
             bar.finish()
     finally:
         os.close(fd)

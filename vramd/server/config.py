@@ -53,6 +53,10 @@ class ServeConfig:
     api_key_file: str | None = None
     max_request_bytes: int = 32 << 20      # request bodies (images travel as base64)
     request_timeout: float = 30.0          # seconds to send a whole request, or to take a reply
+    # The log (vramd/server/logs.py) and /metrics without the API key (scrapers).
+    log_level: str = "info"
+    log_format: str = "text"
+    metrics_public: bool = False
 
     def check(self, where: str = "flags") -> "ServeConfig":
         if not self.model:
@@ -85,6 +89,11 @@ class ServeConfig:
             raise UsageError(f"{where}: max_request_bytes {self.max_request_bytes}: between 1KiB and 1GiB")
         if not 0 < self.request_timeout <= 3600:
             raise UsageError(f"{where}: request_timeout {self.request_timeout}: seconds, more than 0, at most 3600")
+        from vramd.server.logs import FORMATS, LEVELS
+        if self.log_level not in LEVELS:
+            raise UsageError(f"{where}: log_level {self.log_level!r}: one of {', '.join(LEVELS)}")
+        if self.log_format not in FORMATS:
+            raise UsageError(f"{where}: log_format {self.log_format!r}: one of {', '.join(FORMATS)}")
         if self.api_key is not None and self.api_key_file is not None:
             raise UsageError(f"{where}: give an API key or an API key file, not both")
         if self.api_key_file is not None:

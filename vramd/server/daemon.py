@@ -30,12 +30,13 @@ import os
 import queue
 import select
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from vramd.arena.arbiter import Participant
+from vramd.arena.arbiter import WARDEN_JOIN, Participant
 from vramd.arena.layout import Arena, default_base
 from vramd.arena.members import Registry
 from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError, ShuttingDown, Timeout,
@@ -43,9 +44,10 @@ from vramd.errors import (Interrupted, ModelError, OutOfDeviceMemory, PeerError,
 from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
-from vramd.server.guard import Guard
+from vramd.server.guard import JOIN_WAIT, Guard
 from vramd.server import openai_api, prompts
-from vramd.server.http import Exchange, HttpServer, json_route
+from vramd.server.http import OPEN_PATHS, Exchange, HttpServer, json_route
+from vramd.server.logs import LoadProgress, event
 from vramd.server.metrics import Metrics
 from vramd.server.room import Room
 
@@ -59,13 +61,19 @@ VRAM_WATCH_INTERVAL = 5.0
 # (never in the middle of our own restore or release); past it, it shows the last look.
 SAMPLE_LOCK_WAIT = 0.5
 # Stopping (SIGTERM): queued work fails at once and the generation in flight ends at its next
-# step, so the loop is done in well under a second; it is waited for at most STOP_GRACE s and
-# the replies in flight at most REPLY_GRACE s more, inside systemd's TimeoutStopSec=30.
+# step, so the loop is done in well under a second; it is waited for at most STOP_GRACE s in all
+# (one deadline), the replies in flight at most REPLY_GRACE s more, then the guard and the warden
+# threads are joined (at most guard.JOIN_WAIT and arbiter.WARDEN_JOIN s) and the buffers released
+# (a KV cache copied to the host when it must be).  STOP_BOUND is that path less the release;
+# systemd/vramd@.service's TimeoutStopSec= leaves room for the release on top of it
+# (tests/server/test_systemd.py holds the two together).
 STOP_GRACE = 10.0
 REPLY_GRACE = 2.0
+STOP_BOUND = STOP_GRACE + REPLY_GRACE + JOIN_WAIT + WARDEN_JOIN
 # A second SIGTERM/SIGINT while stopping: exit at once with 128 + the signal's number.
 # A non-streamed request's connection is looked at this often for a client that hung up.
 CLIENT_CHECK = 0.1
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass
@@ -164,6 +172,7 @@ class Daemon:
         self.lock = threading.RLock()
         self._submit_lock = threading.Lock()
         self._stop_sent = False
+        self._stop_deadline: float | None = None   # when the loop has had its STOP_GRACE
         self._loop: threading.Thread | None = None
         self.started = time.time()
         self._release_everything = False  # set for idle sleep, shutdown, an operator's --release
@@ -190,6 +199,7 @@ class Daemon:
 
         cfg = self.cfg
         self.name = cfg.name or os.path.splitext(os.path.basename(cfg.model))[0]
+        systemd.status(f"loading: checking {cfg.model}")
         # Validate the model before anything else: a bad file costs nothing.
         from vramd.model.gguf_check import validate_gguf
         mf = validate_gguf(cfg.model)
@@ -205,7 +215,9 @@ class Daemon:
         self.residency = Residency(self.device)
         self._choose_ctx(mf)
         fp = self._footprint(mf)
-        self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf,
+        # No terminal for the bar (the journal, a pipe): progress lines, and STATUS= for systemctl.
+        progress = None if sys.stderr.isatty() else LoadProgress(log, self.name, cfg.model, systemd.status)
+        self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf, progress=progress,
                                  scratch=fp.layouts["scratch"], host_tensors=fp.host_tensors)
         if cfg.mmproj:
             self.encoder = self._load_encoder()
@@ -229,10 +241,13 @@ class Daemon:
         member = self.participant.member
         member.control = str(self.arena.control_dir / f"{self.name}.sock")
         member.pinned, member.priority, member.budget = cfg.pin, cfg.priority, self._budget()
-        self.control = ControlServer(self.arena.control_dir / f"{self.name}.sock", self.handle_control)
+        self.control = ControlServer(self.arena.control_dir / f"{self.name}.sock", self.control_request)
         self.http = HttpServer(cfg.host, cfg.port, self.routes(), on_error=openai_api.error_body,
                                api_key=cfg.api_key, max_request_bytes=cfg.max_request_bytes,
-                               request_timeout=cfg.request_timeout)
+                               request_timeout=cfg.request_timeout,
+                               open_paths=OPEN_PATHS | ({"/metrics"} if cfg.metrics_public else set()),
+                               on_start=lambda ex: self.metrics.request_started("api"),
+                               on_finish=self._http_finished)
         self.participant.member.endpoint = self.http.url
 
     def _check_projector(self, mf, engine_cfg) -> None:
@@ -340,6 +355,8 @@ class Daemon:
                                       incoming_need=self.participant.incoming_need(), stopping=self.stopping)
             self.metrics.observe_release(moved)
             parked = self._device_total()
+        event(log, "cold", reason=self.participant.cold_reason or "yield", held_s=round(self.participant.held_for(), 3),
+              copied_to_host_bytes=moved, kept_on_device_bytes=parked)
         systemd.status("parked: keeps its buffers on the device until a peer needs the room" if parked
                        else "cold: device buffers released")
         return moved
@@ -386,15 +403,18 @@ class Daemon:
         if self.participant.state == "warming":
             return  # we are about to take the token ourselves; its holder empties the GPU if needed
         try:
-            self.evict(everything=True)
+            self.evict(everything=True, reason="a peer that is not a vramd member rang (it expects an empty GPU)")
         except VramdError as e:  # took the token meanwhile: nothing to do
             log.info("%s: not emptied for a flock-only peer: %s", self.name, e)
 
-    def evict(self, nbytes: int = 0, everything: bool = False) -> int:
+    def evict(self, nbytes: int = 0, everything: bool = False, reason: str = "asked by the token's holder") -> int:
         """Release parked buffers for the token holder (Room.evict); never while we hold the token."""
         with self.lock:
             freed = self.room.evict(nbytes, everything, holds_token=self.participant.holds_token)
             self.participant.set_resident_state()
+        if freed:
+            event(log, "evict", reason=reason, asked_bytes=None if everything else nbytes, freed_bytes=freed,
+                  kept_on_device_bytes=self._device_total())
         return freed
 
     def _device_total(self) -> int:
@@ -479,7 +499,8 @@ class Daemon:
             self.participant.go_cold(reason="token lost")
         except Exception as e:  # the token is released by then (go_cold's finally)
             log.error("%s: going cold failed: %s", self.name, e)
-        threading.Thread(target=self.request_stop, name="vramd-stop", daemon=True).start()
+        threading.Thread(target=self.request_stop, name="vramd-stop", daemon=True,
+                         kwargs={"why": "the GPU token or the arena is no longer ours"}).start()
 
     def _next_wakeup(self, watchdog_period: float | None) -> float:
         t = watchdog_period or 1.0
@@ -495,8 +516,7 @@ class Daemon:
             return
         if (self.cfg.idle_sleep >= 0 and self.participant.holds_token
                 and time.monotonic() - self.last_activity >= self.cfg.idle_sleep):
-            log.info("%s: idle for %.1f s, releasing the GPU", self.name, self.cfg.idle_sleep)
-            self._release_everything = True
+            self._release_everything = True   # the `cold` line says reason=idle-sleep
             self.participant.go_cold(reason="idle-sleep")
 
     def _busy_text(self) -> str:
@@ -527,7 +547,8 @@ class Daemon:
                 self._warm_deadline = None if left is None else job.arrived + job.timeout
                 try:
                     self._ensure_warm(None if left is None else max(left, 0.0),
-                                      cancel=lambda: self._beat_or_give_up() or job.cancelled.is_set())
+                                      cancel=lambda: self._beat_or_give_up() or job.cancelled.is_set(),
+                                      reason=f"a {job.kind} request")
                 except Timeout:
                     raise Timeout(f"waited {time.monotonic() - job.arrived:.1f} s for the GPU "
                                   f"(timeout {job.timeout:g} s): {self._busy_text()}") from None
@@ -537,7 +558,6 @@ class Daemon:
                     self.on_lost(str(e))
                     raise ShuttingDown(f"{self.name}: {e}; stopping") from None
             result = job.fn() if job.fn else None
-            self.metrics.count("requests")
             if job.needs_gpu:
                 self.participant.publish()  # compute may have brought scratch in: peers size by our record
         except BaseException as e:  # the job's requester gets it; the loop goes on
@@ -584,16 +604,21 @@ class Daemon:
             wait = min(wait, max(0.5, self._warm_deadline - time.monotonic()))
         return ask_over_socket(peer, cmd, wait=wait, **args)
 
-    def _ensure_warm(self, timeout: float | None, cancel=None) -> None:
+    def _ensure_warm(self, timeout: float | None, cancel=None, reason: str = "start-up") -> None:
         if self.participant.holds_token:
             return
         need = self.participant.member.wants_bytes = self.room.needed_bytes()
         if need:
             self.room.check_within_reach(need)   # before anyone is rung: a hopeless restore is a 503 now
         h2d_before = self.participant.member.bytes_h2d
+        holder = self.participant.holder_text()
+        if holder != "none":
+            systemd.status(f"waiting for the GPU token ({reason}): held by {holder}")
         self.participant.ensure_warm(timeout, cancel)
         m = self.participant.member
         self.metrics.observe_switch((m.last_switch_ms or 0.0) / 1000, m.bytes_h2d - h2d_before)
+        event(log, "switch", reason=reason, switch_s=round((m.last_switch_ms or 0.0) / 1000, 6),
+              uploaded_bytes=m.bytes_h2d - h2d_before, holder_before=holder)
 
     def _fail_pending(self, why: str) -> None:
         """Fail every queued job now (pokes and the stop job are the loop's: put back)."""
@@ -611,6 +636,25 @@ class Daemon:
             self.jobs.put(job)
 
     # -- requests --------------------------------------------------------------
+
+    def control_request(self, request: dict) -> dict:
+        """The control socket's handler: counted, timed and logged (a `control` line), then handled."""
+        self.metrics.request_started("control")
+        t0 = time.monotonic()
+        cmd = request.get("cmd") if isinstance(request, dict) else None
+        level = logging.DEBUG if cmd == "status" else logging.INFO   # `vramd status` polls
+        try:
+            reply = self.handle_control(request)
+        except VramdError as e:
+            self.metrics.request_failed("control", e.exit_code)
+            event(log, "control", level, cmd=cmd, ok=False, code=e.exit_code,
+                  total_s=round(time.monotonic() - t0, 6), error=str(e))
+            raise
+        except Exception:
+            self.metrics.request_failed("control", 1)
+            raise
+        event(log, "control", level, cmd=cmd, ok=True, total_s=round(time.monotonic() - t0, 6))
+        return reply
 
     def handle_control(self, request: dict) -> dict:
         cmd = request["cmd"]
@@ -636,19 +680,21 @@ class Daemon:
                 self._release_everything = release
                 self.participant.go_cold(reason="yield")
                 if release and self._device_total():  # parked before: drop what is left
-                    self.evict(everything=True)
+                    self.evict(everything=True, reason="an operator's yield --release")
             self.submit(Job("yield", fn=go_cold))
             return {"ok": True, "state": self.participant.state}
         if cmd == "evict":
             nbytes = request.get("bytes", 0)
             if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
                 raise UsageError("bytes must be a non-negative integer")
-            freed = self.evict(nbytes, everything=bool(request.get("everything", False)))
+            freed = self.evict(nbytes, everything=bool(request.get("everything", False)),
+                               reason="asked over the control socket (the token's holder needs the room)")
             return {"ok": True, "freed": freed, "state": self.participant.state}
         if cmd == "verify":
             return {"ok": True, **self.submit(Job("verify", fn=self.verify, needs_gpu=True, timeout=timeout))}
         if cmd == "shutdown":
-            threading.Thread(target=self.request_stop, daemon=True).start()
+            threading.Thread(target=self.request_stop, daemon=True,
+                             kwargs={"why": "a shutdown request on the control socket"}).start()
             return {"ok": True, "state": "stopping"}
         raise UsageError(f"unknown command {cmd!r} (status, wake, yield, evict, verify, shutdown)")
 
@@ -689,6 +735,7 @@ class Daemon:
 
     def handle_generation(self, kind: str, ex: Exchange) -> None:
         """One OpenAI request: a generation job on the loop thread, streamed or not."""
+        ex.fields["model"] = self.name
         req = openai_api.parse_request(kind, ex.body(), set(self.model_names()))
         if self.engine is None:
             raise PeerError(f"{self.name} is still loading")
@@ -701,8 +748,19 @@ class Daemon:
         builder.context = dropped
         events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         cancelled = threading.Event()
+        arrived = ex.started
+        timing: dict = {}   # the loop writes it, the log line reads it once the job is done
 
         def work():
+            timing["queue_s"] = round(time.monotonic() - arrived, 6)   # other jobs and the GPU token
+            before = dict(self.engine.stats)
+            try:
+                return compute()
+            finally:
+                for key in ("prompt_tokens", "generated_tokens", "reused_tokens"):
+                    timing[key] = self.engine.stats[key] - before[key]
+
+        def compute():
             ids, embeds = (prepared, {}) if prepared is not None else self.engine.prompt(req.prompt_input())
             builder.prompt_tokens = len(ids)
             if req.echo:
@@ -714,6 +772,9 @@ class Daemon:
             def emit(piece):
                 made[0] += 1
                 self.beat = time.monotonic()
+                if made[0] == 1:
+                    timing["ttft_s"] = round(self.beat - arrived, 6)
+                    self.metrics.observe_first_token(self.beat - arrived)
                 events.put(("piece", piece))
                 # A stop ends the generation at its next step (a clean finish, never a dead loop);
                 # so does a token that is no longer the arena's (never compute beside another holder).
@@ -738,6 +799,15 @@ class Daemon:
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
+            if job.done.is_set():
+                ex.fields.update(timing)
+
+    def _http_finished(self, ex: Exchange, seconds: float) -> None:
+        """An HTTP request ended (http.py's on_finish): errors by status, generation latency."""
+        if ex.status is not None and ex.status >= 400:
+            self.metrics.request_failed("api", ex.status)
+        if ex.path in GENERATION_PATHS and ex.method == "POST":
+            self.metrics.observe_request(seconds)
 
     def _answer(self, req, ex: Exchange, builder, job: Job, events: queue.Queue, cancelled: threading.Event) -> None:
         """The reply to a generation job: one JSON body, or the stream as the pieces come."""
@@ -747,7 +817,7 @@ class Daemon:
             while not job.done.wait(CLIENT_CHECK):
                 if ex.client_gone():
                     cancelled.set()
-                    log.info("%s: the client of a non-streamed request went away: generation stopped", self.name)
+                    ex.error = "the client went away: generation stopped"   # in its request line
                     job.done.wait()
                     return
             finish = job.wait()
@@ -845,12 +915,19 @@ class Daemon:
     def render_metrics(self) -> str:
         from vramd.server.metrics import render_device_memory
         return self.metrics.render(self.name, self.participant.state, self.participant.holds_token,
-                                   self.participant.member.yields, self.residency.breakdown()) + \
+                                   self.participant.member.yields, self.residency.breakdown(),
+                                   tokens=dict(self.engine.stats) if self.engine else None,
+                                   queued=self._queued(), inflight=self._inflight) + \
             render_device_memory(self.name, self._device_memory_status())
+
+    def _queued(self) -> int:
+        """Requests in the loop's queue that it has not started (its own pokes and stop left out)."""
+        with self.jobs.mutex:
+            return sum(1 for j in self.jobs.queue if j.kind not in ("poke", "stop") and not j.taken.is_set())
 
     # -- life and death -------------------------------------------------------------
 
-    def request_stop(self) -> None:
+    def request_stop(self, why: str = "asked to stop") -> None:
         """Stop accepting, fail every queued job now, ask the loop to stop and wait for it
         (at most STOP_GRACE s: the job in flight ends at its next step)."""
         with self._submit_lock:
@@ -859,13 +936,15 @@ class Daemon:
             job = None
             if not self._stop_sent:
                 self._stop_sent = True
+                self._stop_deadline = time.monotonic() + STOP_GRACE
                 job = Job("stop")
                 self.jobs.put(job)
         if first:
-            systemd.stopping()
+            systemd.stopping(f"stopping: {why}; {self._inflight} generation requests in flight, "
+                             f"{self._queued()} queued (failed now)")
         self._fail_pending("shutting down")
         if job is not None and self._loop is not None and self._loop.is_alive():
-            job.done.wait(STOP_GRACE)
+            job.done.wait(max(0.0, self._stop_deadline - time.monotonic()))
 
     def run(self) -> int:
         """Serve until SIGTERM/SIGINT or a `shutdown` request; returns the exit code."""
@@ -913,9 +992,10 @@ class Daemon:
             if pending:
                 log.info("%s: signal %d while waiting for the GPU, shutting down", self.name, pending[-1])
         finally:
-            self.shutdown()
+            self.shutdown(f"signal {pending[-1]}" if pending else "asked to stop")
             os.close(wake_r)
             os.close(wake_w)
+        log.info("%s: stopped (exit %d)", self.name, self.exit_code)
         return self.exit_code
 
     def _wait_replies(self, grace: float) -> None:
@@ -923,12 +1003,13 @@ class Daemon:
         while self._inflight and time.monotonic() < deadline:
             time.sleep(0.01)
 
-    def shutdown(self) -> None:
+    def shutdown(self, why: str = "asked to stop") -> None:
         """Stop the loop, release the token, remove the member record and control socket; idempotent."""
-        self.request_stop()
+        self.request_stop(why)
         loop_alive = self._loop is not None and self._loop.is_alive()
         if loop_alive:
-            self._loop.join(STOP_GRACE)
+            # What is left of the one STOP_GRACE (request_stop waited for part of it).
+            self._loop.join(max(0.0, self._stop_deadline - time.monotonic()) if self._stop_deadline else STOP_GRACE)
             loop_alive = self._loop.is_alive()
         if loop_alive:
             # Never release buffers (or the token) under a loop that still computes: the

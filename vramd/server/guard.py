@@ -39,6 +39,7 @@ from vramd.server import systemd
 log = logging.getLogger("vramd.guard")
 
 GUARD_INTERVAL = 0.1
+JOIN_WAIT = 2.0   # close() waits this long for the thread (part of the daemon's STOP_BOUND)
 
 
 class Guard:
@@ -64,7 +65,7 @@ class Guard:
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(2)
+            self._thread.join(JOIN_WAIT)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

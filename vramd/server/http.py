@@ -7,8 +7,9 @@ the GPU: generation is a job on the daemon's loop thread.
 
 What a client may not do:
 
-- use any route but /health without `Authorization: Bearer <key>` when the
-  daemon has an API key (401, compared in constant time);
+- use any route but /health (and /metrics with --metrics-public) without
+  `Authorization: Bearer <key>` when the daemon has an API key (401,
+  compared in constant time);
 - send a body without Content-Length (chunked is not supported: 411), with
   a malformed one (400), or larger than --max-request-bytes (413); the
   body is never read before these checks pass;
@@ -26,6 +27,12 @@ What is left: anyone who can connect can keep the MAX_CONNECTIONS slots busy
 by reconnecting every HEAD_TIMEOUT seconds.  A cap per client address does not
 help on loopback, where every local client has the same address; beyond
 loopback, a proxy in front can limit each client (docs/operations.md).
+
+Every request that got a head is one `request` line in the log when it ends
+(method, path, status, total seconds, the error's message, and what the route
+put in `Exchange.fields`: the daemon adds model, tokens, queue wait and time
+to the first token); /health and /metrics, polled by probes and scrapers,
+at debug level.  `on_start`/`on_finish` let the daemon count them (metrics).
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-from vramd.errors import UsageError
+from vramd.errors import UsageError, VramdError
+from vramd.server.logs import event
 
 log = logging.getLogger("vramd.http")
 
@@ -54,6 +62,7 @@ HEAD_TIMEOUT = 5.0                # seconds to send the request head (never more
 MAX_HEAD = 64 << 10               # request line and headers together
 MAX_CONNECTIONS = 64
 OPEN_PATHS = frozenset({"/health"})   # answered without the API key (systemd, load-balancer probes)
+QUIET_PATHS = frozenset({"/health", "/metrics"})   # logged at debug level: polled every few seconds
 
 
 class Refused(Exception):
@@ -165,6 +174,11 @@ class Exchange:
         self.path = handler.path.split("?", 1)[0]
         self.streaming = False
         self.length: int | None = None   # the body's Content-Length, checked (POST)
+        self.method = handler.command
+        self.started = time.monotonic()
+        self.status: int | None = None   # the reply's status, once sent
+        self.error: str | None = None    # the refusal's or the error's message
+        self.fields: dict = {}           # what the route adds to the request's log line
 
     def body(self) -> bytes:
         """The request body, read once; its length was checked against the limit before."""
@@ -184,6 +198,9 @@ class Exchange:
 
     def reply(self, status: int, payload, ctype: str = "application/json", headers: dict | None = None) -> None:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.status = status
+        if status >= 400 and isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+            self.error = self.error or payload["error"].get("message")
         self.h.send_response(status)
         for k, v in (headers or {}).items():
             self.h.send_header(k, v)
@@ -195,6 +212,7 @@ class Exchange:
     def start_stream(self) -> None:
         """Server-sent events: no length, the connection closes at the end."""
         self.streaming = True
+        self.status = 200
         self.h.close_connection = True
         self.h.send_response(200)
         self.h.send_header("Content-Type", "text/event-stream")
@@ -244,6 +262,9 @@ class _Handler(BaseHTTPRequestHandler):
     routes: dict[tuple[str, str], Route] = {}
     on_error: Callable[[BaseException], tuple[int, dict]] = None
     api_key: bytes | None = None
+    open_paths: frozenset = OPEN_PATHS
+    on_start: Callable[["Exchange"], None] | None = None
+    on_finish: Callable[["Exchange", float], None] | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
 
@@ -293,10 +314,16 @@ class _Handler(BaseHTTPRequestHandler):
     def send_error(self, code, message=None, explain=None) -> None:
         """http.server's own refusals (malformed request, head too large), as OpenAI-shaped JSON."""
         self.close_connection = True
+        if self.request_version == "HTTP/0.9":
+            # parse_request starts from 0.9 and fails before it read the version: http.server would
+            # then write the body without a status line.  Nobody speaks 0.9 to this daemon.
+            self.request_version = "HTTP/1.0"
         text = message or HTTPStatus(code).phrase
         if explain and explain != text:
             text = f"{text}: {explain}"
         body = json.dumps(error_payload(text)).encode()
+        # Refused before a route was chosen: its request line (the path, if the line had one).
+        event(log, "request", method=self.command, path=getattr(self, "path", None), status=int(code), error=text)
         try:
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -312,6 +339,7 @@ class _Handler(BaseHTTPRequestHandler):
         if ex.length:
             self.close_connection = True  # its body stays unread
         body = json.dumps(error_payload(str(r), r.code)).encode()
+        ex.status, ex.error = r.status, str(r)
         self.send_response(r.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -326,7 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _check_key(self, path: str) -> None:
-        if self.api_key is None or path in OPEN_PATHS:
+        if self.api_key is None or path in self.open_paths:
             return
         scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
@@ -362,6 +390,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         ex = Exchange(self)
+        if self.on_start is not None:
+            self.on_start(ex)
+        try:
+            self._route(method, ex)
+        finally:
+            seconds = time.monotonic() - ex.started
+            if self.on_finish is not None:
+                self.on_finish(ex, seconds)
+            event(log, "request", logging.DEBUG if ex.path in QUIET_PATHS else logging.INFO,
+                  method=method, path=ex.path, status=ex.status, **ex.fields, total_s=round(seconds, 6),
+                  error=ex.error)
+
+    def _route(self, method: str, ex: "Exchange") -> None:
         try:
             self._check_key(ex.path)
             if method == "POST":
@@ -384,7 +425,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not ex.streaming:
                 self._refuse(ex, r)
         except ClientGone:
-            log.info("%s %s: client went away", method, ex.path)
+            ex.error = "the client went away"
         except Exception as e:
             if not isinstance(e, UsageError) and getattr(e, "http_status", 500) == 500:
                 log.exception("%s %s failed", method, ex.path)
@@ -393,6 +434,7 @@ class _Handler(BaseHTTPRequestHandler):
             if ex.length:
                 self.close_connection = True  # the route failed before reading its body
             status, payload = type(self).on_error(e)
+            ex.status, ex.error = status, ex.error or str(e)
             # A refusal that may pass (device memory others hold, OutOfDeviceMemory) says when to retry.
             retry = getattr(e, "retry_after", None)
             try:
@@ -453,12 +495,10 @@ class _Server(ThreadingHTTPServer):
 
 
 def bind_hint(e: OSError) -> str:
-    """What to do about a failed bind, by its cause: the port taken, or the address (--host)."""
+    """What to do about a failed bind, by its cause: the port taken or privileged, or a --host that
+    does not resolve (an address not on this machine is HttpServer's own exit 1: it may come up)."""
     if e.errno == errno.EADDRINUSE:
         return " (another daemon there? give each its own --port)"
-    if e.errno == errno.EADDRNOTAVAIL:
-        return (" (the address is not on this machine: `ip addr` lists its addresses; "
-                "--host 0.0.0.0 listens on all)")
     if e.errno == errno.EACCES:
         return " (ports below 1024 need privileges: choose a --port above 1023)"
     if isinstance(e, socket.gaierror):
@@ -469,14 +509,23 @@ def bind_hint(e: OSError) -> str:
 class HttpServer:
     def __init__(self, host: str, port: int, routes: dict[tuple[str, str], Route],
                  on_error: Callable[[BaseException], tuple[int, dict]], *, api_key: str | None = None,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST, request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+                 open_paths=OPEN_PATHS, on_start=None, on_finish=None):
         handler = type("Handler", (_Handler,), {
             "routes": routes, "on_error": staticmethod(on_error),
-            "api_key": api_key.encode() if api_key else None,
+            "api_key": api_key.encode() if api_key else None, "open_paths": frozenset(open_paths),
+            "on_start": staticmethod(on_start) if on_start else None,
+            "on_finish": staticmethod(on_finish) if on_finish else None,
             "max_request_bytes": max_request_bytes, "request_timeout": request_timeout})
         try:
             self.server = _Server((host, port), handler)
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                # Not a bad flag: the address is not (yet) on this machine, as at boot before the
+                # network is up.  Exit 1, which systemd's Restart=on-failure retries (2 is not).
+                raise VramdError(f"cannot serve HTTP on {host}:{port}: {e.strerror} (the address is not on this "
+                                 "machine, or not yet: under systemd, order the instance after "
+                                 "network-online.target, systemd/README.md)") from None
             raise UsageError(f"cannot serve HTTP on {host}:{port}: {e.strerror}{bind_hint(e)}") from None
         self.host, self.port = self.server.server_address[:2]
         if not api_key and not _loopback(self.host):
