@@ -160,7 +160,11 @@ def test_the_first_hour_walkthrough_replays(place):
 
     # What the walkthrough says one sees:
     by_cmd = dict(outputs)
-    journal = next(out for cmd, out in outputs if cmd.startswith("journalctl"))
+    journals = [out for cmd, out in outputs if cmd.startswith("journalctl")]
+    journal = journals[0]
+    assert re.search(r"\brequest method=POST path=/v1/chat/completions status=200 model=task\b", journals[1]), \
+        journals[1]
+    assert re.search(r"\bswitch reason=", journals[1]), journals[1]
     assert re.search(r"chat: --ctx 2048: the file's context length 2048", journal), journal
     assert "serving" in journal and f"localhost:{ports['8081']}".replace("localhost", "127.0.0.1") in journal
     statuses = [out for cmd, out in outputs if cmd.startswith("vramd status")]
@@ -173,6 +177,19 @@ def test_the_first_hour_walkthrough_replays(place):
     assert "vramd_requests_total" in metrics[0] and "vramd_switch_seconds_count" in metrics[1]
     assert any("Status: warm" in out for cmd, out in outputs if cmd.startswith("systemctl status"))
     assert by_cmd
+
+
+def settle(units, quiet=0.3, limit=10.0):
+    """Until the units' output has been still for `quiet` s: a request line is written as its reply
+    ends, after curl has its answer, and reaches us through the output pump."""
+    deadline, last, still = time.monotonic() + limit, None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = sum(len(u.lines) for u in units)
+        if now != last:
+            last, still = now, time.monotonic()
+        elif time.monotonic() - still >= quiet:
+            return
+        time.sleep(0.02)
 
 
 def run_line(line: str, put, units: dict, env: dict, short: Path) -> tuple[str, str]:
@@ -206,7 +223,10 @@ def run_line(line: str, put, units: dict, env: dict, short: Path) -> tuple[str, 
         raise AssertionError(f"the walkthrough uses systemctl {action}, which this replay does not know")
     if words[0] == "journalctl":
         names = [words[i + 1].removeprefix("vramd@") for i, w in enumerate(words) if w == "-u"]
+        settle([units[name] for name in names])
         out = "\n".join(l for name in names for l in units[name].lines)
+        if "-n" in words:
+            out = "\n".join(out.splitlines()[-int(words[words.index("-n") + 1]):])
         assert out, line
         return line, out
     r = subprocess.run(["bash", "-c", "set -o pipefail; " + put(line)], capture_output=True, text=True, env=env,
