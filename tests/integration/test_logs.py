@@ -77,7 +77,8 @@ def test_a_session_in_text_lines(arena, models, daemons):
     assert switch["reason"] == "a wake request" and int(switch["uploaded_bytes"]) == 0
     assert float(switch["switch_s"]) > 0
     assert "beta" in switch["holder_before"]
-    assert any(e["cmd"] == "wake" and e["ok"] == "true" for e in events(a, "control"))
+    wait_for(lambda: any(e["cmd"] == "wake" and e["ok"] == "true" for e in events(a, "control")),
+             "the wake's control line", a)
     # beta is parked now: an eviction asked over its control socket is a line with the reason.
     wait_for(lambda: b.member().state == "parked", "beta parked", b)
     assert b.ask("evict", everything=True)["freed"] > 0
