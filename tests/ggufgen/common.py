@@ -34,6 +34,15 @@ def gain(spec, name: str, n: int, scale: float = 1.0) -> np.ndarray:
     return (scale * (1.0 + 0.1 * rng(spec.seed, name).standard_normal(n))).astype(np.float32)
 
 
+def output_head(spec, e: int) -> dict[str, np.ndarray]:
+    """output_norm (and output, unless tied), scaled so that the logits are peaked
+    enough for greedy tests to mean something (LOGIT_STD), in file order."""
+    if spec.tied_output:
+        return {"output_norm.weight": gain(spec, "output_norm.weight", e, LOGIT_STD / TIED_EMBD)}
+    return {"output_norm.weight": gain(spec, "output_norm.weight", e),
+            "output.weight": normal(spec, "output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))}
+
+
 def start_writer(path: Path, spec, n_ff: int | None) -> gguf.GGUFWriter:
     """A GGUFWriter on `path` with spec's name, file type, context length, widths,
     head counts, eps and RoPE base and dimension (and feed_forward_length n_ff

@@ -68,7 +68,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal, start_writer
+from tests.ggufgen.common import TIED_EMBD, gain, normal, output_head, start_writer
 from tests.ggufgen.quant import WEIGHT_TYPES, write_tensors
 from tests.ggufgen.vocab import CHATML_TEMPLATE, LLAMA2_TEMPLATE, MISTRAL_TEMPLATE, QWEN3_TEMPLATE, write_vocab
 
@@ -179,12 +179,7 @@ def make_weights(spec: LlamaSpec) -> dict[str, np.ndarray]:
         w[p + "ffn_gate.weight"] = normal(spec, p + "ffn_gate.weight", (f, e), 1 / np.sqrt(e))
         w[p + "ffn_up.weight"] = normal(spec, p + "ffn_up.weight", (f, e), 1 / np.sqrt(e))
         w[p + "ffn_down.weight"] = normal(spec, p + "ffn_down.weight", (e, f), 1 / np.sqrt(f))
-    if spec.tied_output:
-        w["output_norm.weight"] = gain(spec, "output_norm.weight", e, LOGIT_STD / TIED_EMBD)
-    else:
-        w["output_norm.weight"] = gain(spec, "output_norm.weight", e)
-        w["output.weight"] = normal(spec, "output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))
-    return w
+    return w | output_head(spec, e)
 
 
 def write_weights(path: str | Path, spec: LlamaSpec, weights: dict[str, np.ndarray]) -> Path:

@@ -80,7 +80,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal, start_writer
+from tests.ggufgen.common import TIED_EMBD, gain, normal, output_head, start_writer
 from tests.ggufgen.quant import WEIGHT_TYPES, write_tensors
 from tests.ggufgen.vocab import CHATML_TEMPLATE, MISTRAL_TEMPLATE, write_vocab
 
@@ -206,12 +206,7 @@ def make_moe_weights(spec: MoESpec) -> dict[str, np.ndarray]:
             put("ffn_gate_shexp.weight", (fs, e), 1 / np.sqrt(e))
             put("ffn_up_shexp.weight", (fs, e), 1 / np.sqrt(e))
             put("ffn_down_shexp.weight", (e, fs), 1 / np.sqrt(fs))
-    if spec.tied_output:
-        w["output_norm.weight"] = gain(spec, "output_norm.weight", e, LOGIT_STD / TIED_EMBD)
-    else:
-        w["output_norm.weight"] = gain(spec, "output_norm.weight", e)
-        w["output.weight"] = normal(spec, "output.weight", (spec.n_vocab, e), LOGIT_STD / np.sqrt(e))
-    return w
+    return w | output_head(spec, e)
 
 
 def write_moe_weights(path: str | Path, spec: MoESpec, weights: dict[str, np.ndarray]) -> Path:

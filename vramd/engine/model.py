@@ -30,7 +30,7 @@ from vramd.engine.batch import TokenBatch
 from vramd.engine.decode_step import DecodeStep
 from vramd.engine.kvcache import KVCache, KVLayout
 from vramd.engine.ops import Ops
-from vramd.engine.scratch import logit_rows, scratch_layout
+from vramd.engine.scratch import logit_rows
 from vramd.engine.tensors import TensorTable
 from vramd.errors import ModelError
 
