@@ -416,7 +416,11 @@ def gateway(arena_path, allow_shared_arena, config_file, **flags):
     flags["allow_shared_arena"] = allow_shared_arena or None
     cfg = gw_config.build(config_file, flags)
     logs.configure(cfg.log_level, cfg.log_format)
-    arena = open_arena(cfg.arena, cfg.allow_shared_arena)
+    from vramd.errors import ArenaError
+    try:   # only read: the system arena is read-only to the gateway's unit
+        arena = open_arena(cfg.arena, cfg.allow_shared_arena, create=False)
+    except ArenaError:   # a per-user arena no daemon made yet: made now, so daemons started later join it
+        arena = open_arena(cfg.arena, cfg.allow_shared_arena)
     sys.exit(Gateway(cfg, arena.members_dir).run())
 
 

@@ -23,7 +23,7 @@ import time
 from vramd.errors import UsageError, VramdError
 from vramd.gateway import ollama
 from vramd.gateway.details import Details
-from vramd.gateway.proxy import Upstream, auth_header, start_stream
+from vramd.gateway.proxy import start_stream
 from vramd.gateway.table import Target
 from vramd.server.http import Exchange
 
@@ -127,10 +127,7 @@ class OllamaRoutes:
     # -- generation -----------------------------------------------------------------
 
     def _call(self, ex: Exchange, t: Target, path: str, payload: dict):
-        up = Upstream(t, self.gw.cfg.upstream_timeout)
-        up.send("POST", path, json.dumps(payload).encode(),
-                {"Content-Type": "application/json", **auth_header(ex, t, self.gw.cfg.member_keys)})
-        resp = up.response(ex.client_gone)
+        up, resp = self.gw.upstream(ex, t, path, json.dumps(payload).encode())
         if resp.status != 200:
             data = resp.read()
             up.close()

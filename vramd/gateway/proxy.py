@@ -152,14 +152,3 @@ def start_stream(ex: Exchange, status: int, ctype: str, headers: dict) -> None:
     h.send_header("Connection", "close")
     h.end_headers()
     ex.send(b"")
-
-
-def forward(ex: Exchange, target: Target, path: str, body: bytes, member_keys: dict[str, str],
-            timeout: float) -> None:
-    """POST `body` to `path` of `target` and relay the reply."""
-    up = Upstream(target, timeout)
-    headers = {"Content-Type": ex.h.headers.get("Content-Type") or "application/json",
-               **auth_header(ex, target, member_keys)}
-    up.send("POST", path, body, headers)
-    resp = up.response(ex.client_gone)
-    relay(ex, up, resp)

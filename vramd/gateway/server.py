@@ -100,7 +100,21 @@ class Gateway:
             # An alias (or name:latest): the daemon knows only its own names.
             body["model"] = t.name
             raw = json.dumps(body).encode()
-        proxy.forward(ex, t, ex.h.path, raw, self.cfg.member_keys, self.cfg.upstream_timeout)
+        up, resp = self.upstream(ex, t, ex.h.path, raw)
+        proxy.relay(ex, up, resp)
+
+    def upstream(self, ex: Exchange, t: Target, path: str, body: bytes):
+        """POST `body` to `path` of member `t`: the connection and the reply's head.  A member that
+        does not answer may have died since the table was read: then that is the error (503)."""
+        up = proxy.Upstream(t, self.cfg.upstream_timeout)
+        headers = {"Content-Type": "application/json", **proxy.auth_header(ex, t, self.cfg.member_keys)}
+        try:
+            up.send("POST", path, body, headers)
+        except proxy.Unreachable:
+            self.table.members(fresh=True)
+            self.table.resolve(t.name)   # MemberGone if it died
+            raise
+        return up, up.response(ex.client_gone)
 
     # -- the model list -----------------------------------------------------------
 
