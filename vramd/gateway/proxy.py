@@ -67,6 +67,9 @@ class Upstream:
         host, port = address(self.target.endpoint)
         self.conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
         try:
+            self.conn.connect()
+            # Small writes (a request, one SSE event) go out at once, not held for an ACK (Nagle).
+            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.conn.request(method, path, body=body, headers=headers)
         except OSError as e:
             self.close()
