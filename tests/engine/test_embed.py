@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.engine.conformance.engine import EngineOn
 from tests.engine.reference.embed import reference_embedding
 from tests.ggufgen.gemma3 import write_gemma3
 from tests.ggufgen.llama import write_llama
@@ -26,35 +27,12 @@ CTX = 64
 COS_REF = 1e-5
 
 
-class Loaded:
-    """An Engine on `path` (weights and cache resident) and what it was built on."""
-
-    def __init__(self, device, path, pooling=None, ctx=CTX, batch=None):
-        from vramd.engine.arch import spec_for
-        from vramd.engine.runner import Engine
-        from vramd.engine.scratch import scratch_layout
-        from vramd.gpu.residency import Residency
-        from vramd.model import loader
-        from vramd.model.gguf_check import validate_gguf
-        mf = validate_gguf(path)
-        self.res = Residency(device)
-        lm = loader.load(path, self.res, ctx, mf=mf, scratch=scratch_layout(spec_for(mf), batch), progress=False)
-        self.res.restore(["weights", "state"])
-        self.engine = Engine(lm, self.res, ctx, pooling=pooling)
-        if batch:
-            self.engine.model.batch = batch
-
-    def close(self):
-        self.engine.close()
-        self.res.close()
-
-
 @pytest.fixture
 def loaded(device):
     made = []
 
     def make(*a, **kw):
-        made.append(Loaded(device, *a, **kw))
+        made.append(EngineOn(device, *a, **kw))
         return made[-1]
 
     yield make
@@ -137,3 +115,29 @@ def test_generation_after_an_embedding_takes_no_stale_prefix(tmp_path, loaded):
     want = []
     fresh.generate(b + [5, 6], params, lambda p: want.append(p.token) or True)
     assert reused == len(b) and tail == want
+
+
+def test_fim_tokens_as_llama_cpp_finds_them(tmp_path):
+    """The current keys, the older ones (which win where both are set, as in llama.cpp),
+    the token texts; a vocabulary without them is a 400 naming what is missing."""
+    from vramd.engine.fim import FimTokens
+    from vramd.engine.runner import Engine
+    from vramd.errors import UsageError
+    from vramd.model.gguf_check import validate_gguf
+    for fim in ("keys", "legacy", "text"):
+        mf = validate_gguf(write_llama(tmp_path / f"{fim}.gguf", arch="qwen2", fim=fim))
+        tok, _ = Engine.text_front(mf)
+        f = FimTokens.find(mf.metadata, tok)
+        assert (f.pre, f.suf, f.mid) == (509, 510, 511) and not f.missing(), fim
+        ids = f.prompt(tok, "ab", "cd")
+        assert ids[0] == 509 and ids[-1] == 511 and 510 in ids   # no BOS: this vocabulary adds none
+    md = dict(mf.metadata) | {"tokenizer.ggml.fim_pre_token_id": 5, "tokenizer.ggml.prefix_token_id": 7,
+                              "tokenizer.ggml.fim_suf_token_id": 100000}   # out of range: ignored
+    f = FimTokens.find(md, tok)
+    assert f.pre == 7 and f.suf == 510
+    mf = validate_gguf(write_llama(tmp_path / "none.gguf", arch="qwen2"))
+    tok, _ = Engine.text_front(mf)
+    f = FimTokens.find(mf.metadata, tok)
+    assert f.missing() == ["prefix (FIM_PRE)", "suffix (FIM_SUF)", "middle (FIM_MID)"]
+    with pytest.raises(UsageError, match=r"no fill-in-the-middle token for the prefix \(FIM_PRE\), suffix"):
+        f.prompt(tok, "a", "b")

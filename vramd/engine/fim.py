@@ -84,3 +84,18 @@ class FimTokens:
         ids = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
         return ids + [self.pre] + pre + [self.suf] + \
             tokenizer.encode(suffix, add_special=False, parse_special=False) + [self.mid]
+
+    def fit(self, tokenizer, prefix: str | list[int], suffix: str, ctx: int) -> list[int]:
+        """prompt() for a context of ctx tokens: a text that cannot fit is refused before it is
+        tokenized (a token covers at most the vocabulary's longest piece), a prompt that does not
+        leave a token of room is refused after; neither is ever cut."""
+        longest = max((len(t) for t in tokenizer.tokens), default=1) if tokenizer is not None else 1
+        for text, what in ((prefix, "prompt"), (suffix, "suffix")):
+            if isinstance(text, str) and len(text) > ctx * longest:
+                raise UsageError(f"the '{what}' has {len(text)} characters: more than the context of {ctx} "
+                                 "tokens (--ctx) can hold")
+        ids = self.prompt(tokenizer, prefix, suffix)
+        if len(ids) >= ctx:
+            raise UsageError(f"the fill-in-the-middle prompt has {len(ids)} tokens; the context holds {ctx} "
+                             "(--ctx): a prompt with a 'suffix' is never cut")
+        return ids

@@ -162,10 +162,11 @@ class LlamaServer:
         finally:
             conn.close()
 
-    def next_token_probs(self, ids: list[int], n_probs: int) -> list[tuple[int, float]]:
-        """llama.cpp's top-n_probs (id, log-probability) after `ids`, best first."""
+    def next_token_probs(self, ids: list[int], n_probs: int, cache: bool = True) -> list[tuple[int, float]]:
+        """llama.cpp's top-n_probs (id, log-probability) after `ids`, best first (cache: reuse
+        the prompt cache's common prefix, computed in other batches: its rounding differs)."""
         body = {"prompt": [int(t) for t in ids], "n_predict": 1, "n_probs": n_probs, "stream": True,
-                "cache_prompt": True, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
+                "cache_prompt": cache, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
                 "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
                 "xtc_probability": 0.0, "mirostat": 0, "post_sampling_probs": False,
                 "logit_bias": [[self.pinned, 1000.0]]}
