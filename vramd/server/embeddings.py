@@ -25,7 +25,6 @@ and has no effect (it has none on the vectors at OpenAI either).
 from __future__ import annotations
 
 import base64
-import json
 import threading
 import time
 
@@ -33,7 +32,7 @@ import numpy as np
 
 from vramd.engine.embed import check_servable
 from vramd.errors import PeerError, ShuttingDown, UsageError
-from vramd.server.openai_api import NotFound
+from vramd.server.openai_api import request_body
 
 MAX_INPUTS = 2048          # per request, as OpenAI's API
 FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
@@ -46,23 +45,10 @@ def _is_id(t) -> bool:
 
 def parse(raw: bytes, model_names: set[str]) -> dict:
     """The validated request: {"inputs": [str | list[int]], "encoding": ..., "dimensions": int | None}."""
-    try:
-        body = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"request body is not JSON: {e}") from None
-    except RecursionError:
-        raise UsageError("request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise UsageError("request body must be a JSON object")
+    body = request_body(raw, model_names)
     unknown = sorted(set(body) - FIELDS)
     if unknown:
         raise UsageError(f"'{unknown[0]}' is not supported by /v1/embeddings (accepted: {', '.join(sorted(FIELDS))})")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise UsageError(f"'model' must be a string, got {type(model).__name__}")
-    if model is not None and model not in model_names:
-        raise NotFound(f"the model '{model}' does not exist here (this daemon serves "
-                       f"{', '.join(sorted(model_names))})")
     encoding = body.get("encoding_format")
     if encoding is None:
         encoding = "float"

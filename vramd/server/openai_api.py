@@ -95,8 +95,9 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
     return v
 
 
-def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationRequest:
-    """Validate a request body; every problem is a UsageError (400) or NotFound (404)."""
+def request_body(raw: bytes, model_names: set[str]) -> dict:
+    """A request body as a JSON object whose "model", if any, is served here (400 or 404 else);
+    every endpoint's first step (the embeddings' too: vramd/server/embeddings.py)."""
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as e:
@@ -111,6 +112,12 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     if model is not None and model not in model_names:
         raise NotFound(f"the model '{model}' does not exist here (this daemon serves "
                        f"{', '.join(sorted(model_names))})")
+    return body
+
+
+def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationRequest:
+    """Validate a request body; every problem is a UsageError (400) or NotFound (404)."""
+    body = request_body(raw, model_names)
     if _number(body, "n", 1, 1, 1, integer=True) != 1:
         raise UsageError("'n' must be 1")
     req = GenerationRequest(kind=kind)
