@@ -141,3 +141,14 @@ def test_fim_tokens_as_llama_cpp_finds_them(tmp_path):
     assert f.missing() == ["prefix (FIM_PRE)", "suffix (FIM_SUF)", "middle (FIM_MID)"]
     with pytest.raises(UsageError, match=r"no fill-in-the-middle token for the prefix \(FIM_PRE\), suffix"):
         f.prompt(tok, "a", "b")
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "mixtral"])
+def test_moe_embedding_is_the_references(tmp_path, loaded, arch):
+    """Mixture-of-experts layers leave h = output_norm(x) too (--pooling: the MoE writer has no key)."""
+    from tests.ggufgen.moe import write_moe
+    path = write_moe(tmp_path / "m.gguf", arch=arch, weight_type="F32")
+    for pooling in ("mean", "last"):
+        m = loaded(path, pooling=pooling)
+        v = m.engine.embed(PROMPT)
+        assert 1 - cos(v, reference_embedding(path, PROMPT, pooling)) < COS_REF, f"{arch} {pooling}"

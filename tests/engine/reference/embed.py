@@ -18,12 +18,16 @@ import numpy as np
 
 
 def reference_model(path):
-    """The reference of `path`'s architecture (llama family or gemma3)."""
+    """The reference of `path`'s architecture (llama family, gemma3, the MoEs)."""
     import gguf
     from tests.engine.reference.gemma3 import Gemma3Reference
     from tests.engine.reference.llama import ReferenceModel
+    from tests.engine.reference.moe import ReferenceMoE
     field = gguf.GGUFReader(str(path)).fields["general.architecture"]
     arch = bytes(field.parts[field.data[0]]).decode()
+    if arch in ("qwen3moe", "qwen2moe", "mixtral") or (arch == "llama" and "blk.0.ffn_gate_inp.weight" in
+                                                       {t.name for t in gguf.GGUFReader(str(path)).tensors}):
+        return ReferenceMoE(path)
     return Gemma3Reference(path) if arch == "gemma3" else ReferenceModel(path)
 
 
