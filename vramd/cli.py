@@ -283,6 +283,9 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
               help="A prompt longer than the context: error (a 400), truncate-oldest (drop the oldest chat turns "
                    "or prompt tokens), shift (as truncate-oldest, and when the context fills while generating, "
                    "drop the oldest half, llama.cpp's context shift); what was dropped is in usage.context [error].")
+@click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last"]), default=None,
+              help="How /v1/embeddings pools a prompt's hidden states, over the file's <arch>.pooling_type (a "
+                   "generative model's file has none: embeddings need this) [the file's].")
 @click.option("--evict-state", type=click.Choice(["auto", "always", "never"]), default=None,
               help="Copy the KV cache to the host when going cold: auto (only if the next peer needs the room), "
                    "always, never [auto].")

@@ -1,7 +1,7 @@
 """The OpenAI-compatible endpoints: request validation, response and stream shapes.
 
     GET  /v1/models
-    POST /v1/completions          prompt as text or token ids, echo, logprobs
+    POST /v1/completions          prompt as text or token ids, echo, logprobs, suffix (fill-in-the-middle)
     POST /v1/chat/completions     messages through the model's chat template
 
 This module owns the wire format only: it turns a request body into a
@@ -52,6 +52,7 @@ class GenerationRequest:
     include_usage: bool = False
     images: list[bytes] = field(default_factory=list)   # encoded PNG/JPEG, in prompt order
     template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs (e.g. enable_thinking)
+    suffix: str | None = None       # completions: the text after the insertion (vramd/engine/fim.py)
 
     def sampling(self) -> SamplingParams:
         """What the engine samples with."""
@@ -94,8 +95,9 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
     return v
 
 
-def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationRequest:
-    """Validate a request body; every problem is a UsageError (400) or NotFound (404)."""
+def request_body(raw: bytes, model_names: set[str]) -> dict:
+    """A request body as a JSON object whose "model", if any, is served here (400 or 404 else);
+    every endpoint's first step (the embeddings' too: vramd/server/embeddings.py)."""
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as e:
@@ -110,6 +112,12 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     if model is not None and model not in model_names:
         raise NotFound(f"the model '{model}' does not exist here (this daemon serves "
                        f"{', '.join(sorted(model_names))})")
+    return body
+
+
+def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationRequest:
+    """Validate a request body; every problem is a UsageError (400) or NotFound (404)."""
+    body = request_body(raw, model_names)
     if _number(body, "n", 1, 1, 1, integer=True) != 1:
         raise UsageError("'n' must be 1")
     req = GenerationRequest(kind=kind)
@@ -143,6 +151,9 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
         lp = body.get("logprobs")
         req.logprobs = None if lp is None else _number(body, "logprobs", 0, 0, 20, integer=True)
         req.echo = _flag(body, "echo")
+        req.suffix = body.get("suffix")   # fill-in-the-middle: the prompt is the prefix (vramd/engine/fim.py)
+        if req.suffix is not None and not isinstance(req.suffix, str):
+            raise UsageError(f"'suffix' must be a string, got {type(req.suffix).__name__}")
     else:
         req.messages, req.images = _messages(body.get("messages"))
         req.template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
