@@ -143,5 +143,65 @@ def test_a_schema_feature_llguidance_cannot_enforce_is_refused_by_name(engine):
             engine.tokenizer, "response_format")
 
 
+def test_a_sentencepiece_vocabulary_walks_the_grammar_too():
+    """SentencePiece adds a leading space when it tokenizes text: the ids llguidance asks for
+    a forced piece of the grammar must spell it exactly (a '[' came back as ' ', '[' once)."""
+    from tests.ggufgen.vocab import make_vocab
+    from vramd.engine.tokenizer import Tokenizer
+
+    v = make_vocab("spm", 600)
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": v.model, "tokenizer.ggml.tokens": v.tokens,
+                                   "tokenizer.ggml.scores": v.scores, "tokenizer.ggml.token_type": v.types})
+    want = [{"mill": 12, "day": "Monday"}]
+    c = g.Constraint(tok, g.json_schema({"const": want}))
+    rng, out = np.random.default_rng(2), []
+    while not c.done:
+        token = int(np.argmax(c.masked(rng.normal(size=tok.n_vocab).astype(np.float32))))
+        if tok.is_eog(token):
+            break
+        c.advance(token)
+        out.append(token)
+    assert json.loads(tok.decode(out)) == want
+
+
 def test_the_llguidance_tokenizer_is_built_once_per_vocabulary(engine):
     assert g.ll_tokenizer(engine.tokenizer) is g.ll_tokenizer(engine.tokenizer)
+
+
+PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 5},
+                                           "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+          "required": ["city", "days"], "additionalProperties": False}
+TEMPLATES = {   # the markers tools.detect looks for, as real templates hold them
+    "hermes": "{{ '<tool_call>' }}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "llama3": "{{ '<|start_header_id|>ipython<|end_header_id|>' }}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "mistral": "{{ '[TOOL_CALLS]' }}{% for m in messages %}{{ m.content }}{% endfor %}",
+    "generic": "{% for m in messages %}{{ m.content }}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(TEMPLATES))
+@pytest.mark.parametrize("choice", ["required", "function"])
+def test_a_forced_tool_call_parses_and_validates_in_every_format(engine, fmt, choice):
+    from vramd.engine.chat import ChatTemplate
+    from vramd.server import toolcalls, tools
+    from vramd.server.openai_api import GenerationRequest
+    from vramd.server.structured import parse
+
+    fns = [{"type": "function", "function": {"name": n, "parameters": PARAMS}} for n in ("weather", "tide")]
+    body = {"tools": fns, "tool_choice": "required" if choice == "required" else
+            {"type": "function", "function": {"name": "tide"}}, "parallel_tool_calls": fmt != "llama3"}
+    req = GenerationRequest(kind="chat", messages=[{"role": "user", "content": "Rain?"}],
+                            structured=parse(body, "chat"))
+    grammar, special = tools.plan(engine.tokenizer, ChatTemplate(TEMPLATES[fmt]), req)
+    assert req.tool_format == fmt and grammar is not None
+    for seed in range(2):
+        ids = engine.prompt_ids(Prompt(kind="completion", prompt="The river"))
+        pieces = []
+        params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed, max_tokens=CTX - 16,
+                                grammar=grammar, special_text=special)
+        assert engine.generate(ids, params, lambda p: pieces.append(p) or True) == "stop"
+        content, calls = toolcalls.parse(fmt, "".join(p.text for p in pieces))
+        assert calls, "".join(p.text for p in pieces)
+        for call in calls:
+            assert call.name in (("weather", "tide") if choice == "required" else ("tide",))
+            jsonschema.validate(json.loads(call.arguments), PARAMS)

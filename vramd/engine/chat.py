@@ -232,7 +232,7 @@ class ChatTemplate:
         """What this template renders of tools and tool messages (probed once)."""
         if self._caps is None:
             self._caps = chat_polyfill.Capabilities.probe(
-                lambda messages, **extra: self._render(_check_messages(messages), True, extra))
+                lambda messages, **extra: self._render(_check_messages(messages), True, extra), self.source)
         return self._caps
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, extra: dict) -> str:

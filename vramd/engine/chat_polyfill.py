@@ -24,6 +24,7 @@ templates) get the messages untouched.  Does not own the template itself
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 _TOOL = {"type": "function", "function": {"name": "vramd_probe_tool", "description": "probe",
@@ -45,16 +46,17 @@ class Capabilities:
     object_arguments: bool = False
 
     @classmethod
-    def probe(cls, render) -> "Capabilities":
-        """`render(messages, **extra) -> str` of one template; a probe that fails counts as
-        the capability missing."""
+    def probe(cls, render, source: str = "") -> "Capabilities":
+        """`render(messages, **extra) -> str` of one template (`source`: its text); a probe
+        that fails counts as the capability missing."""
         def out(messages, **extra) -> str:
             try:
                 return render(messages, **extra)
             except Exception:   # the template's own refusal, whatever its kind: not supported
                 return ""
         user = {"role": "user", "content": "vramd_user"}
-        tools = "vramd_probe_tool" in out([user], tools=[_TOOL])
+        # A template that reads `tools` at all is left to do with them what it does.
+        tools = "vramd_probe_tool" in out([user], tools=[_TOOL]) or re.search(r"\btools\b", source) is not None
         text_args = out([user, {"role": "assistant", "content": None, "tool_calls": [_call(json.dumps(_ARGS))]}])
         obj_args = out([user, {"role": "assistant", "content": None, "tool_calls": [_call(_ARGS)]}])
         tool_calls = "vramd_probe_call" in text_args or "vramd_probe_call" in obj_args

@@ -67,7 +67,7 @@ class _Vocabulary:
 
     def __call__(self, data: bytes) -> list[int]:
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-        return self._tokenizer.encode(text, add_special=False, parse_special=False)
+        return self._tokenizer.encode(text, add_special=False, parse_special=False, space_prefix=False)
 
 
 def ll_tokenizer(tokenizer):

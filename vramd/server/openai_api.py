@@ -337,7 +337,7 @@ class ResponseBuilder:
             if not self.role_sent:
                 delta["role"] = "assistant"
                 self.role_sent = True
-            if text or (not finish_reason and "role" not in delta):
+            if text or (not finish_reason and "role" not in delta and "tool_calls" not in delta):
                 delta["content"] = text
             choice = {"index": 0, "delta": delta,
                       "logprobs": self._chat_logprobs(pieces) if pieces else None, "finish_reason": finish_reason}
