@@ -2,7 +2,8 @@
 
 One model, one process, one engine: the same prompt is continued `--tokens`
 tokens greedy, free and under a JSON-schema grammar (an array of objects
-with an integer and a string: every step masks the whole vocabulary), the
+with an integer and a short string, more of them than fit: every step
+masks the whole vocabulary), the
 two alternating `--reps` times so drift hits both alike.  Each token's time
 is the gap between the engine emitting it and the one before (a decode step
 plus, when constrained, the mask and the matcher's advance); the report
@@ -25,8 +26,9 @@ from pathlib import Path
 
 import click
 
-SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
-    "id": {"type": "integer"}, "name": {"type": "string"}}, "required": ["id", "name"]}}
+# minItems: the answer cannot be complete within --tokens, so both runs decode as many tokens.
+SCHEMA = {"type": "array", "minItems": 1000, "items": {"type": "object", "properties": {
+    "id": {"type": "integer"}, "name": {"type": "string", "maxLength": 8}}, "required": ["id", "name"]}}
 
 
 def _per_token(engine, ids, params) -> list[float]:
@@ -74,7 +76,7 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, rep
                     free += _per_token(engine, ids, free_p)
                     engine.cached = []
                     cons += _per_token(engine, ids, cons_p)
-                mask = _mask_times(engine, grammar, tokens)
+                mask = _mask_times(engine.tokenizer, engine.spec.n_vocab, grammar, tokens)
             finally:
                 engine.close()
             device = dev.name
@@ -87,23 +89,42 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, rep
             "constrained_tokens": len(cons), "free_tokens": len(free)}
 
 
-def _mask_times(engine, grammar, tokens) -> list[float]:
+def _mask_times(tokenizer, n_vocab: int, grammar: str, tokens: int) -> list[float]:
     """The mask alone, over a constrained greedy walk on random logits."""
     import numpy as np
     from vramd.engine.grammar import Constraint
-    c = Constraint(engine.tokenizer, grammar)
+    c = Constraint(tokenizer, grammar)
     rng = np.random.default_rng(0)
     out = []
     for _ in range(tokens):
-        logits = rng.normal(size=engine.spec.n_vocab).astype(np.float32)
+        logits = rng.normal(size=n_vocab).astype(np.float32)
         t0 = time.perf_counter()
         masked = c.masked(logits)
         out.append(time.perf_counter() - t0)
         token = int(np.argmax(masked))
-        if engine.tokenizer.is_eog(token):
+        if tokenizer.is_eog(token):
             break
         c.advance(token)
     return out
+
+
+def run_mask_only(shape: str, tokens: int) -> dict:
+    """No model: the shape's synthetic vocabulary, its llguidance tokenizer and the mask per step
+    (what a host adds to each constrained token, whatever the GPU)."""
+    from vramd.bench.models import LlamaShape, _vocabulary
+    from vramd.engine import grammar as g
+    from vramd.engine.tokenizer import Tokenizer
+    n = (LlamaShape.preset(shape) if shape != "small" else LlamaShape.for_bytes(64 << 20)).n_vocab
+    pieces, scores, types = _vocabulary(n)
+    tok = Tokenizer.from_metadata({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": pieces,
+                                   "tokenizer.ggml.scores": scores, "tokenizer.ggml.token_type": types})
+    t0 = time.perf_counter()
+    g.ll_tokenizer(tok)
+    build = time.perf_counter() - t0
+    mask = _mask_times(tok, n, g.json_schema(SCHEMA), tokens)
+    return {"n_vocab": n, "tokens": len(mask), "tokenizer_build_s": build,
+            "mask_ms_p50": statistics.median(mask) * 1e3,
+            "mask_ms_p90": sorted(mask)[int(0.9 * (len(mask) - 1))] * 1e3}
 
 
 @click.command(name="constrained")
@@ -118,9 +139,18 @@ def _mask_times(engine, grammar, tokens) -> list[float]:
               help="Tokens per run (free and constrained alike).")
 @click.option("--reps", type=click.IntRange(min=1), default=3, show_default=True,
               help="Alternating free/constrained runs.")
+@click.option("--mask-only", is_flag=True,
+              help="No model, no GPU: only the mask per step over the shape's vocabulary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def command(model, shape, wtype, prompt, tokens, reps, as_json):
+def command(model, shape, wtype, prompt, tokens, reps, mask_only, as_json):
     """Per-token cost of grammar-constrained decoding against free decoding."""
+    if mask_only:
+        r = run_mask_only(shape, tokens)
+        click.echo(json.dumps(r, indent=2) if as_json else
+                   f"vocabulary {r['n_vocab']}: mask {r['mask_ms_p50']:.3f} ms/step median "
+                   f"({r['mask_ms_p90']:.3f} p90) over {r['tokens']} steps; llguidance tokenizer built in "
+                   f"{r['tokenizer_build_s']:.2f} s")
+        return
     r = run(model, shape, wtype, prompt, tokens, reps)
     if as_json:
         click.echo(json.dumps(r, indent=2))

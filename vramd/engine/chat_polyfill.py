@@ -2,7 +2,7 @@
 
 Owns `Capabilities` (found once per template by rendering probe messages,
 as llama.cpp's minja does: does the template use `tools`, render an
-assistant's `tool_calls`, a `tool` message, a `system` message; does it
+assistant's `tool_calls`, a `tool` message; does it
 want tool-call arguments as objects) and `adapt(messages, extra, caps)`,
 minja's polyfills for what it lacks:
 
@@ -12,9 +12,9 @@ minja's polyfills for what it lacks:
 - a tool message a template does not render becomes a user message,
   `{"tool_response": {"tool", "content", "tool_call_id"}}` (and consecutive
   user messages are joined, for templates that insist on alternation,
-  Gemma's among them);
-- a system message a template does not render is put before the first user
-  message's content.
+  Gemma's among them).
+A template's refusal of anything else (a system message, roles out of
+order) stays its refusal, a 400: these polyfills are for tool messages only.
 
 Templates that render them natively (Qwen3's, Llama 3.1's, Mistral's tool
 templates) get the messages untouched.  Does not own the template itself
@@ -42,7 +42,6 @@ class Capabilities:
     tools: bool = True
     tool_calls: bool = True
     tool_responses: bool = True
-    system_role: bool = True
     object_arguments: bool = False
 
     @classmethod
@@ -69,13 +68,12 @@ class Capabilities:
         tool_responses = "vramd_tool_said" in out(
             history + [{"role": "tool", "tool_call_id": "call_vramd01", "name": "vramd_probe_call",
                         "content": "vramd_tool_said"}])
-        system_role = "vramd_system" in out([{"role": "system", "content": "vramd_system"}, user])
-        return cls(tools, tool_calls, tool_responses, system_role, object_arguments)
+        return cls(tools, tool_calls, tool_responses, object_arguments)
 
 
 def needs_adapting(messages: list[dict], extra: dict) -> bool:
     return bool(extra.get("tools")) or any(
-        m.get("tool_calls") or m["role"] in ("tool", "system") for m in messages)
+        m.get("tool_calls") or m["role"] == "tool" for m in messages)
 
 
 def adapt(messages: list[dict], extra: dict, caps: Capabilities) -> list[dict]:
@@ -103,13 +101,6 @@ def adapt(messages: list[dict], extra: dict, caps: Capabilities) -> list[dict]:
             m.update(role="user", content=json.dumps({"tool_response": response}, indent=2, ensure_ascii=False))
     if not caps.tool_responses:
         out = _join_users(out)
-    if not caps.system_role and out and out[0]["role"] == "system":
-        system = out.pop(0)
-        first = next((m for m in out if m["role"] == "user"), None)
-        if first is None:
-            out.insert(0, {"role": "user", "content": system["content"]})
-        else:
-            first["content"] = system["content"] + "\n\n" + (first.get("content") or "")
     return out
 
 
