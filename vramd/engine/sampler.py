@@ -58,6 +58,11 @@ class SamplingParams:
     max_tokens: int | None = None     # None: until end of generation or the context is full
     stop: tuple[str, ...] = field(default=())
     logprobs: int | None = None       # how many top alternatives to report per token
+    # An llguidance grammar (vramd/engine/grammar.py) the tokens must follow; None: free.
+    grammar: str | None = None
+    # Decode control tokens as their text (a tool-call format whose marker is one, Mistral's
+    # [TOOL_CALLS], must see it to parse the call).
+    special_text: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
