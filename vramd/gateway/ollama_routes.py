@@ -23,7 +23,6 @@ import time
 from vramd.errors import UsageError, VramdError
 from vramd.gateway import ollama
 from vramd.gateway.details import Details
-from vramd.gateway.proxy import start_stream
 from vramd.gateway.table import Target
 from vramd.server.http import Exchange
 
@@ -231,7 +230,7 @@ class Stream:
                 self.line(self.piece(text, {"done": False, **({"logprobs": lp} if lp else {})}))
 
     def run(self, resp, member: str) -> None:
-        start_stream(self.ex, 200, "application/x-ndjson", {"X-Vramd-Member": member})
+        self.ex.start_stream("application/x-ndjson", 200, {"X-Vramd-Member": member})
         done = False
         while True:
             raw = resp.readline()
