@@ -8,6 +8,11 @@
     POST /api/chat         -> /v1/chat/completions
     POST /api/generate     -> /v1/chat/completions, or /v1/completions with raw or suffix
     POST /api/embed        -> /v1/embeddings
+    POST /api/embeddings   -> /v1/embeddings (Ollama's older route: one prompt, one vector)
+
+A request with keep_alive 0, and a load request (no prompt, messages or
+input), ask the member to unload or load over its control socket
+(residency.py).
 
 Streams are NDJSON (one JSON object a line, `"done": true` last), made
 from the daemon's server-sent events as each arrives; `"stream": false`
@@ -22,6 +27,7 @@ import time
 
 from vramd.errors import UsageError, VramdError
 from vramd.gateway import ollama
+from vramd.gateway.residency import Residency, unload_asked
 from vramd.gateway.details import Details
 from vramd.gateway.table import Target
 from vramd.server.http import Exchange
@@ -42,16 +48,17 @@ def routes(gw) -> dict:
             ("GET", "/api/tags"): lambda ex: ex.reply(200, r.tags(ex)),
             ("GET", "/api/ps"): lambda ex: ex.reply(200, r.ps(ex)),
             ("POST", "/api/show"): r.wrap(r.show),
-            ("POST", "/api/chat"): r.wrap(lambda ex, body: r.generation(ex, body, ollama.chat_request, "message")),
-            ("POST", "/api/generate"): r.wrap(lambda ex, body: r.generation(ex, body, ollama.generate_request,
-                                                                            "response")),
-            ("POST", "/api/embed"): r.wrap(r.embed)}
+            ("POST", "/api/chat"): r.wrap(lambda ex, body: r.generation(ex, body, "/api/chat", "message")),
+            ("POST", "/api/generate"): r.wrap(lambda ex, body: r.generation(ex, body, "/api/generate", "response")),
+            ("POST", "/api/embed"): r.wrap(lambda ex, body: r.embed(ex, body, legacy=False)),
+            ("POST", "/api/embeddings"): r.wrap(lambda ex, body: r.embed(ex, body, legacy=True))}
 
 
 class OllamaRoutes:
     def __init__(self, gw):
         self.gw = gw
         self.details = Details(gw.cfg.member_keys)
+        self.residency = Residency(gw.cfg.upstream_timeout)
 
     def wrap(self, fn):
         """A POST route: the JSON body in, any vramd error out as Ollama's {"error": "..."}."""
@@ -140,20 +147,47 @@ class OllamaRoutes:
             raise UpstreamError(msg or f"member '{t.name}' answered {resp.status}", resp.status)
         return up, resp
 
-    def generation(self, ex: Exchange, body: dict, mapper, field: str) -> None:
-        path, payload = mapper(body)
+    def _target(self, ex: Exchange, body: dict) -> tuple[Target, str]:
+        """The member the request names, and the name to answer with (the client's)."""
         t = self.gw.target(body.get("model"))
         ex.fields["member"] = t.name
-        name = body.get("model") or t.name
+        return t, body.get("model") or t.name
+
+    def _load(self, ex: Exchange, t: Target, unload: bool, reply: dict) -> None:
+        """A load request: the member woken, or (keep_alive 0) made cold with its memory freed; then `reply`."""
+        if unload:
+            self.residency.unload(t)
+        else:
+            self.residency.load(t)
+        ex.fields["residency"] = "unload" if unload else "load"
+        ex.reply(200, reply)
+
+    def generation(self, ex: Exchange, body: dict, route: str, field: str) -> None:
+        unload = unload_asked(body)
+        load = ollama.load_request(body, route)
+        path, payload = (None, None) if load else \
+            (ollama.chat_request if route == "/api/chat" else ollama.generate_request)(body)
+        t, name = self._target(ex, body)
+        if load:
+            done = {"message": {"role": "assistant", "content": ""}} if field == "message" else {"response": ""}
+            self._load(ex, t, unload, {"model": name, "created_at": ollama.now_iso(), **done, "done": True,
+                                       "done_reason": "unload" if unload else "load"})
+            return
+        if unload:
+            self.residency.check(t)
         payload["model"] = t.name
-        up, resp = self._call(ex, t, path, payload)
         try:
-            if payload["stream"]:
-                Stream(ex, name, field, path == "/v1/completions").run(resp, t.name)
-            else:
-                self._whole(ex, name, field, json.loads(resp.read()))
+            up, resp = self._call(ex, t, path, payload)
+            try:
+                if payload["stream"]:
+                    Stream(ex, name, field, path == "/v1/completions").run(resp, t.name)
+                else:
+                    self._whole(ex, name, field, json.loads(resp.read()))
+            finally:
+                up.close()
         finally:
-            up.close()
+            if unload:   # keep_alive 0: Ollama unloads after the reply
+                self.residency.unload_later(t)
 
     def _whole(self, ex: Exchange, name: str, field: str, r: dict) -> None:
         choice = r["choices"][0]
@@ -174,21 +208,38 @@ class OllamaRoutes:
         out.update(ollama.final_fields(choice.get("finish_reason"), r.get("usage"), dur))
         ex.reply(200, out)
 
-    def embed(self, ex: Exchange, body: dict) -> None:
-        payload = ollama.embed_request(body)
-        t = self.gw.target(body.get("model"))
-        ex.fields["member"] = t.name
+    def embed(self, ex: Exchange, body: dict, legacy: bool) -> None:
+        unload = unload_asked(body)
+        payload = (ollama.embeddings_request if legacy else ollama.embed_request)(body)
+        t, name = self._target(ex, body)
+        if payload is None:   # no input: Ollama's load request
+            self._load(ex, t, unload, {"embedding": []} if legacy else {"model": name, "embeddings": []})
+            return
+        if unload:
+            self.residency.check(t)
         payload["model"] = t.name
-        up, resp = self._call(ex, t, "/v1/embeddings", payload)
         try:
-            r = json.loads(resp.read())
+            try:
+                up, resp = self._call(ex, t, "/v1/embeddings", payload)
+            except UpstreamError as e:
+                if e.http_status == 400 and "(--ctx)" in str(e) and not legacy and body.get("truncate") is not False:
+                    raise UpstreamError(f"{e}; 'truncate' (Ollama's default: true) cannot be done: vramd never "
+                                        "cuts an embedding input (send shorter inputs)", 400) from None
+                raise
+            try:
+                r = json.loads(resp.read())
+            finally:
+                up.close()
+            vectors = [d["embedding"] for d in sorted(r.get("data") or [], key=lambda d: d.get("index", 0))]
+            if legacy:
+                ex.reply(200, {"embedding": vectors[0]})
+            else:
+                ex.reply(200, {"model": name, "embeddings": vectors,
+                               "total_duration": int((time.monotonic() - ex.started) * 1e9),
+                               "prompt_eval_count": (r.get("usage") or {}).get("prompt_tokens")})
         finally:
-            up.close()
-        vectors = [d["embedding"] for d in sorted(r.get("data") or [], key=lambda d: d.get("index", 0))]
-        ex.reply(200, {"model": body.get("model") or t.name, "embeddings": vectors,
-                       "total_duration": int((time.monotonic() - ex.started) * 1e9),
-                       "prompt_eval_count": (r.get("usage") or {}).get("prompt_tokens")})
-
+            if unload:
+                self.residency.unload_later(t)
 
 class Stream:
     """A daemon's SSE stream, line by line, as Ollama's NDJSON stream."""
