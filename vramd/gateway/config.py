@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vramd.errors import UsageError
-from vramd.server.config import check_api_key, check_value, read_api_key_file, read_toml
+from vramd.server.config import check_http_keys, check_value, read_api_key_file, read_toml
 
 DEFAULT_PORT = 11434
 MAX_NAME = 256
@@ -46,32 +46,18 @@ class GatewayConfig:
     log_format: str = "text"
 
     def check(self, where: str) -> "GatewayConfig":
-        from vramd.server.logs import FORMATS, LEVELS
         if not 0 <= self.port <= 65535:
             raise UsageError(f"{where}: port {self.port}: must be 0..65535")
-        if not 0 < self.request_timeout <= 3600:
-            raise UsageError(f"{where}: request_timeout {self.request_timeout}: seconds, more than 0, at most 3600")
         if not 0 < self.upstream_timeout <= 86400:
             raise UsageError(f"{where}: upstream_timeout {self.upstream_timeout}: seconds, more than 0, "
                              "at most 86400")
-        if not 1024 <= self.max_request_bytes <= 1 << 30:
-            raise UsageError(f"{where}: max_request_bytes {self.max_request_bytes}: between 1KiB and 1GiB")
-        if self.log_level not in LEVELS:
-            raise UsageError(f"{where}: log_level {self.log_level!r}: one of {', '.join(LEVELS)}")
-        if self.log_format not in FORMATS:
-            raise UsageError(f"{where}: log_format {self.log_format!r}: one of {', '.join(FORMATS)}")
         for alias, target in self.aliases.items():
             for what, s in (("alias", alias), ("the model of alias " + repr(alias), target)):
                 if not isinstance(s, str) or not s or len(s) > MAX_NAME or not s.isprintable():
                     raise UsageError(f"{where}: {what} {s!r}: 1 to {MAX_NAME} printable characters")
             if target in self.aliases:
                 raise UsageError(f"{where}: alias {alias!r} names alias {target!r}: name a member or its file")
-        if self.api_key is not None and self.api_key_file is not None:
-            raise UsageError(f"{where}: give an API key or an API key file, not both")
-        if self.api_key_file is not None:
-            self.api_key = read_api_key_file(Path(self.api_key_file))
-        if self.api_key is not None:
-            check_api_key(self.api_key, f"{where}: api_key")
+        check_http_keys(self, where)   # request limits, logs, the API key: as the daemon's
         self.member_keys = {name: read_api_key_file(Path(path)) for name, path in self.member_key_files.items()}
         return self
 

@@ -5,7 +5,7 @@
     GET  /v1/models/{id}           one of them (the openai SDK's models.retrieve)
     POST /v1/*                     forwarded to the member the body's "model" names
     GET  /, /api/version, /api/tags, /api/ps; POST /api/show, /api/chat, /api/generate,
-         /api/embed                Ollama's API, mapped (vramd/gateway/ollama_routes.py)
+         /api/embed, /api/embeddings   Ollama's API, mapped (vramd/gateway/ollama_routes.py)
 
 The model list follows llama.cpp's router: each entry has a `status` object,
 here `{"value": "warm" | "parked" | "cold" | "loading"}`, and its `aliases`.

@@ -89,22 +89,28 @@ class ServeConfig:
             raise UsageError(f"{where}: port {self.port}: must be 0..65535")
         if self.quantum < 0 or self.max_hold < self.quantum:
             raise UsageError(f"{where}: need 0 <= quantum <= max_hold")
-        if not 1024 <= self.max_request_bytes <= 1 << 30:
-            raise UsageError(f"{where}: max_request_bytes {self.max_request_bytes}: between 1KiB and 1GiB")
-        if not 0 < self.request_timeout <= 3600:
-            raise UsageError(f"{where}: request_timeout {self.request_timeout}: seconds, more than 0, at most 3600")
-        from vramd.server.logs import FORMATS, LEVELS
-        if self.log_level not in LEVELS:
-            raise UsageError(f"{where}: log_level {self.log_level!r}: one of {', '.join(LEVELS)}")
-        if self.log_format not in FORMATS:
-            raise UsageError(f"{where}: log_format {self.log_format!r}: one of {', '.join(FORMATS)}")
-        if self.api_key is not None and self.api_key_file is not None:
-            raise UsageError(f"{where}: give an API key or an API key file, not both")
-        if self.api_key_file is not None:
-            self.api_key = read_api_key_file(Path(self.api_key_file))
-        if self.api_key is not None:
-            check_api_key(self.api_key, f"{where}: api_key")
+        check_http_keys(self, where)
         return self
+
+
+def check_http_keys(cfg, where: str) -> None:
+    """The keys of an HTTP server that `vramd serve` and `vramd gateway` share: request limits, logs,
+    the API key (read from api_key_file into api_key)."""
+    if not 1024 <= cfg.max_request_bytes <= 1 << 30:
+        raise UsageError(f"{where}: max_request_bytes {cfg.max_request_bytes}: between 1KiB and 1GiB")
+    if not 0 < cfg.request_timeout <= 3600:
+        raise UsageError(f"{where}: request_timeout {cfg.request_timeout}: seconds, more than 0, at most 3600")
+    from vramd.server.logs import FORMATS, LEVELS
+    if cfg.log_level not in LEVELS:
+        raise UsageError(f"{where}: log_level {cfg.log_level!r}: one of {', '.join(LEVELS)}")
+    if cfg.log_format not in FORMATS:
+        raise UsageError(f"{where}: log_format {cfg.log_format!r}: one of {', '.join(FORMATS)}")
+    if cfg.api_key is not None and cfg.api_key_file is not None:
+        raise UsageError(f"{where}: give an API key or an API key file, not both")
+    if cfg.api_key_file is not None:
+        cfg.api_key = read_api_key_file(Path(cfg.api_key_file))
+    if cfg.api_key is not None:
+        check_api_key(cfg.api_key, f"{where}: api_key")
 
 
 MAX_API_KEY = 1024
