@@ -168,10 +168,8 @@ class OllamaRoutes:
             self._load(ex, t, unload, {"model": name, "created_at": ollama.now_iso(), **done, "done": True,
                                        "done_reason": "unload" if unload else "load"})
             return
-        if unload:
-            self.residency.check(t)
         payload["model"] = t.name
-        try:
+        with self.residency.unload_after(ex, t, unload):
             up, resp = self._call(ex, t, path, payload)
             try:
                 if payload["stream"]:
@@ -180,9 +178,6 @@ class OllamaRoutes:
                     self._whole(ex, name, field, json.loads(resp.read()))
             finally:
                 up.close()
-        finally:
-            if unload:   # keep_alive 0: Ollama unloads after the reply
-                self.residency.unload_later(t)
 
     def _whole(self, ex: Exchange, name: str, field: str, r: dict) -> None:
         choice = r["choices"][0]
@@ -210,10 +205,8 @@ class OllamaRoutes:
         if payload is None:   # no input: Ollama's load request
             self._load(ex, t, unload, {"embedding": []} if legacy else {"model": name, "embeddings": []})
             return
-        if unload:
-            self.residency.check(t)
         payload["model"] = t.name
-        try:
+        with self.residency.unload_after(ex, t, unload):
             try:
                 up, resp = self._call(ex, t, "/v1/embeddings", payload)
             except UpstreamError as e:
@@ -232,6 +225,3 @@ class OllamaRoutes:
                 ex.reply(200, {"model": name, "embeddings": vectors,
                                "total_duration": int((time.monotonic() - ex.started) * 1e9),
                                "prompt_eval_count": (r.get("usage") or {}).get("prompt_tokens")})
-        finally:
-            if unload:
-                self.residency.unload_later(t)

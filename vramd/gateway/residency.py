@@ -33,6 +33,7 @@ import logging
 import math
 import re
 import threading
+from contextlib import contextmanager
 
 from vramd.errors import Timeout, UsageError, VramdError
 from vramd.gateway.table import Target
@@ -122,6 +123,19 @@ class Residency:
             except VramdError as e:
                 log.warning("gateway: keep_alive 0: %s", e)
         threading.Thread(target=run, name="vramd-gateway-unload", daemon=True).start()
+
+    @contextmanager
+    def unload_after(self, ex, t: Target, asked: bool):
+        """Around forwarding a request: with keep_alive 0 (`asked`), `check` first, `unload_later` after
+        (the reply sent, or the request failed: either way the member is not to be kept)."""
+        if asked:
+            self.check(t)
+            ex.fields["keep_alive"] = 0
+        try:
+            yield
+        finally:
+            if asked:
+                self.unload_later(t)
 
     def load(self, t: Target) -> None:
         """`vramd wake NAME`: warm, the GPU taken (Ollama's preload)."""
