@@ -209,13 +209,16 @@ class Exchange:
         self.h.end_headers()
         self._write(body)
 
-    def start_stream(self) -> None:
-        """Server-sent events: no length, the connection closes at the end."""
+    def start_stream(self, content_type: str = "text/event-stream", status: int = 200,
+                     headers: dict | None = None) -> None:
+        """Server-sent events (or the gateway's NDJSON): no length, the connection closes at the end."""
         self.streaming = True
-        self.status = 200
+        self.status = status
         self.h.close_connection = True
-        self.h.send_response(200)
-        self.h.send_header("Content-Type", "text/event-stream")
+        self.h.send_response(status)
+        for k, v in (headers or {}).items():
+            self.h.send_header(k, v)
+        self.h.send_header("Content-Type", content_type)
         self.h.send_header("Cache-Control", "no-cache")
         self.h.send_header("Connection", "close")
         self.h.end_headers()

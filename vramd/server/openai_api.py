@@ -25,6 +25,7 @@ from vramd.engine.prompt import Prompt
 from vramd.engine.sampler import Piece, SamplingParams
 from vramd.errors import UsageError, VramdError
 from vramd.server import structured, toolcalls
+from vramd.server.bodies import json_object
 
 MAX_IMAGES = 8
 MAX_TEMPLATE_KWARGS = 16
@@ -103,14 +104,7 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
 def request_body(raw: bytes, model_names: set[str]) -> dict:
     """A request body as a JSON object whose "model", if any, is served here (400 or 404 else);
     every endpoint's first step (the embeddings' too: vramd/server/embeddings.py)."""
-    try:
-        body = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"request body is not JSON: {e}") from None
-    except RecursionError:
-        raise UsageError("request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise UsageError("request body must be a JSON object")
+    body = json_object(raw)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise UsageError(f"'model' must be a string, got {type(model).__name__}")
