@@ -66,6 +66,7 @@ class Machine:
         self.watch = ForeignWatch("test")
         self.unanswering: set[str] = set()   # peers whose request times out (hung)
         self.clock: "Clock | None" = None      # moved by the wait of a request that times out
+        self.kept = 0   # bytes of the next releases the driver's free figure does not show (an allocator's cache)
 
     def member(self, name, pid, nbytes, *, last_used=0.0, priority=0, pinned=False, state="parked",
                control=True, freeing=0) -> Member:
@@ -87,9 +88,12 @@ class Machine:
             if self.clock is not None:
                 self.clock.now += wait
             raise Timeout(f"{peer.control}: no reply to 'evict' within {wait:g} s")
-        freed = peer.device_bytes()        # a synthetic peer holds one region: it all goes
-        peer.breakdown["weights"]["device"] = 0
-        self.free += freed
+        held = peer.device_bytes()         # what it was asked for, or all of it
+        freed = held if everything or not bytes else min(held, bytes)
+        peer.breakdown["weights"]["device"] = held - freed
+        kept = min(self.kept, freed)
+        self.kept -= kept
+        self.free += freed - kept
         return {"ok": True, "freed": freed}
 
 
@@ -134,7 +138,7 @@ def stepping_aside(check, machine: Machine, deadline=None, cancel=None) -> int:
         except StepAside as step:
             assert len(machine.asked) == asked, "a peer was asked while the check held the token"
             steps += 1
-            assert steps <= len(machine.members), "stepped aside more often than there are peers"
+            assert steps <= len(machine.members) + ROOM_CHECKS, "the steps aside do not end"
             step.work(deadline, cancel)
 
 
@@ -262,6 +266,21 @@ def test_memory_taken_outside_the_arena_is_made_up_by_parked_peers(model, token)
     assert stepping_aside(lambda: r.check_device_memory(NEED), arena) == 1
     assert arena.asked == [("older", 4 * 64 * KiB, False), ("newer", 64 * KiB, False)]
     assert arena.free >= NEED and arena.members[2].device_bytes() == 3 * 64 * KiB
+
+
+def test_a_release_the_device_undercounts_is_asked_for_again_a_peer_that_did_not_answer_never(model, token):
+    arena = Machine(free=0)
+    arena.kept = 2 * 64 * KiB                  # the driver's figure shows 2 blocks less than released
+    arena.member("hung", 101, 8 * 64 * KiB, last_used=0.0)
+    arena.member("big", 102, 16 * 64 * KiB, last_used=1.0)
+    arena.unanswering.add("hung")
+    clock = Clock()
+    arena.clock = clock
+    r = room(model, arena, token, clock=clock)
+    assert stepping_aside(lambda: r.check_device_memory(NEED), arena) == 2
+    # hung once (counted out); big for the 6 blocks, then for the 2 the device did not show.
+    assert arena.asked == [("hung", NEED, False), ("big", NEED, False), ("big", 2 * 64 * KiB, False)]
+    assert arena.free >= NEED
 
 
 def test_memory_being_freed_is_waited_for_without_asking_anyone(model, token):

@@ -7,9 +7,10 @@ driver sees it) and the refusal with nothing lost, the eviction order of the
 parked peers (least recently used, shifted by priority, pinned and the holder
 never), making room by asking them in that order only until the shortfall is
 covered (never with the token held: see "Asking without the token" below;
-each peer at most once per warm-up), emptying them for a foreign (flock-only) peer, our own eviction
-(encoder, scratch, state, weights) when the holder asks, what going cold
-releases, and waiting out memory that members released and are still freeing.
+each peer at most once per warm-up), emptying them for a foreign
+(flock-only) peer, our own eviction (encoder, scratch, state, weights) when
+the holder asks, what going cold releases, and waiting out memory that
+members released and are still freeing.
 
 Its inputs are explicit so that it runs without a daemon: the residency core
 and the model's regions, the budget, the other members' records, the token
@@ -27,8 +28,15 @@ Participant drops the token, asks (bounded by the requester's deadline and
 EVICT_WAIT a peer), queues again and calls prepare_restore again, which looks
 afresh.  A peer is asked at most once per warm-up (`begin()` starts one), so
 every step aside has someone new to ask and the steps end: in a restore, or
-in the refusal (OutOfDeviceMemory, a 503) once nobody is left to ask.  What
+in the refusal (OutOfDeviceMemory, a 503) once nobody is left to ask.  (One
+bounded exception: the device's own free figure may lag or undercount what a
+peer released, so a peer that answered, releasing, may be asked again for
+what the device still lacks, in at most ROOM_CHECKS steps; one that did not
+answer never is.)  What
 a third process takes of the room made meanwhile is simply looked at again.
+The one request sent holding the token is on purpose: a holder going cold for
+a flock-only peer empties the parked members first (empty_parked_peers), as
+that peer expects an empty GPU the moment it has the token, and comes next.
 """
 
 from __future__ import annotations
@@ -101,6 +109,8 @@ class Room:
         """A new warm-up: every parked peer may be asked again (each at most once per warm-up)."""
         self.asked: dict[int, str] = {}   # pid -> what came of asking it ("b released 4096 B", ...)
         self.freed = 0                    # bytes the peers asked in this warm-up said they freed
+        self._answered: set[int] = set()  # the peers asked that answered, releasing something
+        self.steps = 0                    # steps aside in this warm-up
         self._settled = 0.0               # until then the driver's free figure may lag their frees
 
     def _count_failure(self) -> None:
@@ -204,7 +214,11 @@ class Room:
             if free + freeing >= need:
                 self.sleep(FREEING_POLL)   # on its way back to the driver
                 continue
-            peers = self.askable()
+            # The driver's figure may rise by less than a peer released by its own count (freed
+            # memory a driver or allocator keeps a while): a peer that answered, releasing, may be
+            # asked again for what is still short, in at most ROOM_CHECKS steps aside (as before).
+            # One that did not answer never is.
+            peers = self.askable(again=self.steps < ROOM_CHECKS)
             if peers and free + freeing + sum(m.device_bytes() for m in peers) >= need:
                 if now < self._settled:   # the driver's figure may still lag the last step's evictions
                     self.sleep(0.1)
@@ -241,9 +255,10 @@ class Room:
                       and m.pid not in holders and m.state in ("parked", "cold", "warming")]
         return sorted(candidates, key=lambda m: m.eviction_key())
 
-    def askable(self) -> list:
-        """The eviction order less the peers already asked in this warm-up."""
-        return [m for m in self.eviction_order() if m.pid not in self.asked]
+    def askable(self, again: bool = False) -> list:
+        """The eviction order less the peers already asked in this warm-up (`again`: less only
+        those that did not answer with memory released)."""
+        return [m for m in self.eviction_order() if m.pid not in self.asked or (again and m.pid in self._answered)]
 
     def make_room(self, need: int) -> None:
         """`need` bytes free by the budget's accounting, else parked peers asked, in eviction
@@ -266,6 +281,7 @@ class Room:
             if self.evict_peers(peers, shortfall, left, deadline=deadline, cancel=cancel) and self.freed:
                 self._settled = self.clock() + SETTLE
         names = ", ".join(f"{m.name} ({m.pid})" for m in peers)
+        self.steps += 1
         raise StepAside(f"{self.name}: {why + ': ' if why else ''}{shortfall} B short; asking parked peers "
                         f"{names} (in eviction order) to release until it is covered", work)
 
@@ -290,12 +306,15 @@ class Room:
             asked.add(peer.pid)
             try:
                 reply = self.ask(peer, "evict", wait=wait, bytes=shortfall)
-            except VramdError as e:
+            except (VramdError, OSError, ValueError) as e:   # a connection reset, a garbled reply: counted out
                 log.warning("%s: could not evict %s: %s", self.name, peer.name, e)
                 self.asked[peer.pid] = f"{peer.name} did not: {e}"
+                self._answered.discard(peer.pid)
                 continue
             log.info("%s: %s released %d bytes to make room", self.name, peer.name, reply["freed"])
             self.asked[peer.pid] = f"{peer.name} released {reply['freed']} B"
+            if reply["freed"]:
+                self._answered.add(peer.pid)
             self.freed += reply["freed"]
             shortfall = left() if left is not None else shortfall - reply["freed"]
         return asked
