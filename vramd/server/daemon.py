@@ -597,7 +597,8 @@ class Daemon:
             st = ours = None
         if st is not None and (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino):
             # A forged record (any member may write one) naming our own socket: asking ourselves
-            # to evict while we hold the lock it needs would wait for ever.
+            # to evict would give up our own buffers on a forger's word (and, when the asking was
+            # done holding the token and our lock, waited for ever).
             raise PeerError(f"the record of {peer.name!r} (pid {peer.pid}) names this daemon's own control "
                             "socket: forged, not asked")
         return ask_over_socket(peer, cmd, wait=wait, **args)
