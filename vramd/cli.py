@@ -492,7 +492,7 @@ class JobRoom:
     """`vramd exec --vram`'s restore: parked daemons asked to evict, in the arena's eviction
     order, until `need` bytes of the budget their records publish are free: the Room's own
     policy (vramd/server/room.py), for a job that holds nothing itself, so the asking is done
-    without the token (a StepAside) and each daemon is asked once.  Without a published budget
+    without the token (a StepAside), as a daemon's is.  Without a published budget
     (no daemon), the parked members' bytes are all that can be counted: they give up `need`."""
 
     def __init__(self, participant):

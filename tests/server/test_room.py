@@ -182,7 +182,7 @@ def test_making_room_asks_in_order_only_until_the_shortfall_is_covered(model, to
     assert r.free_bytes() >= NEED and arena.members[2].device_bytes() == 4 * 64 * KiB
 
 
-def test_a_peer_is_asked_at_most_once_per_warm_up_then_the_restore_is_refused(model, token):
+def test_a_peer_that_does_not_answer_is_asked_once_per_warm_up_then_the_restore_is_refused(model, token):
     arena = Machine(HEAP)
     arena.member("hung", 91, 8 * 64 * KiB, last_used=1.0)        # the LRU, and it never answers
     arena.member("small", 92, 2 * 64 * KiB, last_used=2.0)

@@ -609,7 +609,7 @@ class Daemon:
         need = self.participant.member.wants_bytes = self.room.needed_bytes()
         if need:
             self.room.check_within_reach(need)   # before anyone is rung: a hopeless restore is a 503 now
-        self.room.begin()   # each parked peer is asked to evict at most once while we go warm
+        self.room.begin()   # a peer that does not answer is asked to evict once while we go warm
         h2d_before = self.participant.member.bytes_h2d
         holder = self.participant.holder_text()
         if holder != "none":

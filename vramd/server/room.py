@@ -6,8 +6,8 @@ reach of the device at all, within the budget, free on the device as the
 driver sees it) and the refusal with nothing lost, the eviction order of the
 parked peers (least recently used, shifted by priority, pinned and the holder
 never), making room by asking them in that order only until the shortfall is
-covered (never with the token held: see "Asking without the token" below;
-each peer at most once per warm-up), emptying them for a foreign
+covered (never with the token held: see "Asking without the token" below),
+emptying them for a foreign
 (flock-only) peer, our own eviction (encoder, scratch, state, weights) when
 the holder asks, what going cold releases, and waiting out memory that
 members released and are still freeing.
@@ -26,13 +26,11 @@ the GPU (issue 19, 4c).  So the checks never ask: when only parked peers can
 make room they raise arbiter.StepAside with the asking as its work, the
 Participant drops the token, asks (bounded by the requester's deadline and
 EVICT_WAIT a peer), queues again and calls prepare_restore again, which looks
-afresh.  A peer is asked at most once per warm-up (`begin()` starts one), so
-every step aside has someone new to ask and the steps end: in a restore, or
-in the refusal (OutOfDeviceMemory, a 503) once nobody is left to ask.  (One
-bounded exception: the device's own free figure may lag or undercount what a
-peer released, so a peer that answered, releasing, may be asked again for
-what the device still lacks, in at most ROOM_CHECKS steps; one that did not
-answer never is.)  What
+afresh.  A peer that did not answer (timed out, stopped, refused) is not
+asked again in the same warm-up (`begin()` starts one); one that answered,
+releasing, may be, in the first ROOM_CHECKS steps only (askable()), so the
+steps end: in a restore, or in the refusal (OutOfDeviceMemory, a 503) once
+nobody is left to ask.  What
 a third process takes of the room made meanwhile is simply looked at again.
 The one request sent holding the token is on purpose: a holder going cold for
 a flock-only peer empties the parked members first (empty_parked_peers), as
@@ -215,10 +213,9 @@ class Room:
                 self.sleep(FREEING_POLL)   # on its way back to the driver
                 continue
             # The driver's figure may rise by less than a peer released by its own count (freed
-            # memory a driver or allocator keeps a while): a peer that answered, releasing, may be
-            # asked again for what is still short, in at most ROOM_CHECKS steps aside (as before).
-            # One that did not answer never is.
-            peers = self.askable(again=self.steps < ROOM_CHECKS)
+            # memory a driver or allocator keeps a while): askable() lets a peer that answered be
+            # asked again for what is still short.
+            peers = self.askable()
             if peers and free + freeing + sum(m.device_bytes() for m in peers) >= need:
                 if now < self._settled:   # the driver's figure may still lag the last step's evictions
                     self.sleep(0.1)
@@ -255,9 +252,13 @@ class Room:
                       and m.pid not in holders and m.state in ("parked", "cold", "warming")]
         return sorted(candidates, key=lambda m: m.eviction_key())
 
-    def askable(self, again: bool = False) -> list:
-        """The eviction order less the peers already asked in this warm-up (`again`: less only
-        those that did not answer with memory released)."""
+    def askable(self) -> list:
+        """The eviction order less the peers asked in this warm-up that did not answer, releasing.
+        One that did may be asked again, in the first ROOM_CHECKS steps aside: what it gave up
+        may have been taken meanwhile by whoever had the token while we asked (the token is
+        free then: that is the point), or the device's own figure may show less than it
+        released.  One that timed out, was stopped or refused is not asked again."""
+        again = self.steps < ROOM_CHECKS
         return [m for m in self.eviction_order() if m.pid not in self.asked or (again and m.pid in self._answered)]
 
     def make_room(self, need: int) -> None:
