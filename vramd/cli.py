@@ -519,9 +519,11 @@ def exec_(arena_path, allow_shared_arena, name, timeout, need, command):
     nbytes = None if need is None else parse_size(need, "--vram")
     check_command(command[0])
     arena = open_arena(arena_path, allow_shared_arena)
-    participant = Participant(arena, name or os.path.basename(command[0]), model="(exec)")
-    before = None if nbytes is None else (lambda: make_room(participant, nbytes))
-    sys.exit(run_holding(participant, list(command), timeout, before=before))
+    # The room is made as a daemon's restore makes it (asking without the token, then taking it again).
+    participant = Participant(arena, name or os.path.basename(command[0]), model="(exec)",
+                              restore=None if nbytes is None else (lambda: room.make(nbytes)))
+    room = None if nbytes is None else JobRoom(participant)
+    sys.exit(run_holding(participant, list(command), timeout))
 
 
 def check_command(cmd: str) -> None:
@@ -537,30 +539,38 @@ def check_command(cmd: str) -> None:
         raise VramdCommandError(f"{cmd}: permission denied (not an executable file)", 126)
 
 
-def make_room(participant, need: int) -> None:
-    """Holding the token: ask parked daemons to evict, in the arena's eviction order, until
-    `need` bytes of the budget their records publish are free: the Room's own policy
-    (vramd/server/room.py), for a job that holds nothing itself.  Without a published budget
+class JobRoom:
+    """`vramd exec --vram`'s restore: parked daemons asked to evict, in the arena's eviction
+    order, until `need` bytes of the budget their records publish are free: the Room's own
+    policy (vramd/server/room.py), for a job that holds nothing itself, so the asking is done
+    without the token (a StepAside), as a daemon's is.  Without a published budget
     (no daemon), the parked members' bytes are all that can be counted: they give up `need`."""
-    from vramd.arena.members import Registry
-    from vramd.server.room import Room
-    registry = Registry(participant.arena.members_dir)
 
-    def others():
-        return [m for m in registry.list(clean=False) if m.pid != os.getpid()]
+    def __init__(self, participant):
+        from vramd.arena.members import Registry
+        from vramd.server.room import Room
+        registry = Registry(participant.arena.members_dir)
 
-    budgets = [m.budget for m in others() if m.budget > 0]
-    room = Room(participant.member.name, _NothingResident(), [], min(budgets) if budgets else 0, members=others,
-                is_member=lambda pid: registry.read(pid) is not None, token=participant.token,
-                sample=lambda: {})
-    if budgets:
-        room.make_room(need)
-    else:
-        room.evict_peers(room.eviction_order(), need)
-    free = room.free_bytes()
-    if budgets and free < need:
-        click.echo(f"vramd: warning: {human_bytes(free)} of the arena's budget free after evicting, "
-                   f"{human_bytes(need)} asked (--vram): pinned or unanswering members keep theirs", err=True)
+        def others():
+            return [m for m in registry.list(clean=False) if m.pid != os.getpid()]
+
+        self.others = others
+        self.room = Room(participant.member.name, _NothingResident(), [], 0, members=others,
+                         is_member=lambda pid: registry.read(pid) is not None, token=participant.token,
+                         sample=lambda: {})
+
+    def make(self, need: int) -> None:
+        budgets = [m.budget for m in self.others() if m.budget > 0]
+        room = self.room
+        room.budget = min(budgets) if budgets else 0
+        if budgets:
+            room.make_room(need)
+        else:
+            room.make_room_counted(need)
+        free = room.free_bytes()
+        if budgets and free < need:
+            click.echo(f"vramd: warning: {human_bytes(free)} of the arena's budget free after evicting, "
+                       f"{human_bytes(need)} asked (--vram): pinned or unanswering members keep theirs", err=True)
 
 
 class _NothingResident:
@@ -599,7 +609,7 @@ def die_with_us():
     return in_child
 
 
-def run_holding(participant, command: list[str], timeout: float | None, before=None) -> int:
+def run_holding(participant, command: list[str], timeout: float | None) -> int:
     child: list[subprocess.Popen] = []
     # At a terminal the child shares our process group, so it keeps the
     # terminal and gets Ctrl-C from it directly.  Otherwise it gets a group of
@@ -618,8 +628,6 @@ def run_holding(participant, command: list[str], timeout: float | None, before=N
     try:
         with participant:
             participant.ensure_warm(timeout)
-            if before is not None:
-                before()
             try:
                 child.append(subprocess.Popen(command, process_group=None if interactive else 0,
                                               preexec_fn=die_with_us()))

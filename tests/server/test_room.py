@@ -6,7 +6,10 @@ flock), the memory view the daemon's look produces (memview.ForeignWatch).
 What stands in: each peer is a Python callable in place of its control
 socket (it releases what it is asked for, in its record and in the device's
 free memory, as a daemon does), and the clock, so that the 5 s wait for
-freeing memory takes no time.  The sockets themselves are covered by
+freeing memory takes no time.  Where the policy must ask peers it raises
+arbiter.StepAside instead (the asking is done without the token);
+`stepping_aside` does what the Participant does with it: the asking, then
+the check again.  The sockets themselves are covered by
 tests/integration (test_cache.py, test_device_room.py, test_foreign_memory.py).
 """
 
@@ -18,14 +21,15 @@ import time
 import numpy as np
 import pytest
 
+from vramd.arena.arbiter import StepAside
 from vramd.arena.layout import Arena
 from vramd.arena.members import PRIORITY_SECONDS, Member
 from vramd.arena.token import Token
-from vramd.errors import OutOfDeviceMemory, PeerError
+from vramd.errors import OutOfDeviceMemory, PeerError, Timeout
 from vramd.gpu.memview import ForeignWatch, MemoryView
 from vramd.gpu.residency import Residency
 from vramd.server.metrics import Metrics
-from vramd.server.room import FREEING_POLL, FREEING_WAIT, ROOM_CHECKS, Room
+from vramd.server.room import ASK_WAIT_MIN, EVICT_WAIT, FREEING_POLL, FREEING_WAIT, ROOM_CHECKS, Room
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -58,8 +62,11 @@ class Machine:
     driver would report it, and each peer's answer to `evict` (what its daemon does)."""
 
     def __init__(self, free: int):
-        self.free, self.members, self.asked = free, [], []
+        self.free, self.members, self.asked, self.waits = free, [], [], []
         self.watch = ForeignWatch("test")
+        self.unanswering: set[str] = set()   # peers whose request times out (hung)
+        self.clock: "Clock | None" = None      # moved by the wait of a request that times out
+        self.kept = 0   # bytes of the next releases the driver's free figure does not show (an allocator's cache)
 
     def member(self, name, pid, nbytes, *, last_used=0.0, priority=0, pinned=False, state="parked",
                control=True, freeing=0) -> Member:
@@ -73,12 +80,20 @@ class Machine:
     def sample(self) -> dict:
         return self.watch.observe(MemoryView("own", 0, HEAP, self.free, None, "the test's heap"), 0, True)
 
-    def ask(self, peer: Member, cmd: str, bytes: int = 0, everything: bool = False) -> dict:
+    def ask(self, peer: Member, cmd: str, wait: float, bytes: int = 0, everything: bool = False) -> dict:
         assert cmd == "evict"
         self.asked.append((peer.name, bytes, everything))
-        freed = peer.device_bytes()        # a synthetic peer holds one region: it all goes
-        peer.breakdown["weights"]["device"] = 0
-        self.free += freed
+        self.waits.append(wait)
+        if peer.name in self.unanswering:
+            if self.clock is not None:
+                self.clock.now += wait
+            raise Timeout(f"{peer.control}: no reply to 'evict' within {wait:g} s")
+        held = peer.device_bytes()         # what it was asked for, or all of it
+        freed = held if everything or not bytes else min(held, bytes)
+        peer.breakdown["weights"]["device"] = held - freed
+        kept = min(self.kept, freed)
+        self.kept -= kept
+        self.free += freed - kept
         return {"ok": True, "freed": freed}
 
 
@@ -108,6 +123,23 @@ def room(model, arena, token, budget=HEAP, clock=None, metrics=None) -> Room:
 
 
 NEED = 6 * 64 * KiB   # the model's three regions, as the core packs them
+
+
+def stepping_aside(check, machine: Machine, deadline=None, cancel=None) -> int:
+    """Run `check` as the Participant would: on a StepAside (raised with nothing asked yet: the
+    token is held while the checks run), do its work (the asking, without the token), then run
+    the check again.  Returns how many steps aside it took."""
+    steps = 0
+    while True:
+        asked = len(machine.asked)
+        try:
+            check()
+            return steps
+        except StepAside as step:
+            assert len(machine.asked) == asked, "a peer was asked while the check held the token"
+            steps += 1
+            assert steps <= len(machine.members) + ROOM_CHECKS, "the steps aside do not end"
+            step.work(deadline, cancel)
 
 
 def test_going_warm_needs_the_model_regions_not_on_the_device(model, token):
@@ -144,10 +176,58 @@ def test_making_room_asks_in_order_only_until_the_shortfall_is_covered(model, to
     budget = 3 * 4 * 64 * KiB   # the peers hold all of it
     r = room(model, arena, token, budget=budget)
     assert r.free_bytes() == 0
-    r.make_room(NEED)
+    assert stepping_aside(lambda: r.make_room(NEED), arena) == 1
     # 6 blocks short: the first peer's 4 do not cover it, the second's do; the third is left alone.
     assert arena.asked == [("first", NEED, False), ("second", 2 * 64 * KiB, False)]
     assert r.free_bytes() >= NEED and arena.members[2].device_bytes() == 4 * 64 * KiB
+
+
+def test_a_peer_that_does_not_answer_is_asked_once_per_warm_up_then_the_restore_is_refused(model, token):
+    arena = Machine(HEAP)
+    arena.member("hung", 91, 8 * 64 * KiB, last_used=1.0)        # the LRU, and it never answers
+    arena.member("small", 92, 2 * 64 * KiB, last_used=2.0)
+    arena.unanswering.add("hung")
+    metrics = Metrics()
+    r = room(model, arena, token, budget=10 * 64 * KiB, metrics=metrics)   # the peers hold all of it
+    with pytest.raises(StepAside, match=r"asking parked peers hung \(91\), small \(92\)") as step:
+        r.prepare_restore()
+    assert arena.asked == [] and r.device_total() == 0        # nothing asked, nothing of ours moved
+    step.value.work(None, None)                                # the Participant's part, token dropped
+    # hung timed out (counted out after EVICT_WAIT), small gave its 2 blocks: 4 short still.
+    assert arena.asked == [("hung", NEED, False), ("small", NEED, False)] and arena.waits == [EVICT_WAIT] * 2
+    # Looked at again with the token: nobody left to ask in this warm-up, so refused, nobody asked twice.
+    with pytest.raises(OutOfDeviceMemory, match=r"asked in this warm-up: hung did not: .*no reply.*, "
+                                                r"small released 131072 B"):
+        r.prepare_restore()
+    assert len(arena.asked) == 2 and r.device_total() == 0 and metrics.restore_failures == 1
+    r.begin()                                                  # the next warm-up may ask hung again
+    with pytest.raises(StepAside, match=r"hung \(91\)"):
+        r.prepare_restore()
+
+
+def test_the_asking_ends_at_the_requesters_deadline_or_when_it_gives_up(model, token):
+    clock = Clock()
+    arena = Machine(HEAP)
+    arena.clock = clock
+    for i, name in enumerate(("hung", "second", "third")):
+        arena.member(name, 95 + i, 4 * 64 * KiB, last_used=float(i))
+    arena.unanswering.add("hung")
+    r = room(model, arena, token, budget=12 * 64 * KiB, clock=clock)
+    with pytest.raises(StepAside) as step:
+        r.make_room(NEED)
+    step.value.work(clock.now + 2.0, None)     # 2 s left: hung waits those, nobody is asked after
+    assert arena.asked == [("hung", NEED, False)] and arena.waits == [2.0]
+    r.begin()
+    with pytest.raises(StepAside) as step:
+        r.make_room(NEED)
+    step.value.work(clock.now + 0.1, None)     # a moment left: the wait is not cut below ASK_WAIT_MIN
+    assert arena.waits[-1] == ASK_WAIT_MIN
+    r.begin()
+    asked = len(arena.asked)
+    with pytest.raises(StepAside) as step:
+        r.make_room(NEED)
+    step.value.work(None, lambda: True)        # the requester gives up (a shutdown): nobody is asked
+    assert len(arena.asked) == asked
 
 
 def test_a_restore_the_budget_cannot_hold_is_refused_before_any_peer_is_asked(model, token):
@@ -183,9 +263,24 @@ def test_memory_taken_outside_the_arena_is_made_up_by_parked_peers(model, token)
     arena.member("spare", 53, 3 * 64 * KiB, last_used=3.0)
     clock = Clock()
     r = room(model, arena, token, clock=clock)
-    r.check_device_memory(NEED)
+    assert stepping_aside(lambda: r.check_device_memory(NEED), arena) == 1
     assert arena.asked == [("older", 4 * 64 * KiB, False), ("newer", 64 * KiB, False)]
     assert arena.free >= NEED and arena.members[2].device_bytes() == 3 * 64 * KiB
+
+
+def test_a_release_the_device_undercounts_is_asked_for_again_a_peer_that_did_not_answer_never(model, token):
+    arena = Machine(free=0)
+    arena.kept = 2 * 64 * KiB                  # the driver's figure shows 2 blocks less than released
+    arena.member("hung", 101, 8 * 64 * KiB, last_used=0.0)
+    arena.member("big", 102, 16 * 64 * KiB, last_used=1.0)
+    arena.unanswering.add("hung")
+    clock = Clock()
+    arena.clock = clock
+    r = room(model, arena, token, clock=clock)
+    assert stepping_aside(lambda: r.check_device_memory(NEED), arena) == 2
+    # hung once (counted out); big for the 6 blocks, then for the 2 the device did not show.
+    assert arena.asked == [("hung", NEED, False), ("big", NEED, False), ("big", 2 * 64 * KiB, False)]
+    assert arena.free >= NEED
 
 
 def test_memory_being_freed_is_waited_for_without_asking_anyone(model, token):

@@ -1,8 +1,10 @@
 """The participant state machine: when to take the token, and when to give it back.
 
     cold --ensure_warm()--> warming --restore ok--> warm --idle()/checkpoint()--> cooling --> cold
-                               |                                                       ^
-                               +--restore failed: token dropped, nothing lost----------+
+                             |  ^  |                                                     ^
+                             |  |  +--restore failed: token dropped, nothing lost--------+
+                             +--+ restore stepped aside (StepAside): token dropped, the
+                                  peers asked without it, queued again (still warming)
 
 Any process can be a participant: give it `restore` (bring buffers to the
 device; called with the token held, so the very first upload is coordinated
@@ -18,10 +20,13 @@ and `idle()` at each idle point.  Rules it keeps:
   yields however many of its processes it rings as, and delays nobody else;
   a holder that never idles yields at a checkpoint once it has held for
   `max_hold` seconds while someone waits;
+- it never holds the token while it waits on another process to make room:
+  a restore that must ask parked peers raises StepAside, and the asking
+  happens with the token free (others may take it meanwhile);
 - waiters are served in arrival order (tickets, see queue.py), and a holder
-  that yields queues behind them; a waiter that knows only flock (llama.cpp)
-  is not barged either: after yielding to one, we let it take the token
-  before we ask again.
+  that yields queues behind them (so does one that steps aside); a waiter
+  that knows only flock (llama.cpp) is not barged either: after yielding to
+  one, we let it take the token before we ask again.
 
 A warden thread watches the doorbell and only sets a flag; the caller's
 thread does every state change.
@@ -59,6 +64,25 @@ RE_RING_INTERVAL = 0.01
 TOKEN_REPLACED_RETRIES = 3
 # close() waits this long for the warden thread (the daemon's stop path counts it: STOP_BOUND).
 WARDEN_JOIN = 2.0
+
+
+
+class StepAside(Exception):
+    """Raised by a `restore` callback, token held and nothing of ours restored yet, when going
+    warm first needs other processes to do something that may take long: parked peers asked
+    over their control sockets to evict (vramd/server/room.py).  Holding the token while one of
+    them takes its time (or never answers: stopped, hung) would keep every other participant
+    off the GPU meanwhile (issue 19, 4c).  So ensure_warm drops the token, calls
+    `work(deadline, cancel)` without it, queues again and calls the restore again; the restore
+    raises StepAside again only with someone new to ask, or refuses, or fits.
+
+    `work` must bound itself by `deadline` (time.monotonic(), None: none) and call `cancel()`
+    (True: give up) between its waits; `what` says what it waits for (logged)."""
+
+    def __init__(self, what: str, work: Callable[[float | None, "Callable[[], bool] | None"], None]):
+        super().__init__(what)
+        self.what, self.work = what, work
+
 
 ReleaseFn = Callable[[], "int | None"]
 RestoreFn = Callable[[], "int | None"]
@@ -110,6 +134,7 @@ class Participant:
         self._publish_lock = threading.RLock()
         self._wait_started = time.monotonic()
         self.cold_reason = ""
+        self.steps_aside = 0   # how often the last ensure_warm dropped the token for a StepAside
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -163,7 +188,9 @@ class Participant:
         Raises vramd.errors.Timeout if the token could not be had in `timeout`
         seconds, Interrupted if `cancel()` turned true meanwhile, and the
         restore's own exception if restoring failed (the token is dropped
-        again and we stay cold).
+        again and we stay cold).  A restore that raises StepAside has the
+        token dropped, its work done without the token, and is tried again
+        (see StepAside).
         """
         if self.token.held:
             return
@@ -172,15 +199,38 @@ class Participant:
         started = self._wait_started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self._publish("warming")
-        try:
-            self._let_foreign_waiter_go(deadline)
-            self._queue_and_acquire(deadline, timeout, cancel)
-        except BaseException:
-            doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
-            self._publish_unheld()
-            raise
-        # From here we hold the token: whatever fails before we are warm
-        # (the restore, or anything around it) drops it again.
+        self.steps_aside = 0
+        while True:
+            try:
+                self._let_foreign_waiter_go(deadline)
+                self._queue_and_acquire(deadline, timeout, cancel)
+            except BaseException:
+                doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
+                self._publish_unheld()
+                raise
+            try:
+                moved = self._restore_holding()
+                break
+            except StepAside as aside:
+                step = aside   # the token is dropped (_restore_holding): the work runs without it
+            try:
+                self._step_aside(step, deadline, timeout, cancel)
+            except BaseException:
+                self._publish_unheld()
+                raise
+        self.member.switches += 1
+        self.member.bytes_h2d += moved or 0
+        self.member.last_switch_ms = (time.monotonic() - started) * 1000
+        self.member.last_used = time.time()
+        self._publish("warm")
+        if self._someone_waiting():
+            self._yield_wanted.set()
+            if self._on_yield_request is not None:
+                self._on_yield_request()
+
+    def _restore_holding(self) -> "int | None":
+        """With the token just taken: restore.  Whatever fails before we are warm (the restore, or
+        anything around it) drops the token again; so does a StepAside, published as still warming."""
         restored = False
         try:
             failpoint("warm.after_token")
@@ -192,6 +242,19 @@ class Participant:
             moved = self._restore() if self._restore else None
             restored = True
             failpoint("warm.restored")
+            return moved
+        except StepAside:
+            # Nothing of ours moved.  We still want the GPU ("warming", which claims nothing), but
+            # we wait for other processes now, not for the token: no ring, no ticket, and a
+            # flock-only waiter we drop it for is let go first when we queue again.
+            try:
+                foreign = self._foreign_waiters()
+                self._publish("warming")   # before the token goes: the next holder reads it
+            finally:
+                self.token.release()
+                self._yield_wanted.clear()
+            self._foreign_at_release = foreign
+            raise
         except BaseException:
             try:
                 if restored and self._release is not None:
@@ -207,15 +270,29 @@ class Participant:
                 self.token.release()
                 self._yield_wanted.clear()
             raise
-        self.member.switches += 1
-        self.member.bytes_h2d += moved or 0
-        self.member.last_switch_ms = (time.monotonic() - started) * 1000
-        self.member.last_used = time.time()
-        self._publish("warm")
-        if self._someone_waiting():
-            self._yield_wanted.set()
-            if self._on_yield_request is not None:
-                self._on_yield_request()
+
+    def _step_aside(self, step: "StepAside", deadline: float | None, timeout: float | None,
+                    cancel: Callable[[], bool] | None) -> None:
+        """A restore's StepAside, the token dropped: its work, then back in the queue.
+
+        The queue again means a new ticket, behind whoever queued meanwhile: keeping our place
+        would keep a live ticket at the head, and the queue is a lock too (every vramd waiter
+        sleeps on the ticket ahead of it), so nobody could take the free token while we wait on
+        a peer, which is what stepping aside is for.  We lose at most one turn per step, and
+        the restore steps aside only while it has someone left to ask (room.py: each peer at
+        most once per warm-up), so the steps are few.
+        """
+        self.steps_aside += 1
+        log.info("%s: %s; the GPU token is free meanwhile", self.member.name, step.what)
+        t0 = time.monotonic()
+        step.work(deadline, cancel)
+        log.info("%s: done in %.3f s; queueing for the GPU token again", self.member.name, time.monotonic() - t0)
+        if cancel is not None and cancel():
+            raise Interrupted("gave up waiting for the GPU: shutting down")
+        if deadline is not None and time.monotonic() >= deadline:
+            waited = time.monotonic() - self._wait_started
+            raise Timeout(f"not warm after {waited:.1f} s (timeout {timeout:g} s): {step.what} took the time "
+                          "that was left")
 
     def _queue_and_acquire(self, deadline: float | None, timeout: float | None,
                            cancel: Callable[[], bool] | None) -> None:

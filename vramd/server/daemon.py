@@ -185,7 +185,6 @@ class Daemon:
         self.exit_code = 0
         self.guard = None
         self._current: tuple[str | None, float] = (None, 0.0)   # the job the loop runs, since when
-        self._warm_deadline: float | None = None   # when the request we go warm for gives up
         self._inflight_lock = threading.Lock()
 
     # -- set-up ------------------------------------------------------------
@@ -336,7 +335,10 @@ class Daemon:
     def _restore(self) -> int:
         with self.lock:
             before = self._device_total()
-            self.room.prepare_restore()   # room made, or refused before anything of ours moved
+            # Room there, or refused before anything of ours moved, or a StepAside: parked peers
+            # must be asked, which the Participant does without the token and without this lock
+            # (a peer going warm meanwhile may ask *us* to evict: its request takes the lock).
+            self.room.prepare_restore()
             try:
                 self.residency.restore(["weights", "state"])
             except OutOfDeviceMemory:
@@ -546,7 +548,6 @@ class Daemon:
                 if left is not None and left <= 0 and not self.participant.holds_token:
                     raise Timeout(f"waited {time.monotonic() - job.arrived:.1f} s for the GPU "
                                   f"(timeout {job.timeout:g} s): {self._busy_text()}")
-                self._warm_deadline = None if left is None else job.arrived + job.timeout
                 try:
                     self._ensure_warm(None if left is None else max(left, 0.0),
                                       cancel=lambda: self._beat_or_give_up() or job.cancelled.is_set(),
@@ -566,7 +567,7 @@ class Daemon:
             error = e
         if job.needs_gpu:
             self._cold_unless_whole()   # before the requester hears: the next request sees us cold
-        self._current, self._warm_deadline = (None, 0.0), None
+        self._current = (None, 0.0)
         job.finish(result, error)
         self.last_activity = time.monotonic()
 
@@ -588,22 +589,20 @@ class Daemon:
         except Exception as e:  # the token is released by then (go_cold's finally)
             log.error("%s: going cold failed: %s", self.name, e)
 
-    def _ask_peer(self, peer, cmd: str, **args) -> dict:
-        """Room's control request to a peer (an eviction, with the token held): answered within
-        EVICT_WAIT s, and never past what is left of the request we go warm for."""
-        from vramd.server.room import EVICT_WAIT, ask_over_socket
+    def _ask_peer(self, peer, cmd: str, wait: float, **args) -> dict:
+        """Room's control request to a peer (an eviction, asked without the token while we go
+        warm): answered within `wait` s (Room bounds it by what is left of our request)."""
+        from vramd.server.room import ask_over_socket
         try:
             st, ours = os.stat(peer.control), os.stat(self.control.path)
         except OSError:
             st = ours = None
         if st is not None and (st.st_dev, st.st_ino) == (ours.st_dev, ours.st_ino):
             # A forged record (any member may write one) naming our own socket: asking ourselves
-            # to evict while we hold the lock it needs would wait for ever.
+            # to evict would give up our own buffers on a forger's word (and, when the asking was
+            # done holding the token and our lock, waited for ever).
             raise PeerError(f"the record of {peer.name!r} (pid {peer.pid}) names this daemon's own control "
                             "socket: forged, not asked")
-        wait = EVICT_WAIT
-        if self._warm_deadline is not None:
-            wait = min(wait, max(0.5, self._warm_deadline - time.monotonic()))
         return ask_over_socket(peer, cmd, wait=wait, **args)
 
     def _ensure_warm(self, timeout: float | None, cancel=None, reason: str = "start-up") -> None:
@@ -612,6 +611,7 @@ class Daemon:
         need = self.participant.member.wants_bytes = self.room.needed_bytes()
         if need:
             self.room.check_within_reach(need)   # before anyone is rung: a hopeless restore is a 503 now
+        self.room.begin()   # a peer that does not answer is asked to evict once while we go warm
         h2d_before = self.participant.member.bytes_h2d
         holder = self.participant.holder_text()
         if holder != "none":

@@ -6,15 +6,35 @@ reach of the device at all, within the budget, free on the device as the
 driver sees it) and the refusal with nothing lost, the eviction order of the
 parked peers (least recently used, shifted by priority, pinned and the holder
 never), making room by asking them in that order only until the shortfall is
-covered, emptying them for a foreign (flock-only) peer, our own eviction
-(encoder, scratch, state, weights) when the holder asks, what going cold
-releases, and waiting out memory that members released and are still freeing.
+covered (never with the token held: see "Asking without the token" below),
+emptying them for a foreign
+(flock-only) peer, our own eviction (encoder, scratch, state, weights) when
+the holder asks, what going cold releases, and waiting out memory that
+members released and are still freeing.
 
 Its inputs are explicit so that it runs without a daemon: the residency core
 and the model's regions, the budget, the other members' records, the token
 (holders, waiters), a look at device memory, a callable that sends a control
 request to a peer, a clock.  The daemon (daemon.py) holds its lock around the
 calls and keeps the threads, the token and the member record.
+
+Asking without the token.  The checks run with the token held (the budget and
+the device must not change under them), but a peer asked to evict answers in
+its own time: a few ms, or EVICT_WAIT s when it hangs.  Holding the token
+meanwhile would keep every other member, `vramd exec` and flock-only peer off
+the GPU (issue 19, 4c).  So the checks never ask: when only parked peers can
+make room they raise arbiter.StepAside with the asking as its work, the
+Participant drops the token, asks (bounded by the requester's deadline and
+EVICT_WAIT a peer), queues again and calls prepare_restore again, which looks
+afresh.  A peer that did not answer (timed out, stopped, refused) is not
+asked again in the same warm-up (`begin()` starts one); one that answered,
+releasing, may be, in the first ROOM_CHECKS steps only (askable()), so the
+steps end: in a restore, or in the refusal (OutOfDeviceMemory, a 503) once
+nobody is left to ask.  What
+a third process takes of the room made meanwhile is simply looked at again.
+The one request sent holding the token is on purpose: a holder going cold for
+a flock-only peer empties the parked members first (empty_parked_peers), as
+that peer expects an empty GPU the moment it has the token, and comes next.
 """
 
 from __future__ import annotations
@@ -23,6 +43,7 @@ import logging
 import time
 from typing import Callable
 
+from vramd.arena.arbiter import StepAside
 from vramd.arena.members import KINDS
 from vramd.errors import OutOfDeviceMemory, PeerError, VramdError
 
@@ -40,9 +61,14 @@ FREEING_POLL = 0.02
 EVICTION_KINDS = ("encoder", "scratch", "state", "weights")
 
 
-# A peer asked to evict answers within this long or is counted out (the asker holds the token
-# meanwhile: a stopped or hung peer must not freeze every other member; before, 120 s).
+# A peer asked to evict answers within this long, and never past what is left of the asker's
+# wait (at least ASK_WAIT_MIN), or is counted out: a hung peer costs its asker that much, and
+# nobody else anything (the asker does not hold the token meanwhile); before, 120 s, token held.
 EVICT_WAIT = 5.0
+ASK_WAIT_MIN = 0.5
+# After a step aside whose peers evicted, the driver's free figure may lag their frees this long:
+# a device-memory check waits it out before it asks anyone else.
+SETTLE = 0.3
 
 
 def ask_over_socket(peer, cmd: str, wait: float = EVICT_WAIT, **args) -> dict:
@@ -63,8 +89,10 @@ class Room:
     budget: device bytes the arena's members may hold together; members(): the other
     members' records (vramd.arena.members.Member), is_member(pid): is that pid one;
     token: holders() and waiters() of the arena's token; sample(): a look at device memory
-    (vramd.gpu.memview: "free", "bound", "outside_arena"); ask(peer, cmd, **args): a control
-    request to a peer; metrics: vramd.server.metrics.Metrics; clock and sleep: time's."""
+    (vramd.gpu.memview: "free", "bound", "outside_arena"); ask(peer, cmd, wait, **args): a
+    control request to a peer, answered within `wait` s; metrics:
+    vramd.server.metrics.Metrics; clock and sleep: time's (the deadlines given to the asking
+    are the clock's)."""
 
     def __init__(self, name: str, residency, regions, budget: int, *, members: Callable[[], list],
                  is_member: Callable[[int], bool], token, sample: Callable[[], dict],
@@ -73,6 +101,15 @@ class Room:
         self.name, self.residency, self.regions, self.budget = name, residency, regions, budget
         self.members, self.is_member, self.token, self.sample, self.ask = members, is_member, token, sample, ask
         self.metrics, self.clock, self.sleep = metrics, clock, sleep
+        self.begin()
+
+    def begin(self) -> None:
+        """A new warm-up: every parked peer may be asked again (each at most once per warm-up)."""
+        self.asked: dict[int, str] = {}   # pid -> what came of asking it ("b released 4096 B", ...)
+        self.freed = 0                    # bytes the peers asked in this warm-up said they freed
+        self._answered: set[int] = set()  # the peers asked that answered, releasing something
+        self.steps = 0                    # steps aside in this warm-up
+        self._settled = 0.0               # until then the driver's free figure may lag their frees
 
     def _count_failure(self) -> None:
         if self.metrics is not None:
@@ -146,12 +183,13 @@ class Room:
         """The arena's budget: refuse, before any parked peer is asked to evict, a restore (of
         `need` bytes: weights and state) that would not fit even if every peer that may be
         asked gave up all it holds."""
-        evictable = sum(m.device_bytes() for m in self.eviction_order())
+        evictable = sum(m.device_bytes() for m in self.askable())
         if self.free_bytes() + evictable < need:
             self._count_failure()
             raise OutOfDeviceMemory(f"{self.name}: the device budget ({self.budget} B) is used up by "
                                     "other members' resident buffers that may not be evicted "
-                                    f"({need} B needed, {self.free_bytes()} B free, {evictable} B evictable)")
+                                    f"({need} B needed, {self.free_bytes()} B free, {evictable} B evictable)"
+                                    + self._asked_text())
 
     def check_device_memory(self, need: int) -> None:
         """Before a restore (token held, nothing of ours touched): have `need` bytes free on
@@ -163,8 +201,7 @@ class Room:
         asked of them in eviction order, need - free.  When even that cannot make
         room, refuse before asking anyone for anything."""
         deadline = self.clock() + FREEING_WAIT
-        settled = 0.0   # until then, the driver's figure may still lag the last evictions
-        rounds = short = 0
+        short = 0
         while True:
             report = self.sample()
             free = report["free"]
@@ -175,23 +212,23 @@ class Room:
             if free + freeing >= need:
                 self.sleep(FREEING_POLL)   # on its way back to the driver
                 continue
-            peers = self.eviction_order()
-            if rounds < ROOM_CHECKS and free + freeing + sum(m.device_bytes() for m in peers) >= need:
-                if now < settled:
+            # The driver's figure may rise by less than a peer released by its own count (freed
+            # memory a driver or allocator keeps a while): askable() lets a peer that answered be
+            # asked again for what is still short.
+            peers = self.askable()
+            if peers and free + freeing + sum(m.device_bytes() for m in peers) >= need:
+                if now < self._settled:   # the driver's figure may still lag the last step's evictions
                     self.sleep(0.1)
                     continue
-                self.evict_peers(peers, need - free - freeing)
-                rounds += 1
-                settled = self.clock() + 0.3
-                continue
+                self.step_aside(peers, need - free - freeing, why="the device has too little free")
             short += 1   # the driver's figure may lag frees just made (a peer's eviction drains first)
             if short >= ROOM_CHECKS:
                 break
             self.sleep(0.1)
         from vramd.gpu.memview import mib
         still = sum(m.freeing_bytes for m in self.members())
-        self.refuse(report, need, f"; {mib(still)} released by vramd members are still being freed "
-                                  f"after {FREEING_WAIT:g} s" if still else "")
+        self.refuse(report, need, (f"; {mib(still)} released by vramd members are still being freed "
+                                   f"after {FREEING_WAIT:g} s" if still else "") + self._asked_text())
 
     def refuse(self, report: dict, need: int, detail: str = "") -> None:
         """The restore is refused: cold, nothing lost, one line that says why."""
@@ -215,36 +252,83 @@ class Room:
                       and m.pid not in holders and m.state in ("parked", "cold", "warming")]
         return sorted(candidates, key=lambda m: m.eviction_key())
 
-    def make_room(self, need: int) -> None:
-        """Ask parked peers, in eviction order, to release until `need` bytes are free (the budget's accounting)."""
-        shortfall = need - self.free_bytes()
-        if shortfall > 0:
-            self.evict_peers(self.eviction_order(), shortfall, lambda: need - self.free_bytes())
+    def askable(self) -> list:
+        """The eviction order less the peers asked in this warm-up that did not answer, releasing.
+        One that did may be asked again, in the first ROOM_CHECKS steps aside: what it gave up
+        may have been taken meanwhile by whoever had the token while we asked (the token is
+        free then: that is the point), or the device's own figure may show less than it
+        released.  One that timed out, was stopped or refused is not asked again."""
+        again = self.steps < ROOM_CHECKS
+        return [m for m in self.eviction_order() if m.pid not in self.asked or (again and m.pid in self._answered)]
 
-    def evict_peers(self, peers: list, shortfall: int, left: Callable[[], int] | None = None) -> set[int]:
+    def make_room(self, need: int) -> None:
+        """`need` bytes free by the budget's accounting, else parked peers asked, in eviction
+        order, until they are (a StepAside: the asking is done without the token)."""
+        shortfall = need - self.free_bytes()
+        peers = self.askable() if shortfall > 0 else []
+        if peers:
+            self.step_aside(peers, shortfall, lambda: need - self.free_bytes(), why="the budget is short")
+
+    def make_room_counted(self, need: int) -> None:
+        """make_room without a budget to count by (a `vramd exec --vram` beside no daemon): the
+        parked peers are asked until they said they freed `need` bytes in this warm-up."""
+        peers = self.askable() if self.freed < need else []
+        if peers:
+            self.step_aside(peers, need - self.freed, lambda: need - self.freed, why="asked for --vram")
+
+    def step_aside(self, peers: list, shortfall: int, left: Callable[[], int] | None = None, why: str = "") -> None:
+        """Raise the StepAside whose work asks `peers` (evict_peers) with the token dropped."""
+        def work(deadline: float | None, cancel: Callable[[], bool] | None) -> None:
+            if self.evict_peers(peers, shortfall, left, deadline=deadline, cancel=cancel) and self.freed:
+                self._settled = self.clock() + SETTLE
+        names = ", ".join(f"{m.name} ({m.pid})" for m in peers)
+        self.steps += 1
+        raise StepAside(f"{self.name}: {why + ': ' if why else ''}{shortfall} B short; asking parked peers "
+                        f"{names} (in eviction order) to release until it is covered", work)
+
+    def evict_peers(self, peers: list, shortfall: int, left: Callable[[], int] | None = None, *,
+                    deadline: float | None = None, cancel: Callable[[], bool] | None = None) -> set[int]:
         """Ask `peers` in turn to release until `shortfall` bytes are freed (`left()`: what is
-        still short after each, else the shortfall less what they freed).  Each drains
-        before it replies: its memory is back with the driver.  Returns the pids asked."""
+        still short after each, else the shortfall less what they freed).  Each drains before
+        it replies: its memory is back with the driver.  Each waits EVICT_WAIT s at most, and
+        no more than is left until `deadline` (the clock's); none is asked after it, nor once
+        `cancel()` says so.  Never call this holding the token (step_aside).  Returns the pids
+        asked; each is recorded in `asked` with what came of it."""
         asked = set()
         for peer in peers:
-            if shortfall <= 0:
+            if shortfall <= 0 or (cancel is not None and cancel()):
                 break
+            wait = EVICT_WAIT
+            if deadline is not None:
+                left_s = deadline - self.clock()
+                if left_s <= 0:
+                    break
+                wait = min(wait, max(ASK_WAIT_MIN, left_s))
             asked.add(peer.pid)
             try:
-                reply = self.ask(peer, "evict", bytes=shortfall)
-            except VramdError as e:
+                reply = self.ask(peer, "evict", wait=wait, bytes=shortfall)
+            except (VramdError, OSError, ValueError) as e:   # a connection reset, a garbled reply: counted out
                 log.warning("%s: could not evict %s: %s", self.name, peer.name, e)
+                self.asked[peer.pid] = f"{peer.name} did not: {e}"
+                self._answered.discard(peer.pid)
                 continue
             log.info("%s: %s released %d bytes to make room", self.name, peer.name, reply["freed"])
+            self.asked[peer.pid] = f"{peer.name} released {reply['freed']} B"
+            if reply["freed"]:
+                self._answered.add(peer.pid)
+            self.freed += reply["freed"]
             shortfall = left() if left is not None else shortfall - reply["freed"]
         return asked
+
+    def _asked_text(self) -> str:
+        return "; asked in this warm-up: " + ", ".join(self.asked.values()) if self.asked else ""
 
     def empty_parked_peers(self) -> None:
         """A flock-only peer comes next and expects an empty GPU: every parked member releases."""
         for m in self.members():
             if m.control and m.device_bytes() > 0:
                 try:
-                    self.ask(m, "evict", everything=True)
+                    self.ask(m, "evict", wait=EVICT_WAIT, everything=True)
                 except VramdError as e:
                     log.warning("%s: could not empty %s: %s", self.name, m.name, e)
 
