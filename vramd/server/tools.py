@@ -23,6 +23,9 @@ Formats (llama.cpp's names in brackets):
 tool_choice: auto leaves the native formats free (the output is parsed);
 required and a named function constrain the answer to a call, valid JSON for
 the function's `parameters`; none shows the tools and parses nothing.
+`plan` also sets the request's reasoning split (vramd/server/reasoning.py):
+under a <think> block the template's prompt opened, a grammar starts with
+"</think>" so that the constrained JSON is the answer, not the thought.
 """
 
 from __future__ import annotations
