@@ -286,6 +286,10 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
 @click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last"]), default=None,
               help="How /v1/embeddings pools a prompt's hidden states, over the file's <arch>.pooling_type (a "
                    "generative model's file has none: embeddings need this) [the file's].")
+@click.option("--reasoning-format", type=click.Choice(["auto", "deepseek", "none"]), default=None,
+              help="A thinking model's <think> block: auto (into reasoning_content when the chat template is a "
+                   "thinking one, as llama.cpp's server does), deepseek (a leading block whatever the template), "
+                   "none (left in content); a request's reasoning_format overrides it [auto].")
 @click.option("--evict-state", type=click.Choice(["auto", "always", "never"]), default=None,
               help="Copy the KV cache to the host when going cold: auto (only if the next peer needs the room), "
                    "always, never [auto].")

@@ -145,3 +145,69 @@ def test_bad_or_unsupported_structured_fields_are_a_400_naming_them(c, extra, wo
     args = {"model": "qwen", "messages": CHAT, "max_tokens": 1, **extra}
     with pytest.raises(openai.BadRequestError, match=words):
         c.chat.completions.create(**args)
+
+
+def test_streamed_tool_call_arguments_arrive_token_by_token(c):
+    """A plain stream=True loop, as agent frameworks write it: the first delta of a call has
+    its id and name, the arguments come in many deltas and add up to the non-streamed call."""
+    args = dict(model="qwen", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=300,
+                temperature=0.8, seed=4)
+    whole = c.chat.completions.create(**args).choices[0].message.tool_calls
+    calls: dict[int, dict] = {}
+    pieces: dict[int, int] = {}
+    finish = None
+    for chunk in c.chat.completions.create(stream=True, **args):
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        for t in choice.delta.tool_calls or []:
+            if t.index not in calls:
+                assert t.id and t.type == "function" and t.function.name
+                calls[t.index] = {"id": t.id, "name": t.function.name, "arguments": t.function.arguments or ""}
+            else:
+                assert t.id is None and t.function.name is None
+                calls[t.index]["arguments"] += t.function.arguments
+                pieces[t.index] = pieces.get(t.index, 0) + 1
+    assert finish == "tool_calls"
+    assert [(v["name"], v["arguments"]) for _, v in sorted(calls.items())] == \
+        [(t.function.name, t.function.arguments) for t in whole]
+    assert all(pieces[i] > 1 for i in calls)
+
+
+def test_a_bad_reasoning_format_is_a_400(c):
+    with pytest.raises(openai.BadRequestError, match="reasoning_format"):
+        c.chat.completions.create(model="qwen", messages=CHAT, max_tokens=1, extra_body={"reasoning_format": "raw"})
+
+
+@pytest.fixture(scope="module")
+def r1(tmp_path_factory):
+    """DeepSeek-R1-Distill's template, whose generation prompt opens <think>: the model's
+    answer starts inside the block."""
+    from tests.engine.test_tool_templates import TEMPLATES
+    d = tmp_path_factory.mktemp("r1")
+    model = write_llama(d / "r1.gguf", arch="qwen3", n_embd=64, n_ff=128, n_layer=1, seed=12,
+                        chat_template=(TEMPLATES / "deepseek-r1-distill-qwen-32b.jinja").read_text())
+    daemon = DaemonProc(d / "arena", model, "r1", "--reasoning-format", "deepseek", ctx=2048, wait_ready=False)
+    try:
+        daemon.wait_ready(120)
+        yield openai.OpenAI(base_url=daemon.member().endpoint + "/v1", api_key="unused", max_retries=0, timeout=120)
+    finally:
+        daemon.stop()
+
+
+def test_reasoning_content_beside_content_streamed_or_not(r1):
+    args = dict(model="r1", messages=CHAT, max_tokens=12, temperature=0)
+    raw = r1.chat.completions.create(extra_body={"reasoning_format": "none"}, **args).choices[0].message
+    r = r1.chat.completions.create(**args).choices[0]
+    # A random model never closes the block the prompt opened: all of it is reasoning.
+    assert r.message.reasoning_content == raw.content.strip() and r.message.content == ""
+    with r1.chat.completions.stream(**args) as stream:
+        final = stream.get_final_completion().choices[0].message
+    assert final.reasoning_content == r.message.reasoning_content and not final.content
+    # Under a schema the grammar first closes the block: the content is the JSON.
+    j = r1.chat.completions.parse(model="r1", messages=CHAT, response_format=Ledger, max_tokens=300,
+                                  temperature=1.0, seed=1).choices[0]
+    assert j.finish_reason == "stop" and isinstance(j.message.parsed, Ledger)
+    assert not getattr(j.message, "reasoning_content", None)
+    t = r1.chat.completions.create(model="r1", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=300,
+                                   temperature=0.8, seed=3).choices[0]
+    check_calls(t.message, {"weather", "sacks"})

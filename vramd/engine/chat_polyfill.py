@@ -3,8 +3,9 @@
 Owns `Capabilities` (found once per template by rendering probe messages,
 as llama.cpp's minja does: does the template use `tools`, render an
 assistant's `tool_calls`, a `tool` message; does it
-want tool-call arguments as objects) and `adapt(messages, extra, caps)`,
-minja's polyfills for what it lacks:
+want tool-call arguments as objects; does it refuse call ids that are not 9
+characters, as Mistral's do) and `adapt(messages, extra, caps)`, minja's
+polyfills for what it lacks:
 
 - tools a template does not describe go into the system message, as JSON;
 - an assistant's tool calls a template does not render become its content,
@@ -12,7 +13,11 @@ minja's polyfills for what it lacks:
 - a tool message a template does not render becomes a user message,
   `{"tool_response": {"tool", "content", "tool_call_id"}}` (and consecutive
   user messages are joined, for templates that insist on alternation,
-  Gemma's among them).
+  Gemma's among them);
+- for a template that takes only 9-character call ids (Mistral's raise
+  "Tool call IDs should be alphanumeric strings with length 9!"), every
+  other id in the history (another server's `call_...`) becomes 9 letters
+  and digits derived from it, the same in the call and in its answer.
 A template's refusal of anything else (a system message, roles out of
 order) stays its refusal, a 400: these polyfills are for tool messages only.
 
@@ -23,18 +28,23 @@ templates) get the messages untouched.  Does not own the template itself
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import string
 from dataclasses import dataclass
 
 _TOOL = {"type": "function", "function": {"name": "vramd_probe_tool", "description": "probe",
                                           "parameters": {"type": "object", "properties": {"vramd_arg": {"type": "string"}}}}}
 _ARGS = {"vramd_arg": "vramd_value"}
+_ALNUM = string.ascii_letters + string.digits
 
 
-def _call(args) -> dict:
-    return {"id": "call_vramd01", "type": "function",
-            "function": {"name": "vramd_probe_call", "arguments": args}}
+_PROBE_ID = "vramdcall"     # 9 letters: Mistral's templates refuse any other length
+
+
+def _call(args, id_: str = _PROBE_ID) -> dict:
+    return {"id": id_, "type": "function", "function": {"name": "vramd_probe_call", "arguments": args}}
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class Capabilities:
     tool_calls: bool = True
     tool_responses: bool = True
     object_arguments: bool = False
+    nine_char_ids: bool = False
 
     @classmethod
     def probe(cls, render, source: str = "") -> "Capabilities":
@@ -66,9 +77,12 @@ class Capabilities:
                           "tool_calls": [_call(_ARGS if object_arguments else json.dumps(_ARGS))]}] \
             if tool_calls else [user, {"role": "assistant", "content": "vramd_answer"}]
         tool_responses = "vramd_tool_said" in out(
-            history + [{"role": "tool", "tool_call_id": "call_vramd01", "name": "vramd_probe_call",
+            history + [{"role": "tool", "tool_call_id": _PROBE_ID, "name": "vramd_probe_call",
                         "content": "vramd_tool_said"}])
-        return cls(tools, tool_calls, tool_responses, object_arguments)
+        longer = [user, {"role": "assistant", "content": None,
+                         "tool_calls": [_call(_ARGS if object_arguments else json.dumps(_ARGS), "call_" + _PROBE_ID)]}]
+        nine = tool_calls and "vramd_probe_call" not in out(longer)
+        return cls(tools, tool_calls, tool_responses, object_arguments, nine)
 
 
 def needs_adapting(messages: list[dict], extra: dict) -> bool:
@@ -84,6 +98,8 @@ def adapt(messages: list[dict], extra: dict, caps: Capabilities) -> list[dict]:
         text = ("You can call any of the following tools to satisfy the user's requests: "
                 + json.dumps(tools, indent=2, ensure_ascii=False))
         out = _add_system(out, text)
+    if caps.nine_char_ids:
+        out = [_nine_char_ids(m) for m in out]
     for m in out:
         if m.get("tool_calls"):
             if not caps.tool_calls:
@@ -102,6 +118,21 @@ def adapt(messages: list[dict], extra: dict, caps: Capabilities) -> list[dict]:
     if not caps.tool_responses:
         out = _join_users(out)
     return out
+
+
+def _nine(id_: str) -> str:
+    if len(id_) == 9 and id_.isalnum() and id_.isascii():
+        return id_
+    digest = hashlib.sha256(id_.encode()).digest()
+    return "".join(_ALNUM[b % len(_ALNUM)] for b in digest[:9])
+
+
+def _nine_char_ids(m: dict) -> dict:
+    if m.get("tool_calls"):
+        m = {**m, "tool_calls": [{**c, "id": _nine(c.get("id") or "")} for c in m["tool_calls"]]}
+    if m["role"] == "tool" and m.get("tool_call_id") is not None:
+        m = {**m, "tool_call_id": _nine(m["tool_call_id"])}
+    return m
 
 
 def _add_system(messages: list[dict], text: str) -> list[dict]:

@@ -35,6 +35,7 @@ class ServeConfig:
     context_overflow: str = "error"   # a prompt or generation longer than ctx (vramd/engine/overflow.py)
     evict_state: str = "auto"
     pooling: str | None = None        # embeddings: none, mean, cls, last (None: the file's; vramd/engine/embed.py)
+    reasoning_format: str = "auto"    # <think> blocks as reasoning_content (vramd/server/reasoning.py)
     idle_sleep: float = -1.0
     vram_budget: int | None = None
     host: str = "127.0.0.1"
@@ -69,6 +70,9 @@ class ServeConfig:
         from vramd.engine.overflow import POLICIES
         if self.context_overflow not in POLICIES:
             raise UsageError(f"{where}: context_overflow {self.context_overflow!r}: one of {', '.join(POLICIES)}")
+        from vramd.server.reasoning import FORMATS as REASONING
+        if self.reasoning_format not in REASONING:
+            raise UsageError(f"{where}: reasoning_format {self.reasoning_format!r}: one of {', '.join(REASONING)}")
         from vramd.engine.embed import CHOICES as POOLING
         if self.pooling is not None and self.pooling not in POOLING:
             raise UsageError(f"{where}: pooling {self.pooling!r}: one of {', '.join(POOLING)}")

@@ -740,6 +740,7 @@ class Daemon:
         """One OpenAI request: a generation job on the loop thread, streamed or not."""
         ex.fields["model"] = self.name
         req = openai_api.parse_request(kind, ex.body(), set(self.model_names()))
+        req.reasoning_format = req.reasoning_format or self.cfg.reasoning_format   # vramd/server/reasoning.py
         if self.engine is None:
             raise PeerError(f"{self.name} is still loading")
         if self.stopping:

@@ -24,7 +24,7 @@ from vramd.engine.chat import MEDIA_MARKER
 from vramd.engine.prompt import Prompt
 from vramd.engine.sampler import Piece, SamplingParams
 from vramd.errors import UsageError, VramdError
-from vramd.server import structured, toolcalls
+from vramd.server import assistant, reasoning, structured
 from vramd.server.bodies import json_object
 
 MAX_IMAGES = 8
@@ -59,6 +59,10 @@ class GenerationRequest:
     # tool calls are read (vramd/server/tools.py sets it; None: they are not)
     structured: structured.Structured = field(default_factory=structured.Structured)
     tool_format: str | None = None
+    # <think> blocks (vramd/server/reasoning.py): the request's reasoning_format (None: the
+    # daemon's --reasoning-format) and what tools.plan made of it (None: the text stays as is)
+    reasoning_format: str | None = None
+    reasoning: reasoning.Reasoning | None = None
 
     def sampling(self) -> SamplingParams:
         """What the engine samples with."""
@@ -146,6 +150,7 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     else:
         raise UsageError("'stop' must be a string or a list of at most 4 strings")
     req.structured = structured.parse(body, kind)
+    req.reasoning_format = reasoning.request_format(body, kind)
     if kind == "completion":
         req.prompt = _prompt(body.get("prompt"))
         lp = body.get("logprobs")
@@ -257,7 +262,9 @@ class ResponseBuilder:
         self.echo_text = ""
         self.role_sent = False
         self.context: dict | None = None   # what --context-overflow dropped (vramd/engine/overflow.py)
-        self.tool_stream = toolcalls.ToolStream(req.tool_format) if req.tool_format else None
+        # tool calls and reasoning read out of the text (vramd/server/assistant.py)
+        self.assistant = assistant.Assistant(req.tool_format, req.reasoning) \
+            if req.tool_format or req.reasoning else None
 
     def add_shifts(self, stats: dict) -> None:
         """The context shifts of the generation (policy shift), beside any cut of the prompt."""
@@ -311,12 +318,10 @@ class ResponseBuilder:
             obj = "text_completion"
         else:
             message: dict = {"role": "assistant", "content": text}
-            if self.req.tool_format:
-                content, calls = toolcalls.parse(self.req.tool_format, text)
-                message["content"] = content if content or not calls else None
-                if calls:
-                    message["tool_calls"] = [c.wire() for c in calls]
-                    finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+            if self.assistant is not None:
+                message.update(assistant.message(self.req.tool_format, self.req.reasoning, text))
+                if message.get("tool_calls") and finish_reason == "stop":
+                    finish_reason = "tool_calls"
             choice = {"index": 0, "message": message,
                       "logprobs": self._chat_logprobs(self.pieces), "finish_reason": finish_reason}
             obj = "chat.completion"
@@ -333,16 +338,15 @@ class ResponseBuilder:
             obj = "text_completion"
         else:
             delta: dict = {}
-            if self.tool_stream is not None:
-                text, calls = self._tool_delta(text, finish_reason)
-                if calls:
-                    delta["tool_calls"] = calls
-                if finish_reason == "stop" and self.tool_stream.sent:
+            if self.assistant is not None:
+                delta = self.assistant.feed(text, final=finish_reason is not None)
+                text = delta.pop("content", "")
+                if finish_reason == "stop" and self.assistant.calls:
                     finish_reason = "tool_calls"
             if not self.role_sent:
                 delta["role"] = "assistant"
                 self.role_sent = True
-            if text or (not finish_reason and "role" not in delta and "tool_calls" not in delta):
+            if text or (not finish_reason and not delta):
                 delta["content"] = text
             choice = {"index": 0, "delta": delta,
                       "logprobs": self._chat_logprobs(pieces) if pieces else None, "finish_reason": finish_reason}
@@ -351,15 +355,6 @@ class ResponseBuilder:
         if self.req.include_usage:
             out["usage"] = None
         return out
-
-    def _tool_delta(self, text: str, finish_reason: str | None) -> tuple[str, list[dict]]:
-        """The content and the tool_calls entries of a streamed chunk (vramd/server/toolcalls.py)."""
-        first = self.tool_stream.sent
-        content, calls = self.tool_stream.feed(text)
-        if finish_reason is not None:
-            rest, more = self.tool_stream.finish()
-            content, calls = content + rest, calls + more
-        return content, [c.delta(first + k) for k, c in enumerate(calls)]
 
     def usage_chunk(self) -> dict:
         obj = "text_completion" if self.req.kind == "completion" else "chat.completion.chunk"

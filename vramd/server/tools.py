@@ -23,6 +23,9 @@ Formats (llama.cpp's names in brackets):
 tool_choice: auto leaves the native formats free (the output is parsed);
 required and a named function constrain the answer to a call, valid JSON for
 the function's `parameters`; none shows the tools and parses nothing.
+`plan` also sets the request's reasoning split (vramd/server/reasoning.py):
+under a <think> block the template's prompt opened, a grammar starts with
+"</think>" so that the constrained JSON is the answer, not the thought.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import time
 from vramd.engine import grammar as g
 from vramd.engine.chat_polyfill import add_system
 from vramd.errors import UsageError
+from vramd.server import reasoning
 
 GENERIC_PROMPT = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with "
                   "`response` reply to the user's request")
@@ -56,6 +60,11 @@ def plan(tokenizer, template, req) -> tuple[str | None, bool]:
     grammar, special = None, False
     if s.tools:
         req.template_kwargs = {**req.template_kwargs, "tools": s.tools}
+    # A thinking template (vramd/server/reasoning.py); under a block the prompt opened, a
+    # constrained answer first closes it (an empty thought, as Qwen's enable_thinking=false writes).
+    req.reasoning = reasoning.plan(template, req.reasoning_format, req.template_kwargs) if req.kind == "chat" else None
+    close = json.dumps(reasoning.CLOSE) + " " if req.reasoning is not None and req.reasoning.open else ""
+    if s.tools:
         fmt = detect(template)
         if fmt == "llama3":
             req.template_kwargs.update(date_string=time.strftime("%d %b %Y"), tools_in_user_message=False)
@@ -64,11 +73,11 @@ def plan(tokenizer, template, req) -> tuple[str | None, bool]:
                 fmt = "generic"
             if fmt == "generic":
                 req.messages = add_system(req.messages, GENERIC_PROMPT)
-            grammar = _call_grammar(fmt, tokenizer, s)
+            grammar = _call_grammar(fmt, tokenizer, s, close)
             special = fmt == "mistral"
             req.tool_format = fmt
     if grammar is None and s.json_schema is not None and not s.calls_tools:
-        grammar = g.json_schema(s.json_schema)
+        grammar = g.lark(f"start: {close}{g.json_in_lark(s.json_schema)}\n") if close else g.json_schema(s.json_schema)
     if grammar is not None:
         if tokenizer is None:
             raise UsageError("this model has no vocabulary in its file: constrained output needs one")
@@ -89,7 +98,9 @@ def _call_schema(functions: list[dict], args_key: str, extra: dict | None = None
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
 
-def _call_grammar(fmt: str, tokenizer, s) -> str | None:
+def _call_grammar(fmt: str, tokenizer, s, close: str = "") -> str | None:
+    """The grammar of a call in format `fmt` (None: the answer is free); `close`: a Lark
+    string the answer starts with (the end of an open <think> block), or ""."""
     if tokenizer is None:
         raise UsageError("this model has no vocabulary in its file: tool calls need one")
     forced = s.tool_choice in ("required", "function")
@@ -104,16 +115,18 @@ def _call_grammar(fmt: str, tokenizer, s) -> str | None:
             response = s.json_schema if s.json_schema is not None else {"type": "string"}
             one = {"anyOf": [one, {"type": "object", "properties": {"response": response},
                                    "required": ["response"], "additionalProperties": False}]}
-        return g.json_schema(one)
+        return g.lark(f"start: {close}{g.json_in_lark(one)}\n") if close else g.json_schema(one)
     if not forced:
         return None      # auto: the model's own format, parsed afterwards
     if fmt == "hermes":
         call = f'"<tool_call>\\n" {g.json_in_lark(_call_schema(functions, "arguments"))} "\\n</tool_call>"'
-        return g.lark(f'start: call ("\\n" call)*\ncall: {call}\n' if s.parallel else f"start: {call}\n")
+        return g.lark(f'start: {close}call ("\\n" call)*\ncall: {call}\n' if s.parallel else
+                      f"start: {close}{call}\n")
     if fmt == "llama3":
-        return g.json_schema(_call_schema(functions, "parameters"))
+        call = _call_schema(functions, "parameters")
+        return g.lark(f"start: {close}{g.json_in_lark(call)}\n") if close else g.json_schema(call)
     # mistral: an id of 9 letters and digits, as Mistral's template expects.
     item = _call_schema(functions, "arguments", {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}})
     array = {"type": "array", "items": item, "minItems": 1, **({} if s.parallel else {"maxItems": 1})}
     marker = g.special_token(tokenizer, "[TOOL_CALLS]") or json.dumps("[TOOL_CALLS]")
-    return g.lark(f"start: {marker} {g.json_in_lark(array)}\n")
+    return g.lark(f"start: {close}{marker} {g.json_in_lark(array)}\n")
