@@ -186,7 +186,7 @@ class Engine:
         string), "length" (max_tokens or the context is full), or
         "cancelled" (the client went away).
         """
-        sampler = Sampler(params)
+        sampler = Sampler(params, prompt=ids)   # repeat_penalty's window starts in the prompt
         stops = StopMatcher(params.stop)
         decoder = self.tokenizer.stream_decoder() if self.tokenizer else None
         logits, _ = self._prefill(ids, embeds)
