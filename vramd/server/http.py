@@ -1,9 +1,23 @@
 """The daemon's HTTP face: a small router over the stdlib's threading HTTP server.
 
 Bound to --host:--port (127.0.0.1 by default), a thread per connection.
-Routes are `(method, path) -> fn(exchange)`; an `Exchange` reads the body
-and writes a JSON reply or a server-sent-event stream.  Handlers never touch
-the GPU: generation is a job on the daemon's loop thread.
+Routes are `(method, path) -> fn(exchange)` (a path ending in "/" takes
+every path below it: `Exchange.rest` is the part after it, URL-decoded);
+an `Exchange` reads the body and writes a JSON reply or a server-sent-event
+stream.  Handlers never touch the GPU: generation is a job on the daemon's
+loop thread.
+
+HTTP/1.1 with keep-alive: a connection carries any number of requests, one
+after another.  A stream to an HTTP/1.1 client is sent chunked, so that the
+connection survives it; to an HTTP/1.0 client it ends with the connection.
+A stream whose route fails after the headers went out ends with an SSE
+error event (OpenAI's error object) and `data: [DONE]`, never just cut.
+HEAD is answered for every GET route (the GET's headers, no body).  OPTIONS
+says which methods a path takes; with --cors-origin it is the CORS
+preflight answer, and every reply to an allowed `Origin` carries
+`Access-Control-Allow-Origin` (the origin, or `*` for `--cors-origin '*'`);
+without the flag no reply carries a CORS header, so browsers on other
+origins cannot read any.
 
 What a client may not do:
 
@@ -14,6 +28,8 @@ What a client may not do:
   a malformed one (400), or larger than --max-request-bytes (413); the
   body is never read before these checks pass;
 - send a request head (request line and headers) over MAX_HEAD bytes (431);
+- keep a connection after a 401 (it is closed: a client without the key
+  gets one answer per connection);
 - take longer than HEAD_TIMEOUT seconds (or --request-timeout, if less) to
   send a request head, counted from when the connection is taken up or the
   previous reply was sent: the API key is checked only once the head is in,
@@ -47,6 +63,7 @@ import select
 import socket
 import threading
 import time
+import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -172,7 +189,11 @@ class Exchange:
     def __init__(self, handler: BaseHTTPRequestHandler):
         self.h = handler
         self.path = handler.path.split("?", 1)[0]
+        self.rest: str | None = None      # a prefix route's: the path below its prefix, URL-decoded
+        self.head_only = handler.command == "HEAD"   # headers as for GET, no body
         self.streaming = False
+        self.chunked = False              # the stream goes out in HTTP/1.1 chunks (the connection stays)
+        self.stream_done = False          # the stream's end was sent
         self.length: int | None = None   # the body's Content-Length, checked (POST)
         self.method = handler.command
         self.started = time.monotonic()
@@ -206,23 +227,53 @@ class Exchange:
             self.h.send_header(k, v)
         self.h.send_header("Content-Type", ctype)
         self.h.send_header("Content-Length", str(len(body)))
+        if self.h.close_connection:
+            self.h.send_header("Connection", "close")
         self.h.end_headers()
-        self._write(body)
+        self._write(b"" if self.head_only else body)
 
     def start_stream(self) -> None:
-        """Server-sent events: no length, the connection closes at the end."""
+        """Server-sent events, the headers flushed now: chunked to an HTTP/1.1 client (the
+        connection stays), else without a length and the connection closes at the end."""
         self.streaming = True
         self.status = 200
-        self.h.close_connection = True
+        self.chunked = self.h.request_version == "HTTP/1.1" and not self.h.close_connection
         self.h.send_response(200)
         self.h.send_header("Content-Type", "text/event-stream")
         self.h.send_header("Cache-Control", "no-cache")
-        self.h.send_header("Connection", "close")
+        if self.chunked:
+            self.h.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.h.close_connection = True
+            self.h.send_header("Connection", "close")
         self.h.end_headers()
         self._write(b"")
 
     def send(self, data: bytes) -> None:
+        if self.chunked and data:
+            data = b"%x\r\n%s\r\n" % (len(data), data)
         self._write(data)
+
+    def keep_alive(self) -> None:
+        """An SSE comment: clients skip it; it shows the stream is alive (and finds a client
+        that hung up) while the request waits for the GPU or a long prefill."""
+        self.send(b": keep-alive\n\n")
+
+    def end_stream(self) -> None:
+        """The stream's last bytes: the chunked body's end (nothing to send otherwise)."""
+        if self.stream_done:
+            return
+        self.stream_done = True
+        if self.chunked:
+            self._write(b"0\r\n\r\n")
+
+    def stream_error(self, status: int, payload: dict) -> None:
+        """An error after the headers went out: the error object as an event, then the end."""
+        self.error = self.error or payload.get("error", {}).get("message")
+        self.fields["error_status"] = status   # the status line said 200: the log and metrics say this
+        self.send(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        self.send(b"data: [DONE]\n\n")
+        self.end_stream()
 
     def client_gone(self) -> bool:
         """Has the client closed its end (EOF or a reset) while we work on its reply?  Data it
@@ -259,7 +310,9 @@ def _loopback(host: str) -> bool:
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "vramd"
+    protocol_version = "HTTP/1.1"   # keep-alive: every reply has a length, or is chunked, or closes
     routes: dict[tuple[str, str], Route] = {}
+    cors_origins: frozenset = frozenset()   # --cors-origin: origins, or "*"
     on_error: Callable[[BaseException], tuple[int, dict]] = None
     api_key: bytes | None = None
     open_paths: frozenset = OPEN_PATHS
@@ -279,6 +332,7 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         """http.server's, with a deadline and a byte budget on the request head."""
         self.command, self.request_version, self.requestline = None, "HTTP/1.0", ""
+        self.headers = None   # not the previous request's (end_headers reads its Origin)
         try:
             self.rfile.begin(self.request_timeout, self.head_timeout)
             self.raw_requestline = self.rfile.readline()
@@ -310,6 +364,35 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, OSError) as e:
             log.debug("%s: connection failed: %s", self.address_string(), e)
             self.close_connection = True
+
+    def end_headers(self) -> None:
+        """Every reply's headers end here: the CORS headers join them for an allowed Origin."""
+        for k, v in self._cors_headers().items():
+            self.send_header(k, v)
+        super().end_headers()
+
+    def _cors_headers(self) -> dict:
+        origin = self.headers.get("Origin") if self.cors_origins and getattr(self, "headers", None) else None
+        if not origin:
+            return {}
+        if "*" in self.cors_origins:
+            allow = "*"
+        elif origin in self.cors_origins:
+            allow = origin
+        else:
+            return {}
+        out = {"Access-Control-Allow-Origin": allow,
+               "Access-Control-Expose-Headers": "Retry-After, X-Vramd-Context-Dropped"}
+        if allow != "*":
+            out["Vary"] = "Origin"
+        if self.command == "OPTIONS" and self.headers.get("Access-Control-Request-Method"):
+            out["Access-Control-Allow-Methods"] = "GET, HEAD, POST, OPTIONS"
+            # What the page asks to send (Authorization, Content-Type, the SDKs' X-Stainless-*): a
+            # bearer key is no cookie, so echoing the list opens nothing the key does not guard.
+            out["Access-Control-Allow-Headers"] = self.headers.get("Access-Control-Request-Headers") or \
+                "Authorization, Content-Type"
+            out["Access-Control-Max-Age"] = "600"
+        return out
 
     def send_error(self, code, message=None, explain=None) -> None:
         """http.server's own refusals (malformed request, head too large), as OpenAI-shaped JSON."""
@@ -349,7 +432,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         try:
             self.end_headers()
-            ex._write(body)
+            ex._write(b"" if ex.head_only else body)
         except (ClientGone, OSError):
             self.close_connection = True
 
@@ -358,6 +441,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
+            self.close_connection = True
             raise Refused(401, "missing API key: send the header 'Authorization: Bearer <key>'",
                           "invalid_api_key", {"WWW-Authenticate": 'Bearer realm="vramd"'})
         try:
@@ -365,6 +449,7 @@ class _Handler(BaseHTTPRequestHandler):
         except UnicodeEncodeError:
             given_bytes = b""
         if not hmac.compare_digest(given_bytes, self.api_key):
+            self.close_connection = True
             raise Refused(401, "incorrect API key", "invalid_api_key",
                           {"WWW-Authenticate": 'Bearer realm="vramd", error="invalid_token"'})
 
@@ -402,7 +487,54 @@ class _Handler(BaseHTTPRequestHandler):
                   method=method, path=ex.path, status=ex.status, **ex.fields, total_s=round(seconds, 6),
                   error=ex.error)
 
+    def _find(self, method: str, ex: "Exchange") -> Route | None:
+        """The route for (method, path): an exact one, else the longest prefix route above it."""
+        route = self.routes.get((method, ex.path))
+        if route is not None:
+            return route
+        best = None
+        for (m, path), fn in self.routes.items():
+            if m == method and path.endswith("/") and ex.path.startswith(path) and len(ex.path) > len(path):
+                if best is None or len(path) > len(best[0]):
+                    best = (path, fn)
+        if best is None:
+            return None
+        ex.rest = urllib.parse.unquote(ex.path[len(best[0]):])
+        return best[1]
+
+    def _methods(self, path: str) -> list[str]:
+        """What a path takes (OPTIONS's Allow, a 405's)."""
+        probe = Exchange.__new__(Exchange)
+        probe.path = path
+        got = {m for m in ("GET", "POST") if self._find(m, probe) is not None}
+        if "GET" in got:
+            got.add("HEAD")
+        return sorted(got | {"OPTIONS"}) if got else []
+
+    def _options(self, ex: "Exchange") -> None:
+        """OPTIONS: the methods a path takes; for an allowed Origin, the CORS preflight's answer
+        (end_headers adds it).  Asks for no key: a browser's preflight never carries one."""
+        methods = ["GET", "HEAD", "OPTIONS", "POST"] if ex.path == "*" else self._methods(ex.path)
+        if not methods:
+            ex.reply(404, {"error": {"message": f"OPTIONS {ex.path}: no such route", "type": "not_found_error",
+                                     "param": None, "code": None}})
+            return
+        ex.status = 204
+        self.send_response(204)
+        self.send_header("Allow", ", ".join(methods))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _route(self, method: str, ex: "Exchange") -> None:
+        if method == "OPTIONS":
+            if self.headers.get("Content-Length") or self.headers.get("Transfer-Encoding"):
+                self.close_connection = True   # a body nobody reads
+            self._options(ex)
+            return
+        lookup = "GET" if method == "HEAD" else method
+        if method != "POST" and (self.headers.get("Transfer-Encoding") or
+                                 self.headers.get("Content-Length", "0").strip() not in ("", "0")):
+            self.close_connection = True   # a body nobody reads: it must not be taken for the next request
         try:
             self._check_key(ex.path)
             if method == "POST":
@@ -410,27 +542,34 @@ class _Handler(BaseHTTPRequestHandler):
         except Refused as r:
             self._refuse(ex, r)
             return
-        route = self.routes.get((method, ex.path))
+        route = self._find(lookup, ex)
         if route is None:
             if ex.length:
                 self.close_connection = True
-            known = any(path == ex.path for _m, path in self.routes)
-            status = 405 if known else 404
+            allowed = self._methods(ex.path)
+            status = 405 if allowed else 404
             ex.reply(status, {"error": {"message": f"{method} {ex.path}: no such route", "type": "not_found_error",
-                                        "param": None, "code": None}})
+                                        "param": None, "code": None}},
+                     headers={"Allow": ", ".join(allowed)} if allowed else None)
             return
         try:
             route(ex)
+            if ex.streaming:
+                ex.end_stream()
         except Refused as r:
             if not ex.streaming:
                 self._refuse(ex, r)
+            else:
+                self._late_error(ex, r.status, error_payload(str(r), r.code))
         except ClientGone:
             ex.error = "the client went away"
+            self.close_connection = True
         except Exception as e:
             if not isinstance(e, UsageError) and getattr(e, "http_status", 500) == 500:
                 log.exception("%s %s failed", method, ex.path)
             if ex.streaming:
-                return  # headers are gone; the stream just ends
+                self._late_error(ex, *type(self).on_error(e))
+                return
             if ex.length:
                 self.close_connection = True  # the route failed before reading its body
             status, payload = type(self).on_error(e)
@@ -442,11 +581,27 @@ class _Handler(BaseHTTPRequestHandler):
             except ClientGone:
                 pass
 
+    def _late_error(self, ex: "Exchange", status: int, payload: dict) -> None:
+        """The route failed after the stream's headers went out: tell the client in the stream."""
+        if ex.stream_done:
+            return
+        try:
+            ex.stream_error(status, payload)
+        except ClientGone:
+            ex.error = ex.error or "the client went away"
+            self.close_connection = True
+
     def do_GET(self):  # noqa: N802 (http.server's naming)
         self._dispatch("GET")
 
+    def do_HEAD(self):  # noqa: N802
+        self._dispatch("HEAD")
+
     def do_POST(self):  # noqa: N802
         self._dispatch("POST")
+
+    def do_OPTIONS(self):  # noqa: N802
+        self._dispatch("OPTIONS")
 
     def log_message(self, fmt, *args):
         log.debug("%s " + fmt, self.address_string(), *args)
@@ -510,8 +665,9 @@ class HttpServer:
     def __init__(self, host: str, port: int, routes: dict[tuple[str, str], Route],
                  on_error: Callable[[BaseException], tuple[int, dict]], *, api_key: str | None = None,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 open_paths=OPEN_PATHS, on_start=None, on_finish=None):
+                 open_paths=OPEN_PATHS, on_start=None, on_finish=None, cors_origins=()):
         handler = type("Handler", (_Handler,), {
+            "cors_origins": frozenset(cors_origins),
             "routes": routes, "on_error": staticmethod(on_error),
             "api_key": api_key.encode() if api_key else None, "open_paths": frozenset(open_paths),
             "on_start": staticmethod(on_start) if on_start else None,

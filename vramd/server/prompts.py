@@ -45,6 +45,10 @@ def prepare(engine, req: GenerationRequest,
     encoder, on the loop), as the context takes them under --context-overflow, with what was
     dropped (None: nothing).  Raises UsageError (400) for anything the loop would refuse."""
     sampling = req.sampling()
+    n_vocab = engine.spec.n_vocab
+    outside = [t for t, _ in sampling.logit_bias if t >= n_vocab]
+    if outside:
+        raise UsageError(f"logit_bias: token id {outside[0]} is outside the vocabulary (0..{n_vocab - 1})")
     ids, dropped = _ids(engine, req, has_encoder)
     return sampling, ids, dropped
 
