@@ -312,6 +312,11 @@ def test_one_connection_carries_many_requests(arena, llama, daemons):
         events = [line for line in r.read().decode().split("\n\n") if line.startswith("data: ")]
         assert events[-1] == "data: [DONE]" and len(events) >= 3
         assert h.sock is first, f"request {i}: http.client had to open a new connection"
+    # Idle past the head timeout (5 s): a connection that served a request waits longer (20 s).
+    time.sleep(6.5)
+    h.request("GET", "/health")
+    r = h.getresponse()
+    assert r.status == 200 and r.read() and h.sock is first
     # The openai SDK's pooled httpx client: many requests, one TCP connection.  (Its sync client
     # closes a stream's connection after [DONE] without reading the body's end; its async client
     # drains it for HTTP/1.1 reuse: streams are counted there.)

@@ -33,7 +33,10 @@ What a client may not do:
 - take longer than HEAD_TIMEOUT seconds (or --request-timeout, if less) to
   send a request head, counted from when the connection is taken up or the
   previous reply was sent: the API key is checked only once the head is in,
-  so this is how long a client without the key can hold a connection slot;
+  so this is how long a client without the key can hold a connection slot
+  (once a request on the connection passed the key check, the connection may
+  idle IDLE_TIMEOUT seconds for the next request, whose clocks start with its
+  first byte);
 - take longer than --request-timeout seconds to send a request, head and
   body (a slowloris client: the connection is closed), or leave a reply
   unread for that long;
@@ -76,6 +79,11 @@ log = logging.getLogger("vramd.http")
 DEFAULT_MAX_REQUEST = 32 << 20    # images travel inside the JSON as base64
 DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds to send a whole request (or to take a reply)
 HEAD_TIMEOUT = 5.0                # seconds to send the request head (never more than the request timeout)
+# A kept-alive connection waits this long for its next request, once a request on it passed the key
+# check: longer than the pools of common clients keep an idle connection (httpx 5 s, aiohttp 15 s,
+# undici 4 s), so that the client, not the daemon, drops it first (a request sent on a connection
+# the server is closing at that moment fails).
+IDLE_TIMEOUT = 20.0
 MAX_HEAD = 64 << 10               # request line and headers together
 MAX_CONNECTIONS = 64
 OPEN_PATHS = frozenset({"/health"})   # answered without the API key (systemd, load-balancer probes)
@@ -108,13 +116,26 @@ class _RequestReader:
         self.deadline: float | None = None
         self.head_left: int | None = None
         self._request_deadline: float | None = None
+        self._timeouts = (DEFAULT_REQUEST_TIMEOUT, HEAD_TIMEOUT)
+        self.idle = False             # waiting for a kept-alive connection's next request
 
-    def begin(self, timeout: float, head_timeout: float) -> None:
-        """A new request starts: the head's deadline and byte budget, the whole request's deadline."""
+    def begin(self, timeout: float, head_timeout: float, idle: float | None = None) -> None:
+        """A new request starts: the head's deadline and byte budget, the whole request's deadline.
+        idle: a kept-alive connection may wait this long for the next request's first byte; the
+        head's and the request's clocks then start with it."""
         now = time.monotonic()
+        self._timeouts = (timeout, head_timeout)
+        self.head_left = MAX_HEAD
+        self.idle = idle is not None and not self.buf
+        if self.idle:
+            self.deadline, self._request_deadline = now + idle, None
+        else:
+            self._start(now)
+
+    def _start(self, now: float) -> None:
+        timeout, head_timeout = self._timeouts
         self._request_deadline = now + timeout
         self.deadline = now + min(head_timeout, timeout)
-        self.head_left = MAX_HEAD
 
     def end_head(self) -> None:
         """The head is in: the body may take what is left of the request's deadline."""
@@ -139,6 +160,9 @@ class _RequestReader:
         chunk = self.sock.recv(1 << 16)
         if not chunk:
             return False
+        if self.idle:   # the next request's first bytes: its clocks start now
+            self.idle = False
+            self._start(time.monotonic())
         self.buf += chunk
         return True
 
@@ -328,13 +352,14 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.rfile = _RequestReader(self.connection)
+        self.trusted = False   # a request on this connection passed the key check (IDLE_TIMEOUT applies)
 
     def handle_one_request(self) -> None:
         """http.server's, with a deadline and a byte budget on the request head."""
         self.command, self.request_version, self.requestline = None, "HTTP/1.0", ""
         self.headers = None   # not the previous request's (end_headers reads its Origin)
         try:
-            self.rfile.begin(self.request_timeout, self.head_timeout)
+            self.rfile.begin(self.request_timeout, self.head_timeout, IDLE_TIMEOUT if self.trusted else None)
             self.raw_requestline = self.rfile.readline()
             if not self.raw_requestline:
                 self.close_connection = True
@@ -352,7 +377,9 @@ class _Handler(BaseHTTPRequestHandler):
         except http.client.LineTooLong as e:  # the request line itself (header lines: parse_request)
             self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, str(e))
         except TimeoutError:
-            if self.rfile.in_head:
+            if self.rfile.idle:
+                log.debug("%s: kept-alive connection idle for %g s: closed", self.address_string(), IDLE_TIMEOUT)
+            elif self.rfile.in_head:
                 # Idle keep-alive connections end here too: debug, not info.
                 log.log(logging.INFO if self.rfile.head_started else logging.DEBUG,
                         "%s: request head not received within %g s: connection closed",
@@ -370,6 +397,12 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in self._cors_headers().items():
             self.send_header(k, v)
         super().end_headers()
+
+    def handle_expect_100(self) -> bool:
+        """`Expect: 100-continue` (curl's, for a large body): the interim reply without CORS headers."""
+        self.send_response_only(HTTPStatus.CONTINUE)
+        BaseHTTPRequestHandler.end_headers(self)
+        return True
 
     def _cors_headers(self) -> dict:
         origin = self.headers.get("Origin") if self.cors_origins and getattr(self, "headers", None) else None
@@ -537,6 +570,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True   # a body nobody reads: it must not be taken for the next request
         try:
             self._check_key(ex.path)
+            # An open path (/health) earns a keyless client no longer idle time.
+            self.trusted = self.trusted or self.api_key is None or ex.path not in self.open_paths
             if method == "POST":
                 self._check_length(ex)
         except Refused as r:
