@@ -283,6 +283,9 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
               help="A prompt longer than the context: error (a 400), truncate-oldest (drop the oldest chat turns "
                    "or prompt tokens), shift (as truncate-oldest, and when the context fills while generating, "
                    "drop the oldest half, llama.cpp's context shift); what was dropped is in usage.context [error].")
+@click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last"]), default=None,
+              help="How /v1/embeddings pools a prompt's hidden states, over the file's <arch>.pooling_type (a "
+                   "generative model's file has none: embeddings need this) [the file's].")
 @click.option("--evict-state", type=click.Choice(["auto", "always", "never"]), default=None,
               help="Copy the KV cache to the host when going cold: auto (only if the next peer needs the room), "
                    "always, never [auto].")
@@ -381,6 +384,54 @@ def wake(arena_path, allow_shared_arena, name, timeout):
         click.echo(f"{name} is warm (switch {reply['switch_ms']:.1f} ms, waited {reply['wait_ms']:.1f} ms)")
     else:
         click.echo(f"{name} was already warm")
+
+
+# -- gateway ------------------------------------------------------------------------
+
+@cli.command()
+@arena_options
+@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="TOML file with the same keys as the flags, and [aliases] and [member_key_files] tables.")
+@click.option("--host", default=None, help="HTTP address [127.0.0.1]; another address needs an API key to be safe.")
+@click.option("--port", type=int, default=None, help="HTTP port; 0 picks a free one [11434, Ollama's].")
+@click.option("--api-key", default=None, envvar="VRAMD_GATEWAY_API_KEY", show_envvar=True,
+              help="Require `Authorization: Bearer KEY` on every route but /health.")
+@click.option("--api-key-file", default=None, type=click.Path(dir_okay=False),
+              help="Read the API key from this file (not readable by other users).")
+@click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL",
+              help="Another name for a member (its name or file name); repeatable.")
+@click.option("--member-key-file", "member_key_files", multiple=True, metavar="MEMBER=PATH",
+              help="The API key of a daemon that has one (else the client's Authorization is sent); repeatable.")
+@click.option("--request-timeout", type=float, default=None,
+              help="Seconds a client may take to send a request, or to take a reply [30].")
+@click.option("--upstream-timeout", type=float, default=None,
+              help="Seconds a daemon may stay silent before its reply (GPU wait, prefill) [900].")
+@click.option("--max-request-bytes", default=None, help="Largest request body, e.g. 32MiB [32MiB].")
+@click.option("--log-level", default=None, help="debug, info, warning or error [info].")
+@click.option("--log-format", default=None, help="text or json [text].")
+def gateway(arena_path, allow_shared_arena, config_file, **flags):
+    """One endpoint for every daemon of the arena: routes by "model", lists each with its state."""
+    from vramd.gateway import config as gw_config
+    from vramd.gateway.server import Gateway
+    from vramd.server import logs
+    from vramd.server.config import parse_size
+    if os.environ.get("VRAMD_GATEWAY_API_KEY") == "":
+        raise UsageError("VRAMD_GATEWAY_API_KEY is set but empty, which would leave the gateway open; "
+                         "give it the key, or unset it")
+    flags["aliases"] = gw_config.pairs(flags["aliases"], "--alias")
+    flags["member_key_files"] = gw_config.pairs(flags["member_key_files"], "--member-key-file")
+    if flags.get("max_request_bytes") is not None:
+        flags["max_request_bytes"] = parse_size(flags["max_request_bytes"], "--max-request-bytes")
+    flags["arena"] = str(arena_path) if arena_path else None
+    flags["allow_shared_arena"] = allow_shared_arena or None
+    cfg = gw_config.build(config_file, flags)
+    logs.configure(cfg.log_level, cfg.log_format)
+    from vramd.errors import ArenaError
+    try:   # only read: the system arena is read-only to the gateway's unit
+        arena = open_arena(cfg.arena, cfg.allow_shared_arena, create=False)
+    except ArenaError:   # a per-user arena no daemon made yet: made now, so daemons started later join it
+        arena = open_arena(cfg.arena, cfg.allow_shared_arena)
+    sys.exit(Gateway(cfg, arena.members_dir).run())
 
 
 # -- plan ---------------------------------------------------------------------------

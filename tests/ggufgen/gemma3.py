@@ -67,6 +67,7 @@ class Gemma3Spec:
     tied_output: bool = True
     eps: float = 1e-6
     seed: int = 0
+    pooling_type: int | None = None          # gemma3.pooling_type (llama.py's LlamaSpec says what it is)
 
     def check(self) -> "Gemma3Spec":
         if self.weight_type not in WEIGHT_TYPES:
@@ -142,6 +143,8 @@ def write_gemma3_weights(path: str | Path, spec: Gemma3Spec, weights: dict[str, 
         writer.add_rope_scaling_factor(spec.rope_scaling_factor)
     if spec.softcap is not None:
         writer.add_final_logit_softcapping(spec.softcap)
+    if spec.pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(spec.pooling_type))
     write_vocab(writer, LlamaSpec(n_vocab=spec.n_vocab, vocab="spm", chat_template="").resolve())
     write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
     return path

@@ -106,6 +106,8 @@ class LlamaSpec:
     bpe_pre: str = "gpt-2"
     chat_template: str | None = None           # None: the style's; "" writes none
     key_length: int | None = None              # head_dim; None: n_embd / n_head
+    pooling_type: int | None = None            # <arch>.pooling_type (llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last)
+    fim: str | None = None                     # FIM tokens and how they are named (vocab.py), None: none
 
     def resolve(self) -> "LlamaSpec":
         if self.arch not in _STYLES:
@@ -196,6 +198,8 @@ def write_weights(path: str | Path, spec: LlamaSpec, weights: dict[str, np.ndarr
     if spec.rope_scaling_factor is not None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec.rope_scaling_factor)
+    if spec.pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(spec.pooling_type))
     writer.add_vocab_size(spec.n_vocab)
     write_vocab(writer, spec)
     write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
@@ -208,7 +212,8 @@ def write_llama(path: str | Path, *, arch: str = "llama", n_vocab: int = 512, n_
                 vocab: str | None = None, seed: int = 0, **more) -> Path:
     """Write a synthetic model to `path` and return the path.  Same arguments,
     same bytes.  `more` takes LlamaSpec's other fields (rope_freq_base,
-    rope_scaling_factor, eps, context_length, bpe_pre, chat_template, key_length)."""
+    rope_scaling_factor, eps, context_length, bpe_pre, chat_template, key_length,
+    pooling_type, fim)."""
     spec = LlamaSpec(arch=arch, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                      n_layer=n_layer, n_ff=n_ff, weight_type=weight_type, tied_output=tied_output,
                      with_bias=with_bias, vocab=vocab, seed=seed, **more)

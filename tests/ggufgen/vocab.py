@@ -22,6 +22,13 @@ small deterministic BPE trainer):
           then one token per learned merge (tokenizer.ggml.merges "a b"), then
           <|endoftext|> (BOS), <|im_start|>, <|im_end|> (EOS) as CONTROL tokens.
           add_bos_token false.
+  fim=True (either kind) adds three fill-in-the-middle tokens as CONTROL tokens at
+  the end of the vocabulary (FIM_TOKENS: Qwen's <|fim_prefix|>/<|fim_suffix|>/
+  <|fim_middle|> for bpe, CodeLlama's <PRE>/<SUF>/<MID> for spm), in place of
+  the last learned pieces; a spec's `fim` says how the file names them:
+  "keys" (tokenizer.ggml.fim_pre/suf/mid_token_id), "legacy" (the older
+  prefix/suffix/middle_token_id), "text" (no key: llama.cpp finds them by their
+  text), None (no FIM tokens at all).
   llama.cpp loads and tokenizes both (see LLAMA_CPP_TOKENIZATIONS), and the three
   chat templates render with jinja2 (checked by hand; jinja2 is not a dependency).
 """
@@ -38,6 +45,8 @@ import gguf
 
 # token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+FIM_TOKENS = {"bpe": ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), "spm": ("<PRE>", "<SUF>", "<MID>")}
+FIM_STYLES = ("keys", "legacy", "text")
 
 CORPUS = """\
 The river ran past the old mill, and the miller sat by the door to watch the water.
@@ -103,14 +112,19 @@ class Vocab:
 
 
 @functools.lru_cache(maxsize=None)
-def make_vocab(kind: str, n_vocab: int) -> Vocab:
-    """A vocabulary of exactly n_vocab tokens learned from CORPUS.  Cached (training
+def make_vocab(kind: str, n_vocab: int, fim: bool = False) -> Vocab:
+    """A vocabulary of exactly n_vocab tokens learned from CORPUS (with fim, its
+    last three are FIM_TOKENS[kind], in `special` by name).  Cached (training
     takes ~0.2 s and every file of a size has the same one): treat it as read-only."""
-    if kind == "spm":
-        return _spm_vocab(n_vocab)
-    if kind == "bpe":
-        return _bpe_vocab(n_vocab)
-    raise ValueError(f"vocab {kind!r}: expected 'spm' or 'bpe'")
+    if kind not in FIM_TOKENS:
+        raise ValueError(f"vocab {kind!r}: expected 'spm' or 'bpe'")
+    if not fim:
+        return _spm_vocab(n_vocab) if kind == "spm" else _bpe_vocab(n_vocab)
+    v = make_vocab(kind, n_vocab - 3)
+    names = FIM_TOKENS[kind]
+    special = dict(v.special) | {t: n_vocab - 3 + i for i, t in enumerate(names)}
+    return Vocab(v.model, v.tokens + list(names), v.types + [CONTROL] * 3,
+                 None if v.scores is None else v.scores + [0.0] * 3, v.merges, v.bos, v.eos, v.unk, special)
 
 
 def _train_bpe(words: Counter, n_tokens: int, have: set[str]) -> list[tuple[str, str]]:
@@ -262,7 +276,10 @@ LLAMA_CPP_TOKENIZATIONS: dict[str, list[tuple[str, bool, list[int]]]] = {
 def write_vocab(writer: gguf.GGUFWriter, spec) -> None:
     """The tokenizer.* metadata (and chat template) of `spec`: its vocab, n_vocab,
     bpe_pre and chat_template fields."""
-    v = make_vocab(spec.vocab, spec.n_vocab)
+    fim = getattr(spec, "fim", None)
+    if fim is not None and fim not in FIM_STYLES:
+        raise ValueError(f"fim {fim!r}: expected one of {', '.join(FIM_STYLES)} or None")
+    v = make_vocab(spec.vocab, spec.n_vocab, fim is not None)
     writer.add_tokenizer_model(v.model)
     if v.model == "gpt2":
         writer.add_tokenizer_pre(spec.bpe_pre)
@@ -282,5 +299,10 @@ def write_vocab(writer: gguf.GGUFWriter, spec) -> None:
     writer.add_add_eos_token(False)
     if v.model == "llama":
         writer.add_add_space_prefix(True)
+    if fim in ("keys", "legacy"):
+        pre, suf, mid = (v.special[t] for t in FIM_TOKENS[spec.vocab])
+        names = ("fim_pre", "fim_suf", "fim_mid") if fim == "keys" else ("prefix", "suffix", "middle")
+        for name, tid in zip(names, (pre, suf, mid)):
+            writer.add_uint32(f"tokenizer.ggml.{name}_token_id", tid)
     if spec.chat_template:
         writer.add_chat_template(spec.chat_template)

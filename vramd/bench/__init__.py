@@ -5,4 +5,4 @@ Each module exposes `command`, a click command; `vramd bench NAME` runs
 recorded in docs/benchmarks.md.
 """
 
-NAMES = ("decode", "encode", "handover", "residency", "soak", "switch")
+NAMES = ("decode", "encode", "gateway", "handover", "residency", "soak", "switch")

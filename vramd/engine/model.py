@@ -2,7 +2,8 @@
 
 Owns: `TransformerModel` (one loaded model: spec, tensor table, KV cache,
 scratch; `forward(batch)`: chunking, input embeddings, logits rows, the
-replayed decode steps, the per-kernel profile).  The scratch it needs is
+replayed decode steps, the per-kernel profile; `hidden(tokens, rows)`: the
+final-normed hidden states instead of logits, for embeddings).  The scratch it needs is
 vramd/engine/scratch.py's `scratch_layout(spec)`.
 
 Recording.  Every op of a chunk is recorded into one command buffer and
@@ -94,6 +95,20 @@ class TransformerModel:
         out = [o for o in (self._chunk(c) for c in batch.chunks(size)) if o is not None]
         return np.concatenate(out, axis=0) if out else np.empty((0, self.spec.n_vocab), np.float32)
 
+    def hidden(self, tokens, rows: tuple) -> np.ndarray:
+        """h = output_norm(x) of `rows` (ascending indices into `tokens`), [len(rows), n_embd]:
+        the tokens run at positions 0.. of sequence 0 through every layer, no output head
+        (the embedding path, vramd/engine/embed.py).  Their K/V are written into the cache as a
+        prefill's are: the caller says what the cache holds afterwards (Engine.embed)."""
+        batch = TokenBatch.of(tokens, 0)
+        batch.out = ()
+        self.kv.check(batch)
+        out = []
+        for k, chunk in enumerate(batch.chunks(self.batch)):
+            start = k * self.batch
+            out.append(self._chunk(chunk, hidden=tuple(r - start for r in rows if start <= r < start + len(chunk))))
+        return np.concatenate(out, axis=0)
+
     def _step(self, n: int) -> DecodeStep:
         step = self._steps.get(n)
         if step is None:
@@ -141,7 +156,9 @@ class TransformerModel:
                 runs.append((gpu, [i]))
         return runs
 
-    def _chunk(self, batch: TokenBatch) -> np.ndarray | None:
+    def _chunk(self, batch: TokenBatch, hidden: tuple | None = None) -> np.ndarray | None:
+        """Runs one chunk; returns the logits of batch.out's rows, or with `hidden` (rows
+        of this chunk) those rows of h = output_norm(x) ([len(hidden), n_embd], maybe empty)."""
         s, ops, a = self.spec, self.ops, self.act
         n = len(batch)
         ops.sync()  # the previous chunk is done with ids/pos
@@ -175,6 +192,12 @@ class TransformerModel:
                 with ops.batch():
                     blocks.logits(self, n, batch.out)
         ops.sync()
+        if hidden is not None:
+            if not hidden:
+                return np.empty((0, s.n_embd), np.float32)
+            lo, hi = hidden[0], hidden[-1] + 1   # one read of the span, then the rows wanted
+            span = a["h"].read(np.float32, 4 * lo * s.n_embd, 4 * (hi - lo) * s.n_embd).reshape(hi - lo, s.n_embd)
+            return span[[r - lo for r in hidden]].copy()
         if not batch.out:
             return None
         rows = len(batch.out)

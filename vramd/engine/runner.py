@@ -8,7 +8,10 @@ not API requests: nothing here knows the wire format.  The KV
 cache lives in a residency `state` region, so it survives cold/warm
 cycles; a request whose prompt shares a prefix with the tokens already in
 the cache does not recompute that prefix (prefix reuse), across switches
-too.  Runs on the daemon's loop thread only.
+too.  Runs on the daemon's loop thread only.  `embed` is the embedding
+path (vramd/engine/embed.py): the same layers, the final-normed rows
+instead of logits, pooled on the host; `fim` the vocabulary's
+fill-in-the-middle tokens (vramd/engine/fim.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Callable
 
 from vramd.engine.arch import spec_for
 from vramd.engine.chat import MEDIA_MARKER, ChatTemplate, encode_prompt
+from vramd.engine.embed import embedding, pooling_of, rows_needed
+from vramd.engine.fim import FimTokens
 from vramd.engine.model import TransformerModel
 from vramd.engine.overflow import POLICIES, cut_tokens, cut_turns, room_for, shifted, too_long
 from vramd.engine.prompt import Prompt
@@ -29,11 +34,12 @@ __all__ = ["Engine", "Prompt"]
 
 
 class Engine:
-    def __init__(self, loaded, residency, ctx: int, encoder=None, text=None, overflow: str = "error"):
+    def __init__(self, loaded, residency, ctx: int, encoder=None, text=None, overflow: str = "error",
+                 pooling: str | None = None):
         """text: (tokenizer, template) made by text_front() before the load
         (the daemon does, so that a bad vocabulary costs no GPU time); made
         here when not given.  overflow: the --context-overflow policy
-        (vramd/engine/overflow.py)."""
+        (vramd/engine/overflow.py).  pooling: --pooling (None: the file's)."""
         mf = loaded.file
         self.ctx = ctx
         if overflow not in POLICIES:
@@ -43,6 +49,8 @@ class Engine:
         self.encoder = encoder            # a VisionEncoder (--mmproj), or None
         self.tokenizer, self.template = text if text is not None else self.text_front(mf)
         self.spec = spec_for(mf)
+        self.pooling = pooling_of(mf, pooling)
+        self.fim = FimTokens.find(mf.metadata, self.tokenizer)
         self.model = TransformerModel(loaded, residency, ctx, loaded.scratch, spec=self.spec)
         self.cached: list[int] = []       # tokens whose K/V are in the cache, positions 0..
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
@@ -229,6 +237,22 @@ class Engine:
         if tail:
             emit(Piece(token=-1, text=tail))
         return finish
+
+    def embed(self, ids: list[int]) -> "np.ndarray":
+        """The L2-normalised embedding [n_embd] of `ids` (positions 0..) under self.pooling.
+
+        Its K/V go where a prefill's would: afterwards the cache holds `ids` (a
+        generation whose prompt starts with them reuses them) and nothing of the
+        prefix it held before beyond what the two share."""
+        if not ids:
+            raise UsageError("an embedding input is empty")
+        if len(ids) > self.ctx:   # no overflow policy cuts an input: its vector would be of another text
+            raise UsageError(f"an embedding input of {len(ids)} tokens: the context holds {self.ctx} (--ctx)")
+        self.cached = []   # rows 0.. are overwritten from here on, whatever happens
+        rows = self.model.hidden(ids, rows_needed(self.pooling, len(ids)))
+        self.cached = list(ids)
+        self.stats["prompt_tokens"] += len(ids)
+        return embedding(rows, self.pooling)
 
     def _shift(self, tokens: list[int]):
         """The context is full: keep the BOS and the newer half of the rest, prefilled again at

@@ -159,7 +159,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in [
     _row("tool_choice", "other", None, _TOOLS),
     _row("parallel_tool_calls", "other", None, _TOOLS),
     _row("response_format", "other", None, _FORMAT),
-    _row("suffix", None, "other", "vramd/engine/fim.py (fill-in-the-middle; the `embed` branch)"),
+    _row("suffix", None, "other", "fill-in-the-middle with the vocabulary's FIM tokens, a 400 naming the missing "
+                                  "ones (vramd/engine/fim.py, vramd/server/prompts.py)"),
     # -- refused: vramd has no such thing
     _row("audio", "refused", None, "vramd generates text only", check=_refused("audio", "vramd generates text only")),
     _row("prediction", "refused", None, "predicted outputs are not implemented",

@@ -37,6 +37,7 @@ class ServeConfig:
     ctx: int | None = None         # None: the file's context length, capped by what fits (footprint.auto_ctx)
     context_overflow: str = "error"   # a prompt or generation longer than ctx (vramd/engine/overflow.py)
     evict_state: str = "auto"
+    pooling: str | None = None        # embeddings: none, mean, cls, last (None: the file's; vramd/engine/embed.py)
     idle_sleep: float = -1.0
     vram_budget: int | None = None
     host: str = "127.0.0.1"
@@ -83,6 +84,9 @@ class ServeConfig:
         from vramd.engine.overflow import POLICIES
         if self.context_overflow not in POLICIES:
             raise UsageError(f"{where}: context_overflow {self.context_overflow!r}: one of {', '.join(POLICIES)}")
+        from vramd.engine.embed import CHOICES as POOLING
+        if self.pooling is not None and self.pooling not in POOLING:
+            raise UsageError(f"{where}: pooling {self.pooling!r}: one of {', '.join(POOLING)}")
         if self.evict_state not in EVICT_STATE:
             raise UsageError(f"{where}: evict_state {self.evict_state!r}: one of {', '.join(EVICT_STATE)}")
         if not 0 < self.wake_timeout <= 86400:

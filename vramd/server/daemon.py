@@ -45,7 +45,7 @@ from vramd.server import systemd
 from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
 from vramd.server.guard import JOIN_WAIT, Guard
-from vramd.server import openai_api, prompts
+from vramd.server import embeddings, openai_api, prompts
 from vramd.server.http import OPEN_PATHS, ClientGone, Exchange, HttpServer, json_route
 from vramd.server.logs import LoadProgress, event
 from vramd.server.metrics import Metrics
@@ -75,7 +75,7 @@ STOP_BOUND = STOP_GRACE + REPLY_GRACE + JOIN_WAIT + WARDEN_JOIN
 CLIENT_CHECK = 0.1
 # A stream that has nothing to send (waiting for the GPU, a long prefill) sends an SSE comment this often.
 STREAM_KEEPALIVE = 2.0
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
 
 
 @dataclass
@@ -236,6 +236,8 @@ class Daemon:
         mf = validate_gguf(cfg.model)
         engine_cfg = spec_for(mf)  # an unsupported model is a one-line error now, not at run time
         self.text = Engine.text_front(mf)  # so is a bad vocabulary or chat template
+        from vramd.engine.embed import pooling_of
+        pooling_of(mf, cfg.pooling)  # and a bad <arch>.pooling_type
         if cfg.mmproj:
             self._check_projector(mf, engine_cfg)  # and a bad or mismatched projector
         check_address_space()   # a driver that runs out of it crashes in vkCreateDevice, with no message
@@ -759,6 +761,7 @@ class Daemon:
             ("GET", "/v1/models/"): self.model_route,
             ("POST", "/v1/completions"): lambda ex: self.handle_generation("completion", ex),
             ("POST", "/v1/chat/completions"): lambda ex: self.handle_generation("chat", ex),
+            ("POST", "/v1/embeddings"): lambda ex: embeddings.handle(self, ex),   # vramd/server/embeddings.py
         }
 
     # -- [surface] the names, the answer to a generation request ---------------------------
@@ -1064,7 +1067,7 @@ class Daemon:
             self._ensure_warm(None, cancel=lambda: bool(pending) or self._beat_or_give_up())
             from vramd.engine.runner import Engine
             self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder, text=self.text,
-                                 overflow=self.cfg.context_overflow)
+                                 overflow=self.cfg.context_overflow, pooling=self.cfg.pooling)
             self.sample_device_memory()   # while we hold the token: the watchdog's baseline
             self.loaded = True
             self.last_activity = time.monotonic()

@@ -2,7 +2,8 @@
 
     GET  /v1/models               the model once, and each --alias as its own entry
     GET  /v1/models/{id}          one of them (the SDK's models.retrieve)
-    POST /v1/completions          prompts as text or token ids (several: several choices), echo, logprobs
+    POST /v1/completions          prompts as text or token ids (several: several choices), echo, logprobs,
+                                  suffix (fill-in-the-middle)
     POST /v1/chat/completions     messages through the model's chat template
 
 Which request fields are taken, and what each does, is vramd/server/api_fields.py's
@@ -60,6 +61,7 @@ class GenerationRequest:
     include_usage: bool = False
     images: list[bytes] = field(default_factory=list)   # encoded PNG/JPEG, in prompt order
     template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs (e.g. enable_thinking)
+    suffix: str | None = None       # completions: the text after the insertion (vramd/engine/fim.py)
     # -- [surface] more choices, penalties, what the log line says (api_fields.py's table)
     n: int = 1                      # choices per prompt
     prompts: list | None = None     # completions: every prompt (`prompt` is the first)
@@ -125,8 +127,9 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
     return v
 
 
-def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationRequest:
-    """Validate a request body; every problem is a UsageError (400) or NotFound (404)."""
+def request_body(raw: bytes, model_names: set[str]) -> dict:
+    """A request body as a JSON object whose "model", if any, is served here (400 or 404 else);
+    every endpoint's first step (the embeddings' too: vramd/server/embeddings.py)."""
     try:
         body = json.loads(raw or b"{}")
     except (ValueError, UnicodeDecodeError) as e:
@@ -141,6 +144,12 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     if model is not None and model not in model_names:
         raise NotFound(f"the model '{model}' does not exist here (this daemon serves "
                        f"{', '.join(sorted(model_names))})")
+    return body
+
+
+def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationRequest:
+    """Validate a request body; every problem is a UsageError (400) or NotFound (404)."""
+    body = request_body(raw, model_names)
     api_fields.check(kind, body)   # [surface] a field not taken is a 400 naming it, before any other
     req = GenerationRequest(kind=kind)
     req.n = _number(body, "n", 1, 1, MAX_CHOICES, integer=True)
@@ -185,6 +194,9 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
         lp = body.get("logprobs")
         req.logprobs = None if lp is None else _number(body, "logprobs", 0, 0, 20, integer=True)
         req.echo = _flag(body, "echo")
+        req.suffix = body.get("suffix")   # fill-in-the-middle: the prompt is the prefix (vramd/engine/fim.py)
+        if req.suffix is not None and not isinstance(req.suffix, str):
+            raise UsageError(f"'suffix' must be a string, got {type(req.suffix).__name__}")
         best_of = _number(body, "best_of", req.n, 1, MAX_CHOICES, integer=True)
         if best_of not in (1, req.n):
             raise UsageError(f"'best_of' {best_of} with 'n' {req.n} is not supported: vramd returns every "

@@ -57,6 +57,8 @@ def _ids(engine, req: GenerationRequest, has_encoder: bool) -> tuple[list[int] |
     ctx, piece_chars = engine.ctx, longest_piece(engine.tokenizer)
     prompt = req.prompt_input()
     cuts = engine.overflow != "error"   # a longer prompt is cut, not refused
+    if req.suffix is not None:   # fill-in-the-middle (vramd/engine/fim.py): built from the FIM tokens, never cut
+        return engine.fim.fit(engine.tokenizer, req.prompt, req.suffix, ctx), None
     if req.kind == "chat" and engine.template is not None:
         for i, m in enumerate(req.messages):
             check_length(m["content"], ctx, piece_chars, f"content of messages[{i}]")

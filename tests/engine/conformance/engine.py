@@ -11,6 +11,10 @@ position 0 (the batched prefill), and each row i >= d from a one-token
 forward of tokens[i] at position i on top of that cache (the recorded,
 replayed decode step).  decode_from=None: every row from one all-logits
 forward.  Either way row i is the distribution after tokens[0..i].
+
+`EngineOn(device, path, pooling=None, ctx=64, batch=None)` is a whole
+vramd Engine on a file (weights and cache resident; `.engine`, `.close()`):
+the embedding and fill-in-the-middle tests' way in.
 """
 
 from __future__ import annotations
@@ -46,3 +50,30 @@ def vramd_logits(device, path, tokens: list[int], ctx: int, decode_from: int | N
         if model is not None:
             model.close()
         res.close()
+
+
+class EngineOn:
+    """A vramd Engine on `path` (weights and cache resident); batch: the chunk size."""
+
+    def __init__(self, device, path, pooling=None, ctx=64, batch=None):
+        from vramd.engine.arch import spec_for
+        from vramd.engine.runner import Engine
+        from vramd.engine.scratch import scratch_layout
+        from vramd.gpu.residency import Residency
+        from vramd.model import loader
+        from vramd.model.gguf_check import validate_gguf
+        mf = validate_gguf(path)
+        self.res = Residency(device)
+        try:
+            lm = loader.load(path, self.res, ctx, mf=mf, scratch=scratch_layout(spec_for(mf), batch), progress=False)
+            self.res.restore(["weights", "state"])
+            self.engine = Engine(lm, self.res, ctx, pooling=pooling)
+        except BaseException:
+            self.res.close()
+            raise
+        if batch:
+            self.engine.model.batch = batch
+
+    def close(self):
+        self.engine.close()
+        self.res.close()

@@ -33,6 +33,8 @@ How the server is run, and why
                          (ggml's threads busy-wait) on a machine whose cores
                          are shared; no warm-up run.  127.0.0.1 on a free
                          port, the web UI off.
+  --embeddings --pooling P   only with pooling= (mean, cls, last): /v1/embeddings
+                         (`embeddings`), for tests/engine/test_embed_conformance.py.
   The process gets PR_SET_PDEATHSIG(SIGKILL): it dies with the test process
   even when that is killed, so no server outlives a run.
 
@@ -108,7 +110,7 @@ def _ascii_token(path: Path) -> int:
 class LlamaServer:
     """`with LlamaServer(path, ctx=256) as peer: peer.greedy_chain(ids, 16, 8)`."""
 
-    def __init__(self, path: str | os.PathLike, ctx: int = 256, threads: int = 1):
+    def __init__(self, path: str | os.PathLike, ctx: int = 256, threads: int = 1, pooling: str | None = None):
         self.path = Path(path)
         self.ctx = ctx
         self.pinned = _ascii_token(self.path)
@@ -124,6 +126,8 @@ class LlamaServer:
         args = [binary, "-m", str(self.path), "--host", "127.0.0.1", "--port", str(self.port),
                 "-np", "1", "-c", str(ctx), "--device", "none", "-ngl", "0", "-fa", "off",
                 "--swa-full", "-t", str(threads), "--no-warmup", "--no-webui"]
+        if pooling is not None:
+            args += ["--embeddings", "--pooling", pooling]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=env, preexec_fn=_die_with_parent)
@@ -158,10 +162,11 @@ class LlamaServer:
         finally:
             conn.close()
 
-    def next_token_probs(self, ids: list[int], n_probs: int) -> list[tuple[int, float]]:
-        """llama.cpp's top-n_probs (id, log-probability) after `ids`, best first."""
+    def next_token_probs(self, ids: list[int], n_probs: int, cache: bool = True) -> list[tuple[int, float]]:
+        """llama.cpp's top-n_probs (id, log-probability) after `ids`, best first (cache: reuse
+        the prompt cache's common prefix, computed in other batches: its rounding differs)."""
         body = {"prompt": [int(t) for t in ids], "n_predict": 1, "n_probs": n_probs, "stream": True,
-                "cache_prompt": True, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
+                "cache_prompt": cache, "temperature": 0.0, "top_k": 1, "repeat_penalty": 1.0,
                 "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
                 "xtc_probability": 0.0, "mirostat": 0, "post_sampling_probs": False,
                 "logit_bias": [[self.pinned, 1000.0]]}
@@ -176,6 +181,26 @@ class LlamaServer:
             if probs:
                 return [(int(p["id"]), float(p["logprob"])) for p in probs[0]["top_logprobs"]]
         raise RuntimeError(f"llama-server answered {status} without probabilities: {raw[:500]!r}")
+
+    def embeddings(self, inputs) -> list[list[float]]:
+        """llama.cpp's /v1/embeddings of `inputs` (a string, token ids, or a list of them), as floats."""
+        status, raw = self._request("POST", "/v1/embeddings", {"input": inputs, "encoding_format": "float"})
+        if status != 200:
+            raise RuntimeError(f"llama-server /v1/embeddings answered {status}: {raw[:500]!r}")
+        return [d["embedding"] for d in sorted(json.loads(raw)["data"], key=lambda d: d["index"])]
+
+    def infill_probs(self, prefix: str, suffix: str, n_probs: int) -> tuple[int, list[tuple[int, float]]]:
+        """llama.cpp's /infill (input_prefix, input_suffix, no extra context): how many prompt
+        tokens it evaluated and its top-n_probs after them (pinned as next_token_probs)."""
+        body = {"input_prefix": prefix, "input_suffix": suffix, "prompt": "", "n_predict": 1, "n_probs": n_probs,
+                "cache_prompt": False, "temperature": 0.0, "top_k": 1, "post_sampling_probs": False,
+                "logit_bias": [[self.pinned, 1000.0]]}
+        status, raw = self._request("POST", "/infill", body)
+        if status != 200:
+            raise RuntimeError(f"llama-server /infill answered {status}: {raw[:500]!r}")
+        reply = json.loads(raw)
+        probs = reply["completion_probabilities"][0]["top_logprobs"]
+        return int(reply["tokens_evaluated"]), [(int(p["id"]), float(p["logprob"])) for p in probs]
 
     def greedy_chain(self, prompt_ids: list[int], n_tokens: int, n_probs: int) -> Chain:
         """The n_tokens llama.cpp picks greedily after prompt_ids, with its top-n_probs at each step."""

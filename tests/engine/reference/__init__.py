@@ -8,5 +8,6 @@ is checked against, one library independent of vramd's engine.
     gemma3.py   gemma3 (Gemma3Reference)
     moe.py      qwen3moe / qwen2moe / mixtral (ReferenceMoE), routing margins
     vision.py   mmproj vision encoders (ReferenceVision)
+    embed.py    embeddings: the final-normed rows pooled and normalised
 Nothing here imports vramd.engine.
 """

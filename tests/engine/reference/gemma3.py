@@ -211,6 +211,7 @@ class Gemma3Reference:
             g = gelu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)
             x = x + rms_norm(g @ L["ffn_down"].T, L["post_ffw_norm"], self.eps)
         h = rms_norm(x, self.output_norm, self.eps)
+        self.last_hidden = h   # the final-normed rows: what an embedding pools (embed.py)
         logits = (h.astype(np.float32) @ self.output.T).astype(self.dtype)   # float32: see Precision
         if self.cap > 0:
             logits = softcap(logits, self.cap)

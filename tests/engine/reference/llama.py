@@ -288,6 +288,7 @@ class ReferenceModel:
             up = self._linear(layer, "ffn_up", h)
             x = x + self._linear(layer, "ffn_down", silu(gate) * up)
         h = rms_norm(x, self.output_norm, self.eps)
+        self.last_hidden = h   # the final-normed rows: what an embedding pools (embed.py)
         return h @ self.output.T
 
     def _linear(self, layer: Layer, name: str, x: np.ndarray) -> np.ndarray:

@@ -345,6 +345,7 @@ class ReferenceMoE(ReferenceModel):
             x = x + out
         self.last_routes = routes
         h = rms_norm(x, self.output_norm, self.eps)
+        self.last_hidden = h   # the final-normed rows: what an embedding pools (embed.py)
         return h @ self.output.T
 
     def min_route_margin(self, tokens: Sequence[int]) -> float:

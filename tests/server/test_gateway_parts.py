@@ -1,0 +1,189 @@
+"""The gateway's parts without daemons: its routing table over real member records, the Ollama
+mapping, its configuration, and its systemd unit checked by systemd-analyze."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vramd.arena.members import Member, Registry, process_start_time
+from vramd.errors import UsageError
+from vramd.gateway import config, ollama
+from vramd.gateway.table import Ambiguous, MemberGone, Table, UnknownModel
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "systemd" / "vramd-gateway.service"
+REAL_EXEC = "/usr/local/bin/vramd"
+
+
+# --- the routing table ------------------------------------------------------------
+
+def record(registry, name, model, pid, state="cold", port=9000):
+    registry.write(Member(name=name, pid=pid, start_time=process_start_time(pid) or 0.0, model=model, state=state,
+                          endpoint=f"http://127.0.0.1:{port}"))
+
+
+@pytest.fixture
+def children():
+    procs = []
+
+    def spawn():
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        procs.append(p)
+        return p
+    yield spawn
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_table_routes_names_files_aliases_and_knows_the_dead(tmp_path, children):
+    registry = Registry(tmp_path)
+    a, b, c = children(), children(), children()
+    record(registry, "chat", "qwen.gguf", a.pid, "warm")
+    record(registry, "task", "gemma.gguf", b.pid, "warming")
+    record(registry, "old", "old.gguf", c.pid, "parked")
+    table = Table(tmp_path, {"gpt-4o": "chat", "small": "gemma.gguf", "stale": "nowhere"}, refresh_s=60)
+    assert table.resolve("chat").pid == a.pid
+    assert table.resolve("qwen.gguf").name == "chat"
+    assert table.resolve("gpt-4o").name == "chat" and table.resolve("small").name == "task"
+    assert table.resolve("chat:latest").name == "chat"
+    assert {t.name: t.state for t in table.members()} == {"chat": "warm", "task": "loading", "old": "parked"}
+    with pytest.raises(UnknownModel, match=r"known models: chat, gemma.gguf, gpt-4o, old, old.gguf, qwen.gguf, "
+                                           r"small, stale, task"):
+        table.resolve("nope")
+    # A member that joins is found at once, though the table was read a moment ago (refresh_s=60).
+    d = children()
+    record(registry, "new", "new.gguf", d.pid)
+    assert table.resolve("new").pid == d.pid
+    # One that dies: a 503 naming it, by its name and by its file's, also for a table that never saw it.
+    c.kill()
+    c.wait()
+    table.members(fresh=True)   # what the gateway does when a member does not answer
+    for t in (table, Table(tmp_path)):
+        for name in ("old", "old.gguf"):
+            with pytest.raises(MemberGone, match=rf"member 'old' \(pid {c.pid}.*not running"):
+                t.resolve(name)
+    registry.remove(c.pid)   # cleaned up by a peer: the table that saw it still knows
+    with pytest.raises(MemberGone):
+        table.resolve("old")
+    with pytest.raises(UnknownModel):
+        Table(tmp_path).resolve("old")
+    # Two members serving files of one name: the file name is no route, their names are.
+    e = children()
+    record(registry, "twin", "qwen.gguf", e.pid)
+    table.members(fresh=True)   # (refresh_s has not passed)
+    with pytest.raises(Ambiguous, match="chat, twin"):
+        table.resolve("qwen.gguf")
+    assert table.resolve("twin").pid == e.pid
+
+
+# --- the Ollama mapping -------------------------------------------------------------
+
+def test_ollama_options_are_mapped_or_refused_by_name():
+    path, body = ollama.chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [],
+                                      "options": {"temperature": 0.2, "top_k": 5, "top_p": 0.9, "seed": 7,
+                                                  "num_predict": 12, "stop": ["x"], "min_p": 0.1}})
+    assert path == "/v1/chat/completions"
+    assert body == {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.2, "top_k": 5,
+                    "top_p": 0.9, "seed": 7, "stop": ["x"], "min_p": 0.1, "max_tokens": 12, "stream": True,
+                    "stream_options": {"include_usage": True}}
+    assert "max_tokens" not in ollama.options({"options": {"num_predict": -1}})
+    for bad in ({"repeat_penalty": 1.1}, {"num_ctx": 4096}, {"mirostat": 2}, {"num_gpu": 1}):
+        with pytest.raises(UsageError, match=repr(next(iter(bad)))):
+            ollama.options({"options": bad})
+    with pytest.raises(UsageError, match="num_predict"):
+        ollama.options({"options": {"num_predict": 0}})
+    with pytest.raises(UsageError, match="'foo'"):
+        ollama.chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], "foo": 1})
+
+
+def test_ollama_fields_map_onto_openai():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    _, body = ollama.chat_request({"model": "m", "stream": False, "format": schema, "think": False,
+                                   "messages": [{"role": "user", "content": "hi", "images": ["iVBORw0KGgo="]},
+                                                {"role": "assistant", "content": "",
+                                                 "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]},
+                                                {"role": "tool", "content": "2", "tool_name": "f"}]})
+    assert body["response_format"] == {"type": "json_schema",
+                                       "json_schema": {"name": "response", "schema": schema, "strict": True}}
+    assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["stream"] is False
+    assert body["messages"][0]["content"][1]["image_url"]["url"] == "data:image/png;base64,iVBORw0KGgo="
+    assert body["messages"][1]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
+    assert body["messages"][1]["content"] is None and body["messages"][2]["name"] == "f"
+    path, body = ollama.generate_request({"model": "m", "prompt": "def f(", "suffix": "return 1", "format": "json"})
+    assert path == "/v1/completions" and body["suffix"] == "return 1"
+    assert body["response_format"] == {"type": "json_object"}
+    path, body = ollama.generate_request({"model": "m", "prompt": "hi", "system": "be brief"})
+    assert path == "/v1/chat/completions" and body["messages"][0] == {"role": "system", "content": "be brief"}
+    for bad, word in (({"template": "{{ .Prompt }}"}, "template"), ({"context": [1, 2]}, "context"),
+                      ({"think": True}, "think")):
+        with pytest.raises(UsageError, match=word):
+            ollama.generate_request({"model": "m", "prompt": "hi", **bad})
+    assert ollama.embed_request({"model": "m", "input": ["a", "b"]}) == {"model": "m", "input": ["a", "b"],
+                                                                         "encoding_format": "float"}
+    with pytest.raises(UsageError, match="truncate"):
+        ollama.embed_request({"model": "m", "input": "a", "truncate": True})
+    assert ollama.tool_calls([{"function": {"name": "f", "arguments": '{"x": 1}'}}]) == \
+        [{"function": {"name": "f", "arguments": {"x": 1}}}]
+
+
+# --- configuration --------------------------------------------------------------------
+
+def test_config_file_and_flags(tmp_path):
+    key = tmp_path / "chat.key"
+    key.write_text("k-123\n")
+    key.chmod(0o600)
+    f = tmp_path / "gateway.toml"
+    f.write_text(f'port = 9999\n[aliases]\n"gpt-4o" = "chat"\n[member_key_files]\nchat = "{key}"\n')
+    cfg = config.build(f, {"aliases": {"small": "task"}, "host": None})
+    assert cfg.port == 9999 and cfg.aliases == {"gpt-4o": "chat", "small": "task"}
+    assert cfg.member_keys == {"chat": "k-123"}
+    f.write_text("prot = 1\n")
+    with pytest.raises(UsageError, match="unknown key 'prot'"):
+        config.build(f, {})
+    with pytest.raises(UsageError, match="names alias"):
+        config.build(None, {"aliases": {"x": "y", "y": "chat"}})
+    with pytest.raises(UsageError, match="NAME=VALUE"):
+        config.pairs(("chat",), "--alias")
+    key.chmod(0o644)
+    with pytest.raises(UsageError, match="open to other users"):
+        config.build(None, {"member_key_files": {"chat": str(key)}})
+
+
+# --- the systemd unit -------------------------------------------------------------------
+
+def unit_values(key):
+    return [line.split("=", 1)[1] for line in UNIT.read_text().splitlines() if line.startswith(key + "=")]
+
+
+def test_gateway_unit_passes_systemd_analyze_verify(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is missing: scripts/setup.sh installs Debian's systemd package"
+    original = UNIT.read_text()
+    assert original.count(REAL_EXEC) == 1
+    fake = tmp_path / "bin" / "vramd"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    unit = tmp_path / "vramd-gateway.service"
+    unit.write_text(original.replace(REAL_EXEC, str(fake)))
+    r = subprocess.run([analyze, "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, SYSTEMD_LOG_LEVEL="info", SYSTEMD_LOG_COLOR="0"))
+    out = (r.stdout + r.stderr).strip()
+    assert r.returncode == 0, out
+    assert [line for line in out.splitlines() if "vramd" in line] == [], out
+
+
+def test_gateway_unit_reads_the_system_arena_and_opens_no_device():
+    (exec_start,) = unit_values("ExecStart")
+    argv = exec_start.split()
+    assert argv[:2] == [REAL_EXEC, "gateway"] and argv[argv.index("--arena") + 1] == "/run/vramd"
+    assert argv[argv.index("--config") + 1] == "/etc/vramd/gateway.toml"
+    assert unit_values("ReadOnlyPaths") == ["/run/vramd"] and unit_values("ReadWritePaths") == []
+    assert unit_values("PrivateDevices") == ["yes"] and unit_values("DeviceAllow") == []
+    assert unit_values("User") == ["vramd"] and unit_values("Group") == ["vramd"]
+    assert unit_values("Type") == ["notify"] and unit_values("Restart") == ["on-failure"]

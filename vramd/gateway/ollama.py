@@ -1,0 +1,248 @@
+"""Ollama's request bodies mapped onto the daemons' OpenAI ones, and OpenAI replies back.
+
+Pure functions, no I/O (ollama_routes.py does the HTTP):
+
+- `chat_request` (/api/chat) and `generate_request` (/api/generate) give the
+  daemon path and the OpenAI body; `embed_request` (/api/embed) the
+  /v1/embeddings body (OpenAI's shape: `input` a string or a list of them).
+- Options: temperature, top_p, top_k, min_p, seed, num_predict (-1 and -2,
+  "until the model stops / the context is full", are the daemon's default),
+  stop.  Any other option is a 400 naming it, never ignored: the sampler has
+  no penalties or mirostat, and load options (num_ctx, num_gpu, num_thread...)
+  are the daemon's flags, fixed when it starts.
+- Top-level fields: `format` ("json" or a JSON schema: OpenAI's
+  response_format), `tools` and tool messages (OpenAI's tools; arguments as
+  objects here, JSON text there), `images` (data: URIs), `system`, `raw`
+  (/v1/completions, no template), `suffix` (/v1/completions' suffix),
+  `think: false` (the template's enable_thinking), `logprobs`/`top_logprobs`,
+  `keep_alive` (accepted: every member stays loaded; residency is vramd's
+  policy, not the client's).  `template`, a non-empty `context`, `think`
+  true and image-generation fields are refused with a 400.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+
+from vramd.errors import UsageError
+
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop")
+OPTIONS = (*SAMPLING, "num_predict")
+COMMON = ("model", "stream", "options", "format", "keep_alive", "think", "logprobs", "top_logprobs")
+CHAT_FIELDS = (*COMMON, "messages", "tools")
+GENERATE_FIELDS = (*COMMON, "prompt", "suffix", "system", "raw", "images", "context", "template")
+EMBED_FIELDS = ("model", "input", "truncate", "options", "keep_alive", "dimensions")
+REFUSED_WHY = {
+    "template": "vramd renders the model file's own chat template (or none with raw: true)",
+    "context": "vramd returns no context; send the history with /api/chat",
+    "think": "thinking text is not separated from the answer here: only think: false is taken",
+}
+
+
+def _check_fields(body: dict, allowed: tuple[str, ...], route: str) -> None:
+    unknown = sorted(k for k in body if k not in allowed)
+    if unknown:
+        raise UsageError(f"{route}: field {', '.join(repr(k) for k in unknown)} is not supported by vramd "
+                         f"(supported: {', '.join(allowed)})")
+
+
+def options(body: dict) -> dict:
+    """The OpenAI sampling fields of Ollama's `options`; a 400 naming any other option."""
+    opts = body.get("options") or {}
+    if not isinstance(opts, dict):
+        raise UsageError("'options' must be an object")
+    unknown = sorted(k for k, v in opts.items() if k not in OPTIONS and v is not None)
+    if unknown:
+        raise UsageError(f"option {', '.join(repr(k) for k in unknown)} is not supported by vramd "
+                         f"(supported options: {', '.join(OPTIONS)}; context length and GPU settings are the "
+                         "daemon's flags)")
+    out = {k: opts[k] for k in SAMPLING if opts.get(k) is not None}
+    n = opts.get("num_predict")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < -2 or n == 0:
+            raise UsageError(f"option 'num_predict' must be a positive integer, -1 or -2, got {n!r}")
+        if n > 0:
+            out["max_tokens"] = n
+    return out
+
+
+def _common(body: dict, out: dict) -> dict:
+    out.update(options(body))
+    fmt = body.get("format")
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "response", "schema": fmt,
+                                                                         "strict": True}}
+    elif fmt not in (None, ""):
+        raise UsageError(f"'format' must be \"json\" or a JSON schema object, got {fmt!r}")
+    think = body.get("think")
+    if think is False:
+        out["chat_template_kwargs"] = {"enable_thinking": False}
+    elif think is not None:
+        raise UsageError(f"'think' {think!r}: {REFUSED_WHY['think']}")
+    if body.get("logprobs"):
+        out["logprobs"] = True
+        if body.get("top_logprobs") is not None:
+            out["top_logprobs"] = body["top_logprobs"]
+    out["stream"] = body.get("stream", True) is not False
+    if out["stream"]:
+        out["stream_options"] = {"include_usage": True}
+    return out
+
+
+def image_url(data, where: str) -> dict:
+    """An Ollama image (base64 text) as an OpenAI image part (a data: URI)."""
+    if not isinstance(data, str):
+        raise UsageError(f"{where}: an image must be base64 text")
+    try:
+        head = base64.b64decode(data[:24] + "=" * (-len(data[:24]) % 4), validate=False)
+    except (binascii.Error, ValueError):
+        raise UsageError(f"{where}: the image is not valid base64") from None
+    mime = "image/png" if head.startswith(b"\x89PNG") else "image/jpeg" if head.startswith(b"\xff\xd8") else \
+        "image/png"   # the daemon reads the bytes, whatever the type says
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
+
+
+def _content(text, images, where: str):
+    if not images:
+        return text or ""
+    if not isinstance(images, list):
+        raise UsageError(f"{where}.images must be a list")
+    return [{"type": "text", "text": text or ""}] + [image_url(im, f"{where}.images[{i}]")
+                                                     for i, im in enumerate(images)]
+
+
+def _message(m, i: int) -> dict:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise UsageError(f"{where} needs a 'role'")
+    unknown = sorted(set(m) - {"role", "content", "images", "tool_calls", "tool_name", "thinking"})
+    if unknown:
+        raise UsageError(f"{where}: field {', '.join(map(repr, unknown))} is not supported")
+    out = {"role": m["role"], "content": _content(m.get("content"), m.get("images"), where)}
+    if m.get("tool_calls"):
+        calls = []
+        for j, call in enumerate(m["tool_calls"]):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise UsageError(f"{where}.tool_calls[{j}] needs function.name")
+            args = fn.get("arguments", {})
+            calls.append({"id": f"call_{i}_{j}", "type": "function",
+                          "function": {"name": fn["name"],
+                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        out["tool_calls"] = calls
+        if not m.get("content"):
+            out["content"] = None
+    if m.get("tool_name"):
+        out["name"] = m["tool_name"]
+    return out
+
+
+def chat_request(body: dict) -> tuple[str, dict]:
+    _check_fields(body, CHAT_FIELDS, "/api/chat")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise UsageError("'messages' must be a non-empty list")
+    out = {"model": body.get("model"), "messages": [_message(m, i) for i, m in enumerate(msgs)]}
+    tools = body.get("tools")
+    if tools:
+        if not isinstance(tools, list):
+            raise UsageError("'tools' must be a list")
+        out["tools"] = tools   # Ollama's tool objects are OpenAI's
+    return "/v1/chat/completions", _common(body, out)
+
+
+def generate_request(body: dict) -> tuple[str, dict]:
+    _check_fields(body, GENERATE_FIELDS, "/api/generate")
+    for key in ("template",):
+        if body.get(key):
+            raise UsageError(f"'{key}': {REFUSED_WHY[key]}")
+    if body.get("context"):
+        raise UsageError(f"'context': {REFUSED_WHY['context']}")
+    prompt = body.get("prompt") or ""
+    if not isinstance(prompt, str):
+        raise UsageError("'prompt' must be a string")
+    raw = body.get("raw") is True
+    if raw or body.get("suffix"):
+        if body.get("system") or body.get("images"):
+            raise UsageError("'system' and 'images' need the chat template: not with raw or suffix")
+        out = {"model": body.get("model"), "prompt": prompt}
+        if body.get("suffix"):
+            out["suffix"] = body["suffix"]
+        out = _common(body, out)
+        if out.get("logprobs"):   # /v1/completions: logprobs is the number of top entries
+            out["logprobs"] = out.pop("top_logprobs", 0) or 0
+        return "/v1/completions", out
+    msgs = [{"role": "system", "content": body["system"]}] if body.get("system") else []
+    msgs.append({"role": "user", "content": _content(prompt, body.get("images"), "generate")})
+    return "/v1/chat/completions", _common(body, {"model": body.get("model"), "messages": msgs})
+
+
+def embed_request(body: dict) -> dict:
+    _check_fields(body, EMBED_FIELDS, "/api/embed")
+    if body.get("options"):
+        raise UsageError(f"/api/embed: options {', '.join(map(repr, body['options']))} are not supported "
+                         "(embeddings take no options here)")
+    if body.get("truncate") is True:
+        raise UsageError("'truncate': true is not supported: vramd refuses an input longer than the context "
+                         "(send truncate: false, or shorter inputs)")
+    inp = body.get("input")
+    if not (isinstance(inp, str) or isinstance(inp, list) and inp and all(isinstance(s, str) for s in inp)):
+        raise UsageError("'input' must be a string or a non-empty list of strings")
+    out = {"model": body.get("model"), "input": inp, "encoding_format": "float"}
+    if body.get("dimensions") is not None:
+        out["dimensions"] = body["dimensions"]
+    return out
+
+
+# -- replies --------------------------------------------------------------------
+
+def now_iso() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
+DONE_REASON = {"stop": "stop", "length": "length", "tool_calls": "stop", "content_filter": "stop"}
+
+
+def tool_calls(calls: list | None) -> list | None:
+    """OpenAI tool calls (arguments as JSON text) as Ollama's (arguments as an object)."""
+    if not calls:
+        return None
+    out = []
+    for c in calls:
+        fn = c.get("function") or {}
+        args = fn.get("arguments") or "{}"
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            parsed = {"_raw": args}   # what the model wrote, unparsed, rather than dropped
+        out.append({"function": {"name": fn.get("name", ""), "arguments": parsed}})
+    return out
+
+
+def logprobs(lp: dict | None) -> list | None:
+    """OpenAI chat logprobs ({"content": [...]}) or completion logprobs as Ollama's list."""
+    if not lp:
+        return None
+    if "content" in lp:
+        return [{"token": e["token"], "logprob": e["logprob"],
+                 "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in e.get("top_logprobs") or []]}
+                for e in lp["content"] or []]
+    return [{"token": tok, "logprob": l, "top_logprobs": [{"token": k, "logprob": v} for k, v in (top or {}).items()]}
+            for tok, l, top in zip(lp.get("tokens") or [], lp.get("token_logprobs") or [],
+                                   lp.get("top_logprobs") or [None] * len(lp.get("tokens") or []))]
+
+
+def final_fields(finish: str | None, usage: dict | None, durations: dict) -> dict:
+    usage = usage or {}
+    out = {"done": True, "done_reason": DONE_REASON.get(finish or "stop", finish or "stop"), **durations}
+    if "prompt_tokens" in usage:
+        out["prompt_eval_count"] = usage["prompt_tokens"]
+    if "completion_tokens" in usage:
+        out["eval_count"] = usage["completion_tokens"]
+    return out

@@ -1,0 +1,263 @@
+"""Ollama's /api/* routes on the gateway: each request mapped (ollama.py) onto a daemon's OpenAI API.
+
+    GET  /                 "Ollama is running" (what Ollama clients probe)
+    GET  /api/version      the Ollama API level this subset follows
+    GET  /api/tags         every member (and alias), as Ollama lists installed models
+    GET  /api/ps           the members whose buffers are on the device (warm or parked)
+    POST /api/show         one model's details (details.py)
+    POST /api/chat         -> /v1/chat/completions
+    POST /api/generate     -> /v1/chat/completions, or /v1/completions with raw or suffix
+    POST /api/embed        -> /v1/embeddings
+
+Streams are NDJSON (one JSON object a line, `"done": true` last), made
+from the daemon's server-sent events as each arrives; `"stream": false`
+gives one object.  Errors are Ollama's shape, `{"error": "..."}`, with the
+status the daemon or the gateway gave.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from vramd.errors import UsageError, VramdError
+from vramd.gateway import ollama
+from vramd.gateway.details import Details
+from vramd.gateway.proxy import start_stream
+from vramd.gateway.table import Target
+from vramd.server.http import Exchange
+
+API_VERSION = "0.12.0"   # clients compare it with the least version they need: the API level mirrored here
+
+
+class UpstreamError(VramdError):
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.http_status = status
+
+
+def routes(gw) -> dict:
+    r = OllamaRoutes(gw)
+    return {("GET", "/"): lambda ex: ex.reply(200, b"Ollama is running", "text/plain; charset=utf-8"),
+            ("GET", "/api/version"): lambda ex: ex.reply(200, {"version": API_VERSION}),
+            ("GET", "/api/tags"): lambda ex: ex.reply(200, r.tags(ex)),
+            ("GET", "/api/ps"): lambda ex: ex.reply(200, r.ps(ex)),
+            ("POST", "/api/show"): r.wrap(r.show),
+            ("POST", "/api/chat"): r.wrap(lambda ex, body: r.generation(ex, body, ollama.chat_request, "message")),
+            ("POST", "/api/generate"): r.wrap(lambda ex, body: r.generation(ex, body, ollama.generate_request,
+                                                                            "response")),
+            ("POST", "/api/embed"): r.wrap(r.embed)}
+
+
+class OllamaRoutes:
+    def __init__(self, gw):
+        self.gw = gw
+        self.details = Details(gw.cfg.member_keys)
+
+    def wrap(self, fn):
+        """A POST route: the JSON body in, any vramd error out as Ollama's {"error": "..."}."""
+        from vramd.gateway.server import read_json
+
+        def route(ex: Exchange) -> None:
+            try:
+                _raw, body = read_json(ex)
+                fn(ex, body)
+            except VramdError as e:
+                if ex.streaming:
+                    ex.error = str(e)
+                    ex.send((json.dumps({"error": str(e)}) + "\n").encode())
+                    return
+                ex.reply(getattr(e, "http_status", 500), {"error": str(e)})
+        return route
+
+    # -- the model list -------------------------------------------------------------
+
+    def _model(self, ex: Exchange, t: Target, name: str) -> dict:
+        d = self.details.of(t, ex.h.headers.get("Authorization"))
+        return {"name": name, "model": name,
+                "modified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t.started)),
+                "size": d.get("size") or t.weights_bytes, "digest": d.get("digest", ""),
+                "details": {"parent_model": "", "format": "gguf", "family": d.get("architecture", ""),
+                            "families": [d["architecture"]] if d.get("architecture") else None,
+                            "parameter_size": d.get("parameter_size", ""),
+                            "quantization_level": d.get("quantization", "")}}
+
+    def _named(self):
+        """(name, member) for every member, then every alias whose member runs."""
+        members = self.gw.table.members(fresh=True)
+        out = [(t.name, t) for t in members]
+        names = {t.name for t in members}
+        for alias in sorted(self.gw.table.aliases):
+            try:
+                t = self.gw.table.resolve(alias)
+            except VramdError:
+                continue
+            if alias not in names:
+                out.append((alias, t))
+        return out
+
+    def tags(self, ex: Exchange) -> dict:
+        return {"models": [self._model(ex, t, name) for name, t in self._named()]}
+
+    def ps(self, ex: Exchange) -> dict:
+        out = []
+        for name, t in self._named():
+            if t.device_bytes > 0:
+                m = self._model(ex, t, name)
+                d = self.details.of(t, None)
+                m.update({"size_vram": t.device_bytes, "context_length": d.get("context_length"),
+                          "vramd_state": t.state})
+                out.append(m)
+        return {"models": out}
+
+    def show(self, ex: Exchange, body: dict) -> None:
+        name = body.get("model") or body.get("name")
+        if not isinstance(name, str) or not name:
+            raise UsageError("'model' is required")
+        t = self.gw.table.resolve(name)
+        d = self.details.of(t, ex.h.headers.get("Authorization"))
+        m = self._model(ex, t, name)
+        info = dict(d.get("model_info") or {})
+        if d.get("context_length"):
+            info[f"{d.get('architecture', 'model')}.context_length"] = d["context_length"]
+        ex.reply(200, {"modelfile": f"# served by vramd member {t.name}\nFROM {d.get('path') or t.model}\n",
+                       "parameters": "", "template": d.get("template", ""), "details": m["details"],
+                       "model_info": info, "capabilities": ["completion"], "modified_at": m["modified_at"]})
+
+    # -- generation -----------------------------------------------------------------
+
+    def _call(self, ex: Exchange, t: Target, path: str, payload: dict):
+        up, resp = self.gw.upstream(ex, t, path, json.dumps(payload).encode())
+        if resp.status != 200:
+            data = resp.read()
+            up.close()
+            try:
+                err = json.loads(data)["error"]
+                msg = err.get("message") if isinstance(err, dict) else str(err)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                msg = data.decode("utf-8", "replace")[:500]
+            if resp.status == 404 and "no such route" in (msg or ""):
+                raise UpstreamError(f"member '{t.name}' does not serve {path} (its vramd is older)", 501)
+            raise UpstreamError(msg or f"member '{t.name}' answered {resp.status}", resp.status)
+        return up, resp
+
+    def generation(self, ex: Exchange, body: dict, mapper, field: str) -> None:
+        path, payload = mapper(body)
+        t = self.gw.target(body.get("model"))
+        ex.fields["member"] = t.name
+        name = body.get("model") or t.name
+        payload["model"] = t.name
+        up, resp = self._call(ex, t, path, payload)
+        try:
+            if payload["stream"]:
+                Stream(ex, name, field, path == "/v1/completions").run(resp, t.name)
+            else:
+                self._whole(ex, name, field, json.loads(resp.read()))
+        finally:
+            up.close()
+
+    def _whole(self, ex: Exchange, name: str, field: str, r: dict) -> None:
+        choice = r["choices"][0]
+        out = {"model": name, "created_at": ollama.now_iso()}
+        if "message" in choice:
+            text = choice["message"].get("content") or ""
+            calls = ollama.tool_calls(choice["message"].get("tool_calls"))
+        else:
+            text, calls = choice.get("text") or "", None
+        if field == "message":
+            out["message"] = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+        else:
+            out["response"] = text
+        lp = ollama.logprobs(choice.get("logprobs"))
+        if lp is not None:
+            out["logprobs"] = lp
+        dur = {"total_duration": int((time.monotonic() - ex.started) * 1e9)}
+        out.update(ollama.final_fields(choice.get("finish_reason"), r.get("usage"), dur))
+        ex.reply(200, out)
+
+    def embed(self, ex: Exchange, body: dict) -> None:
+        payload = ollama.embed_request(body)
+        t = self.gw.target(body.get("model"))
+        ex.fields["member"] = t.name
+        payload["model"] = t.name
+        up, resp = self._call(ex, t, "/v1/embeddings", payload)
+        try:
+            r = json.loads(resp.read())
+        finally:
+            up.close()
+        vectors = [d["embedding"] for d in sorted(r.get("data") or [], key=lambda d: d.get("index", 0))]
+        ex.reply(200, {"model": body.get("model") or t.name, "embeddings": vectors,
+                       "total_duration": int((time.monotonic() - ex.started) * 1e9),
+                       "prompt_eval_count": (r.get("usage") or {}).get("prompt_tokens")})
+
+
+class Stream:
+    """A daemon's SSE stream, line by line, as Ollama's NDJSON stream."""
+
+    def __init__(self, ex: Exchange, name: str, field: str, completion: bool):
+        self.ex, self.name, self.field, self.completion = ex, name, field, completion
+        self.calls: dict[int, dict] = {}
+        self.finish, self.usage = None, None
+        self.first: float | None = None
+
+    def line(self, obj: dict) -> None:
+        self.ex.send((json.dumps(obj) + "\n").encode())
+
+    def piece(self, text: str, extra: dict | None = None) -> dict:
+        out = {"model": self.name, "created_at": ollama.now_iso()}
+        out[self.field] = {"role": "assistant", "content": text} if self.field == "message" else text
+        out.update(extra or {})
+        return out
+
+    def chunk(self, c: dict) -> None:
+        if c.get("usage"):
+            self.usage = c["usage"]
+        for ch in c.get("choices") or []:
+            self.finish = ch.get("finish_reason") or self.finish
+            if self.completion:
+                text = ch.get("text") or ""
+            else:
+                delta = ch.get("delta") or {}
+                text = delta.get("content") or ""
+                for tc in delta.get("tool_calls") or []:
+                    acc = self.calls.setdefault(tc.get("index", 0), {"function": {"name": "", "arguments": ""}})
+                    fn = tc.get("function") or {}
+                    acc["function"]["name"] += fn.get("name") or ""
+                    acc["function"]["arguments"] += fn.get("arguments") or ""
+            lp = ollama.logprobs(ch.get("logprobs"))
+            if text or lp:
+                if self.first is None:
+                    self.first = time.monotonic()
+                self.line(self.piece(text, {"done": False, **({"logprobs": lp} if lp else {})}))
+
+    def run(self, resp, member: str) -> None:
+        start_stream(self.ex, 200, "application/x-ndjson", {"X-Vramd-Member": member})
+        done = False
+        while True:
+            raw = resp.readline()
+            if not raw:
+                break
+            raw = raw.strip()
+            if not raw.startswith(b"data:"):
+                continue   # blank separators and keep-alive comments
+            data = raw[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            try:
+                self.chunk(json.loads(data))
+            except (ValueError, TypeError, AttributeError) as e:
+                raise UpstreamError(f"member '{member}' sent an event the gateway cannot read: {e}", 502) from None
+        if not done:
+            raise UpstreamError(f"member '{member}' ended its stream before the end", 502)
+        calls = ollama.tool_calls([self.calls[i] for i in sorted(self.calls)])
+        if calls:
+            self.line({"model": self.name, "created_at": ollama.now_iso(),
+                       "message": {"role": "assistant", "content": "", "tool_calls": calls}, "done": False})
+        end = time.monotonic()
+        first = self.first or end
+        durations = {"total_duration": int((end - self.ex.started) * 1e9),
+                     "prompt_eval_duration": int((first - self.ex.started) * 1e9),
+                     "eval_duration": int((end - first) * 1e9)}
+        self.line(self.piece("", ollama.final_fields(self.finish, self.usage, durations)))
+

@@ -1,0 +1,157 @@
+"""One request forwarded to a member's HTTP endpoint, and its reply streamed back unbuffered.
+
+A fresh connection per request (the daemons close theirs after each reply:
+HTTP/1.0), the body forwarded as it came, with the member's own API key
+(configured per member) or else the client's `Authorization` header.  While
+the daemon is silent (waiting for the GPU, a long prefill) the gateway watches
+the client: a client that hangs up closes the upstream connection, so the
+daemon sees its client gone as it would without the gateway.
+
+A reply with a Content-Length is relayed as one; one without (server-sent
+events) is relayed chunk by chunk as each arrives (`read1`: whatever the
+socket has, never waiting for more), with `Connection: close` as the daemon
+sends it.
+
+Failures of the member itself are the gateway's own errors: 502 when nothing
+listens at its endpoint or it hung up without a reply, 504 when it stayed
+silent longer than --upstream-timeout.
+"""
+
+from __future__ import annotations
+
+import http.client
+import select
+import socket
+import time
+from urllib.parse import urlsplit
+
+from vramd.errors import VramdError
+from vramd.gateway.table import Target
+from vramd.server.http import ClientGone, Exchange
+
+# Headers of a member's reply a client may need; hop-by-hop ones (Connection,
+# Transfer-Encoding, Keep-Alive) belong to each connection and are not relayed.
+RELAYED = ("content-type", "retry-after", "www-authenticate", "cache-control", "x-vramd-context-dropped")
+WATCH_S = 0.25       # how often a silent member's client is checked for having gone
+
+
+class Unreachable(VramdError):
+    http_status = 502
+
+
+class UpstreamTimeout(VramdError):
+    http_status = 504
+
+
+def address(endpoint: str) -> tuple[str, int]:
+    u = urlsplit(endpoint)
+    if u.scheme != "http" or not u.hostname or not u.port:
+        raise Unreachable(f"the member's endpoint {endpoint!r} is not an http://host:port address")
+    return u.hostname, u.port
+
+
+class Upstream:
+    """One request to one member; `response()` waits for its head, watching the client meanwhile."""
+
+    def __init__(self, target: Target, timeout: float):
+        self.target, self.timeout = target, timeout
+        self.conn: http.client.HTTPConnection | None = None
+
+    def _fail(self, e: OSError) -> Unreachable:
+        why = "nothing listens there (stopping, or restarted on another port?)" \
+            if isinstance(e, ConnectionRefusedError) else (e.strerror or str(e) or type(e).__name__)
+        return Unreachable(f"member '{self.target.name}' (pid {self.target.pid}) did not answer at "
+                           f"{self.target.endpoint}: {why}")
+
+    def send(self, method: str, path: str, body: bytes | None, headers: dict) -> None:
+        host, port = address(self.target.endpoint)
+        self.conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
+        try:
+            self.conn.connect()
+            # Small writes (a request, one SSE event) go out at once, not held for an ACK (Nagle).
+            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.conn.request(method, path, body=body, headers=headers)
+        except OSError as e:
+            self.close()
+            raise self._fail(e) from None
+
+    def response(self, client_gone=None) -> http.client.HTTPResponse:
+        """The reply's head; while none came, every WATCH_S ask `client_gone` (then: ClientGone)."""
+        sock = self.conn.sock
+        deadline = time.monotonic() + self.timeout
+        try:
+            while client_gone is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise UpstreamTimeout(f"member '{self.target.name}' sent no reply within {self.timeout:g} s "
+                                          "(--upstream-timeout)")
+                if select.select([sock], [], [], min(WATCH_S, left))[0]:
+                    break
+                if client_gone():
+                    raise ClientGone("the client went away while the member worked")
+            return self.conn.getresponse()
+        except (ClientGone, UpstreamTimeout):
+            self.close()
+            raise
+        except socket.timeout:
+            self.close()
+            raise UpstreamTimeout(f"member '{self.target.name}' sent no reply within {self.timeout:g} s "
+                                  "(--upstream-timeout)") from None
+        except (http.client.HTTPException, OSError) as e:
+            self.close()
+            if isinstance(e, http.client.RemoteDisconnected):
+                raise Unreachable(f"member '{self.target.name}' (pid {self.target.pid}) closed the connection "
+                                  "without a reply (it may have died: see its log)") from None
+            raise self._fail(e if isinstance(e, OSError) else OSError(str(e))) from None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def auth_header(ex: Exchange, target: Target, member_keys: dict[str, str]) -> dict:
+    key = member_keys.get(target.name)
+    if key:
+        return {"Authorization": f"Bearer {key}"}
+    given = ex.h.headers.get("Authorization")
+    return {"Authorization": given} if given else {}
+
+
+def relay(ex: Exchange, up: Upstream, resp: http.client.HTTPResponse) -> None:
+    """The member's reply to the client: whole if it has a length, else chunk by chunk."""
+    headers = {k: v for k, v in resp.getheaders() if k.lower() in RELAYED}
+    headers["X-Vramd-Member"] = up.target.name
+    ctype = headers.pop("Content-Type", None) or headers.pop("content-type", "application/json")
+    try:
+        if resp.getheader("Content-Length") is not None:
+            data = resp.read()
+            ex.reply(resp.status, data, ctype, headers)
+            return
+        start_stream(ex, resp.status, ctype, headers)
+        while True:
+            chunk = resp.read1(1 << 16)
+            if not chunk:
+                return
+            ex.send(chunk)
+    except (http.client.HTTPException, OSError) as e:
+        if not ex.streaming:
+            raise Unreachable(f"member '{up.target.name}' broke off its reply: {e}") from None
+        ex.error = f"member '{up.target.name}' broke off its reply: {e}"   # headers are gone: the stream ends
+    finally:
+        up.close()
+
+
+def start_stream(ex: Exchange, status: int, ctype: str, headers: dict) -> None:
+    """A reply of no length (SSE, NDJSON): delimited by the connection's close."""
+    ex.streaming = True
+    ex.status = status
+    h = ex.h
+    h.close_connection = True
+    h.send_response(status)
+    for k, v in headers.items():
+        h.send_header(k, v)
+    h.send_header("Content-Type", ctype)
+    h.send_header("Cache-Control", "no-cache")
+    h.send_header("Connection", "close")
+    h.end_headers()
+    ex.send(b"")

@@ -1,0 +1,175 @@
+"""The gateway process: its routes, its HTTP server (vramd/server/http.py's), its life.
+
+    GET  /health                   open (no key): ok, and how many members it sees
+    GET  /v1/models                every member once (and each alias), with its state
+    GET  /v1/models/{id}           one of them (the openai SDK's models.retrieve)
+    POST /v1/*                     forwarded to the member the body's "model" names
+    GET  /, /api/version, /api/tags, /api/ps; POST /api/show, /api/chat, /api/generate,
+         /api/embed                Ollama's API, mapped (vramd/gateway/ollama_routes.py)
+
+The model list follows llama.cpp's router: each entry has a `status` object,
+here `{"value": "warm" | "parked" | "cold" | "loading"}`, and its `aliases`.
+A body without "model" goes to the only member if there is one, else 400.
+The HTTP hardening (key, limits, timeouts, connection cap) is the daemons'.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+
+from vramd.errors import UsageError
+from vramd.gateway import ollama_routes, proxy
+from vramd.gateway.config import GatewayConfig
+from vramd.gateway.table import Table, Target
+from vramd.server.http import Exchange, HttpServer, json_route
+
+log = logging.getLogger("vramd.gateway")
+
+
+def error_body(e: BaseException) -> tuple[int, dict]:
+    status = getattr(e, "http_status", 500)
+    kind = {400: "invalid_request_error", 404: "not_found_error", 502: "bad_gateway", 503: "service_unavailable",
+            504: "gateway_timeout"}.get(status, "server_error")
+    return status, {"error": {"message": str(e), "type": kind, "param": None, "code": None}}
+
+
+class Routes(dict):
+    """Exact (method, path) routes, then prefix routes: what the HTTP handler's lookup sees."""
+
+    def __init__(self, exact: dict, prefixes: list[tuple[str, str, object]]):
+        super().__init__(exact)
+        self.prefixes = prefixes
+
+    def get(self, key, default=None):
+        hit = super().get(key)
+        if hit is not None:
+            return hit
+        method, path = key
+        return next((fn for m, p, fn in self.prefixes if m == method and path.startswith(p)), default)
+
+
+def read_json(ex: Exchange) -> tuple[bytes, dict]:
+    raw = ex.body()
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"request body is not JSON: {e}") from None
+    except RecursionError:
+        raise UsageError("request body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise UsageError("request body must be a JSON object")
+    return raw, body
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig, members_dir):
+        self.cfg = cfg
+        self.table = Table(members_dir, cfg.aliases)
+        exact = {
+            ("GET", "/health"): json_route(lambda: (200, {"status": "ok", "members": len(self.table.members())})),
+            ("GET", "/v1/models"): json_route(lambda: (200, self.models_list())),
+            **ollama_routes.routes(self),
+        }
+        prefixes = [("GET", "/v1/models/", self.model_route), ("POST", "/v1/", self.forward_route)]
+        self.http = HttpServer(cfg.host, cfg.port, Routes(exact, prefixes), on_error=error_body,
+                               api_key=cfg.api_key, max_request_bytes=cfg.max_request_bytes,
+                               request_timeout=cfg.request_timeout)
+
+    # -- routing ------------------------------------------------------------------
+
+    def target(self, model) -> Target:
+        """The member a request's "model" names (the only one, if it names none)."""
+        if model is None:
+            members = self.table.members()
+            if len(members) == 1:
+                return members[0]
+            raise UsageError(f"'model' is required: this gateway serves {', '.join(self.table.known()) or 'nothing yet'}")
+        if not isinstance(model, str):
+            raise UsageError(f"'model' must be a string, got {type(model).__name__}")
+        return self.table.resolve(model)
+
+    def forward_route(self, ex: Exchange) -> None:
+        raw, body = read_json(ex)
+        t = self.target(body.get("model"))
+        ex.fields["member"] = t.name
+        if body.get("model") not in (None, t.name, t.model):
+            # An alias (or name:latest): the daemon knows only its own names.
+            body["model"] = t.name
+            raw = json.dumps(body).encode()
+        up, resp = self.upstream(ex, t, ex.h.path, raw)
+        proxy.relay(ex, up, resp)
+
+    def upstream(self, ex: Exchange, t: Target, path: str, body: bytes):
+        """POST `body` to `path` of member `t`: the connection and the reply's head.  A member that
+        does not answer may have died since the table was read: then that is the error (503)."""
+        up = proxy.Upstream(t, self.cfg.upstream_timeout)
+        headers = {"Content-Type": "application/json", **proxy.auth_header(ex, t, self.cfg.member_keys)}
+        try:
+            up.send("POST", path, body, headers)
+        except proxy.Unreachable:
+            self.table.members(fresh=True)
+            self.table.resolve(t.name)   # MemberGone if it died
+            raise
+        return up, up.response(ex.client_gone)
+
+    # -- the model list -----------------------------------------------------------
+
+    def entry(self, t: Target, alias: str | None = None) -> dict:
+        out = {"id": alias or t.name, "object": "model", "created": int(t.started), "owned_by": "vramd",
+               "aliases": [] if alias else self.table.aliases_of(t.name, t.model),
+               "status": {"value": t.state},
+               "vramd": {"member": t.name, "file": t.model, "pid": t.pid, "endpoint": t.endpoint,
+                         "device_bytes": t.device_bytes, "since": t.since}}
+        if alias:
+            out["alias_of"] = t.name
+        return out
+
+    def models_list(self) -> dict:
+        members = self.table.members(fresh=True)   # a listing is read fresh: UIs show it as it is now
+        data = [self.entry(t) for t in members]
+        by_name = {t.name: t for t in members}
+        for alias in sorted(self.table.aliases):
+            try:
+                t = self.table.resolve(alias)
+            except Exception:
+                continue   # its member is not running: the alias has nowhere to go
+            if alias not in by_name:
+                data.append(self.entry(t, alias))
+        return {"object": "list", "data": data}
+
+    def model_route(self, ex: Exchange) -> None:
+        from urllib.parse import unquote
+        name = unquote(ex.path.removeprefix("/v1/models/"))
+        t = self.table.resolve(name)
+        alias = name if name in self.table.aliases and name != t.name else None
+        ex.reply(200, self.entry(t, alias))
+
+    # -- the process ----------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT/SIGHUP; 0."""
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        got: list[int] = []
+
+        def on_signal(signum, _frame):
+            got.append(signum)
+            os.write(wake_w, b"s")
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, on_signal)
+        signal.set_wakeup_fd(wake_w)
+        self.http.start()
+        members = self.table.members()
+        log.info("gateway: serving %s on %s (members: %s)", self.table.registry.dir.parent, self.http.url,
+                 ", ".join(t.name for t in members) or "none yet")
+        from vramd.server import systemd
+        systemd.ready(f"gateway on {self.http.url}")
+        while not got:
+            select.select([wake_r], [], [], 1.0)
+        log.info("gateway: signal %d, stopping", got[0])
+        self.http.close()
+        return 0
+
