@@ -9,9 +9,8 @@ import openai
 import pytest
 
 from tests.ggufgen.llama import write_llama
-from vramd.arena.token import Token
 
-from .conftest import DaemonProc
+from .conftest import DaemonProc, gpu_held_elsewhere
 
 
 @pytest.fixture
@@ -74,20 +73,10 @@ def test_errors_have_openai_shape_and_status(arena, llamas, daemons, tmp_path):
         c.completions.create(model="a", prompt=[10**6])
     # A holder that never yields: the request gets 503 after --wake-timeout.
     d.ask("yield")
-    import subprocess, sys
-    from .conftest import ROOT, daemon_env
-    blocker = subprocess.Popen([sys.executable, "-m", "vramd.cli", "exec", "--", "sleep", "30"],
-                               env=daemon_env(VRAMD_ARENA=str(arena)), cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 10
-        while Token(arena / "token.lock").holders() != [blocker.pid] and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with gpu_held_elsewhere(arena):
         with pytest.raises(openai.InternalServerError) as e:
             c.completions.create(model="a", prompt="x", max_tokens=2)
         assert e.value.status_code == 503
-    finally:
-        blocker.terminate()
-        blocker.wait()
     assert greedy(c, "x", n=2)[1].usage.completion_tokens == 2   # fine again once the GPU is free
 
 

@@ -20,10 +20,9 @@ import openai
 import pytest
 
 from tests.ggufgen.llama import write_llama
-from vramd.arena.token import Token
 from vramd.server import api_fields
 
-from .conftest import ROOT, daemon_env
+from .conftest import ROOT, daemon_env, gpu_held_elsewhere
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
@@ -362,12 +361,7 @@ def test_one_connection_carries_many_requests(arena, llama, daemons):
 def test_a_stream_sends_headers_and_keep_alives_while_it_waits_and_then_its_error(arena, llama, daemons):
     d = daemons(arena, llama, "a", "--ctx", "128", "--wake-timeout", "5")
     d.ask("yield")
-    blocker = subprocess.Popen([sys.executable, "-m", "vramd.cli", "exec", "--", "sleep", "30"],
-                               env=daemon_env(VRAMD_ARENA=str(arena)), cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 10
-        while Token(arena / "token.lock").holders() != [blocker.pid] and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with gpu_held_elsewhere(arena):
         h = conn(d)
         t0 = time.monotonic()
         h.request("POST", "/v1/chat/completions", json.dumps({
@@ -392,9 +386,6 @@ def test_a_stream_sends_headers_and_keep_alives_while_it_waits_and_then_its_erro
         error = json.loads(data[0].removeprefix("data: "))["error"]
         assert "for the GPU" in error["message"] and error["type"] == "service_unavailable"
         assert data[-1] == "data: [DONE]" and len(data) == 2
-    finally:
-        blocker.terminate()
-        blocker.wait()
     # The daemon is fine once the GPU is free; its log line says what the stream's error was.
     r = client(d).chat.completions.create(model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert r.usage.completion_tokens == 2
