@@ -390,3 +390,20 @@ def test_a_stream_sends_headers_and_keep_alives_while_it_waits_and_then_its_erro
     r = client(d).chat.completions.create(model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     assert r.usage.completion_tokens == 2
     assert any(re.search(r"status=200 .*error_status=503", line) for line in d.lines), d.output
+
+
+def test_aliases_and_cors_origins_from_a_config_file_and_their_checks(tmp_path, llama):
+    from vramd.errors import UsageError
+    from vramd.server.config import build
+    cfg = tmp_path / "a.toml"
+    cfg.write_text(f'model = "{llama}"\naliases = ["gpt-4o-mini", "local"]\ncors-origins = ["*"]\n')
+    c = build(cfg, {"aliases": None, "cors_origins": None})
+    assert c.aliases == ["gpt-4o-mini", "local"] and c.cors_origins == ["*"]
+    assert build(cfg, {"aliases": ["flag"]}).aliases == ["flag"]     # the flags replace the file's list
+    for text, message in [('aliases = ["no spaces"]', "alias 'no spaces'"),
+                          ('aliases = "one"\ncors_origins = ["https://x.example/"]', "cors origin 'https://x.example/'"),
+                          ("aliases = [1]", "expected a list of strings"),
+                          ("aliases = [" + ", ".join(f'"a{i}"' for i in range(17)) + "]", "17 aliases: at most 16")]:
+        cfg.write_text(f'model = "{llama}"\n{text}\n')
+        with pytest.raises(UsageError, match=re.escape(message)):
+            build(cfg, {})
