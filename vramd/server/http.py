@@ -3,9 +3,11 @@
 Bound to --host:--port (127.0.0.1 by default), a thread per connection.
 Routes are `(method, path) -> fn(exchange)` (a path ending in "/" takes
 every path below it: `Exchange.rest` is the part after it, URL-decoded);
-an `Exchange` reads the body and writes a JSON reply or a server-sent-event
-stream.  Handlers never touch the GPU: generation is a job on the daemon's
-loop thread.
+an `Exchange` (vramd/server/exchange.py) reads the body and writes a JSON
+reply or a server-sent-event stream; a `RequestReader`
+(vramd/server/http_reader.py) reads the request within its limits; the CORS
+headers are vramd/server/cors.py's.  Handlers never touch the GPU:
+generation is a job on the daemon's loop thread.
 
 HTTP/1.1 with keep-alive: a connection carries any number of requests, one
 after another.  A stream to an HTTP/1.1 client is sent chunked, so that the
@@ -62,7 +64,6 @@ import http.client
 import ipaddress
 import json
 import logging
-import select
 import socket
 import threading
 import time
@@ -72,257 +73,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from vramd.errors import UsageError, VramdError
+from vramd.server.cors import cors_headers
+from vramd.server.exchange import ClientGone, Exchange, Refused, Route, error_payload  # noqa: F401 (used, and re-exported)
+from vramd.server.http_reader import DEFAULT_REQUEST_TIMEOUT, HEAD_TIMEOUT, MAX_HEAD, RequestReader  # noqa: F401
 from vramd.server.logs import event
 
 log = logging.getLogger("vramd.http")
 
 DEFAULT_MAX_REQUEST = 32 << 20    # images travel inside the JSON as base64
-DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds to send a whole request (or to take a reply)
-HEAD_TIMEOUT = 5.0                # seconds to send the request head (never more than the request timeout)
 # A kept-alive connection waits this long for its next request, once a request on it passed the key
 # check: longer than the pools of common clients keep an idle connection (httpx 5 s, aiohttp 15 s,
 # undici 4 s), so that the client, not the daemon, drops it first (a request sent on a connection
 # the server is closing at that moment fails).
 IDLE_TIMEOUT = 20.0
-MAX_HEAD = 64 << 10               # request line and headers together
 MAX_CONNECTIONS = 64
 OPEN_PATHS = frozenset({"/health"})   # answered without the API key (systemd, load-balancer probes)
 QUIET_PATHS = frozenset({"/health", "/metrics"})   # logged at debug level: polled every few seconds
-
-
-class Refused(Exception):
-    """A request refused before its route runs: status, one-line message, OpenAI error code."""
-
-    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.code, self.headers = status, code, headers or {}
-
-
-def error_payload(message: str, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-
-
-class _RequestReader:
-    """A connection's rfile: each request must arrive whole within a deadline, its head capped.
-
-    Reads straight from the socket, re-arming the socket timeout with what
-    is left of the deadline before every recv, so a client that trickles a
-    byte at a time cannot keep the thread past the deadline.
-    """
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.buf = bytearray()
-        self.deadline: float | None = None
-        self.head_left: int | None = None
-        self._request_deadline: float | None = None
-        self._timeouts = (DEFAULT_REQUEST_TIMEOUT, HEAD_TIMEOUT)
-        self.idle = False             # waiting for a kept-alive connection's next request
-
-    def begin(self, timeout: float, head_timeout: float, idle: float | None = None) -> None:
-        """A new request starts: the head's deadline and byte budget, the whole request's deadline.
-        idle: a kept-alive connection may wait this long for the next request's first byte; the
-        head's and the request's clocks then start with it."""
-        now = time.monotonic()
-        self._timeouts = (timeout, head_timeout)
-        self.head_left = MAX_HEAD
-        self.idle = idle is not None and not self.buf
-        if self.idle:
-            self.deadline, self._request_deadline = now + idle, None
-        else:
-            self._start(now)
-
-    def _start(self, now: float) -> None:
-        timeout, head_timeout = self._timeouts
-        self._request_deadline = now + timeout
-        self.deadline = now + min(head_timeout, timeout)
-
-    def end_head(self) -> None:
-        """The head is in: the body may take what is left of the request's deadline."""
-        self.head_left = None
-        self.deadline = self._request_deadline
-
-    @property
-    def in_head(self) -> bool:
-        return self.head_left is not None
-
-    @property
-    def head_started(self) -> bool:
-        """Some of this request's head arrived (else: an idle connection)."""
-        return bool(self.buf) or (self.head_left is not None and self.head_left < MAX_HEAD)
-
-    def _fill(self) -> bool:
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the request did not arrive in time")
-            self.sock.settimeout(left)
-        chunk = self.sock.recv(1 << 16)
-        if not chunk:
-            return False
-        if self.idle:   # the next request's first bytes: its clocks start now
-            self.idle = False
-            self._start(time.monotonic())
-        self.buf += chunk
-        return True
-
-    def readline(self, limit: int = -1) -> bytes:
-        if self.head_left is not None:
-            cap = self.head_left + 1
-            limit = cap if limit < 0 else min(limit, cap)
-        start = 0
-        while True:
-            i = self.buf.find(b"\n", start)
-            if i >= 0 and (limit < 0 or i < limit):
-                n = i + 1
-                break
-            if limit >= 0 and len(self.buf) >= limit:
-                n = limit
-                break
-            start = len(self.buf)
-            if not self._fill():
-                n = len(self.buf)
-                break
-        line = bytes(self.buf[:n])
-        del self.buf[:n]
-        if self.head_left is not None:
-            self.head_left -= len(line)
-            if self.head_left < 0:
-                raise http.client.LineTooLong(f"request head over {MAX_HEAD} bytes")
-        return line
-
-    def read(self, n: int = -1) -> bytes:
-        while (n < 0 or len(self.buf) < n) and self._fill():
-            pass
-        n = len(self.buf) if n < 0 else min(n, len(self.buf))
-        data = bytes(self.buf[:n])
-        del self.buf[:n]
-        return data
-
-    def close(self) -> None:
-        pass  # the socket belongs to the server
-
-
-class ClientGone(Exception):
-    """The client closed the connection while we were writing to it."""
-
-
-class Exchange:
-    """One request and its response."""
-
-    def __init__(self, handler: BaseHTTPRequestHandler):
-        self.h = handler
-        self.path = handler.path.split("?", 1)[0]
-        self.rest: str | None = None      # a prefix route's: the path below its prefix, URL-decoded
-        self.head_only = handler.command == "HEAD"   # headers as for GET, no body
-        self.streaming = False
-        self.chunked = False              # the stream goes out in HTTP/1.1 chunks (the connection stays)
-        self.stream_done = False          # the stream's end was sent
-        self.length: int | None = None   # the body's Content-Length, checked (POST)
-        self.method = handler.command
-        self.started = time.monotonic()
-        self.status: int | None = None   # the reply's status, once sent
-        self.error: str | None = None    # the refusal's or the error's message
-        self.fields: dict = {}           # what the route adds to the request's log line
-
-    def body(self) -> bytes:
-        """The request body, read once; its length was checked against the limit before."""
-        n = self.length or 0
-        try:
-            data = self.h.rfile.read(n) if n else b""
-        except TimeoutError:
-            self.h.close_connection = True
-            raise Refused(408, f"the request body did not arrive within {self.h.request_timeout:g} s") from None
-        finally:
-            self.length = 0
-            self.h.connection.settimeout(self.h.request_timeout)  # from now on: how long a reply may wait
-        if len(data) < n:
-            self.h.close_connection = True
-            raise Refused(400, f"the request body ended after {len(data)} of {n} bytes")
-        return data
-
-    def reply(self, status: int, payload, ctype: str = "application/json", headers: dict | None = None) -> None:
-        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.status = status
-        if status >= 400 and isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-            self.error = self.error or payload["error"].get("message")
-        self.h.send_response(status)
-        for k, v in (headers or {}).items():
-            self.h.send_header(k, v)
-        self.h.send_header("Content-Type", ctype)
-        self.h.send_header("Content-Length", str(len(body)))
-        if self.h.close_connection:
-            self.h.send_header("Connection", "close")
-        self.h.end_headers()
-        self._write(b"" if self.head_only else body)
-
-    def start_stream(self) -> None:
-        """Server-sent events, the headers flushed now: chunked to an HTTP/1.1 client (the
-        connection stays), else without a length and the connection closes at the end."""
-        self.streaming = True
-        self.status = 200
-        self.chunked = self.h.request_version == "HTTP/1.1" and not self.h.close_connection
-        self.h.send_response(200)
-        self.h.send_header("Content-Type", "text/event-stream")
-        self.h.send_header("Cache-Control", "no-cache")
-        if self.chunked:
-            self.h.send_header("Transfer-Encoding", "chunked")
-        else:
-            self.h.close_connection = True
-            self.h.send_header("Connection", "close")
-        self.h.end_headers()
-        self._write(b"")
-
-    def send(self, data: bytes) -> None:
-        if self.chunked and data:
-            data = b"%x\r\n%s\r\n" % (len(data), data)
-        self._write(data)
-
-    def keep_alive(self) -> None:
-        """An SSE comment: clients skip it; it shows the stream is alive (and finds a client
-        that hung up) while the request waits for the GPU or a long prefill."""
-        self.send(b": keep-alive\n\n")
-
-    def end_stream(self) -> None:
-        """The stream's last bytes: the chunked body's end (nothing to send otherwise)."""
-        if self.stream_done:
-            return
-        self.stream_done = True
-        if self.chunked:
-            self._write(b"0\r\n\r\n")
-
-    def stream_error(self, status: int, payload: dict) -> None:
-        """An error after the headers went out: the error object as an event, then the end."""
-        self.error = self.error or payload.get("error", {}).get("message")
-        self.fields["error_status"] = status   # the status line said 200: the log and metrics say this
-        self.send(b"data: " + json.dumps(payload).encode() + b"\n\n")
-        self.send(b"data: [DONE]\n\n")
-        self.end_stream()
-
-    def client_gone(self) -> bool:
-        """Has the client closed its end (EOF or a reset) while we work on its reply?  Data it
-        sent meanwhile (a pipelined request) is left where it is: that client still waits."""
-        sock = self.h.connection
-        try:
-            ready, _, _ = select.select([sock], [], [], 0)
-            if not ready:
-                return False
-            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            return True
-
-    def _write(self, data: bytes) -> None:
-        try:
-            if data:
-                self.h.wfile.write(data)
-            self.h.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError, OSError) as e:
-            raise ClientGone(str(e)) from None
-
-
-Route = Callable[[Exchange], None]
 
 
 def _loopback(host: str) -> bool:
@@ -351,7 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.rfile = _RequestReader(self.connection)
+        self.rfile = RequestReader(self.connection)
         self.trusted = False   # a request on this connection passed the key check (IDLE_TIMEOUT applies)
 
     def handle_one_request(self) -> None:
@@ -405,27 +171,9 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _cors_headers(self) -> dict:
-        origin = self.headers.get("Origin") if self.cors_origins and getattr(self, "headers", None) else None
-        if not origin:
+        if not self.cors_origins or self.headers is None:
             return {}
-        if "*" in self.cors_origins:
-            allow = "*"
-        elif origin in self.cors_origins:
-            allow = origin
-        else:
-            return {}
-        out = {"Access-Control-Allow-Origin": allow,
-               "Access-Control-Expose-Headers": "Retry-After, X-Vramd-Context-Dropped"}
-        if allow != "*":
-            out["Vary"] = "Origin"
-        if self.command == "OPTIONS" and self.headers.get("Access-Control-Request-Method"):
-            out["Access-Control-Allow-Methods"] = "GET, HEAD, POST, OPTIONS"
-            # What the page asks to send (Authorization, Content-Type, the SDKs' X-Stainless-*): a
-            # bearer key is no cookie, so echoing the list opens nothing the key does not guard.
-            out["Access-Control-Allow-Headers"] = self.headers.get("Access-Control-Request-Headers") or \
-                "Authorization, Content-Type"
-            out["Access-Control-Max-Age"] = "600"
-        return out
+        return cors_headers(self.cors_origins, self.headers, self.command)
 
     def send_error(self, code, message=None, explain=None) -> None:
         """http.server's own refusals (malformed request, head too large), as OpenAI-shaped JSON."""
@@ -559,15 +307,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _route(self, method: str, ex: "Exchange") -> None:
-        if method == "OPTIONS":
-            if self.headers.get("Content-Length") or self.headers.get("Transfer-Encoding"):
-                self.close_connection = True   # a body nobody reads
-            self._options(ex)
-            return
-        lookup = "GET" if method == "HEAD" else method
         if method != "POST" and (self.headers.get("Transfer-Encoding") or
                                  self.headers.get("Content-Length", "0").strip() not in ("", "0")):
             self.close_connection = True   # a body nobody reads: it must not be taken for the next request
+        if method == "OPTIONS":
+            self._options(ex)
+            return
+        lookup = "GET" if method == "HEAD" else method
         try:
             self._check_key(ex.path)
             # An open path (/health) earns a keyless client no longer idle time.
