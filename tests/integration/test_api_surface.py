@@ -9,6 +9,7 @@ import concurrent.futures
 import http.client
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -100,7 +101,10 @@ def test_fields_are_taken_or_refused_with_a_400_naming_them(arena, llama, daemon
                            ({"logit_bias": {"3": 500}}, "must be between -100 and 100"),
                            ({"frequency_penalty": 3}, "'frequency_penalty' must be between -2.0 and 2.0"),
                            ({"n": 17}, "'n' must be between 1 and 16"),
-                           ({"grammar": "root ::= \"a\""}, "send 'response_format'")]:
+                           ({"grammar": "root ::= \"a\""}, "send 'response_format'"),
+                           ({"mirostat": 2}, "'mirostat': 2 is not supported, only 0: vramd's sampler chain"),
+                           ({"mirostat": True}, "'mirostat': True is not supported"),
+                           ({"samplers": ["top_k"]}, "'samplers' is not supported")]:
         status, body = post(d, "/v1/chat/completions", {**chat, **extra})
         assert status == 400 and message in body["error"]["message"], (extra, body)
         if "unknown" in message or "not supported" in message:
@@ -121,7 +125,8 @@ def test_fields_are_taken_or_refused_with_a_400_naming_them(arena, llama, daemon
                                   logit_bias={"5": -1}, seed=3, stream_options=None, top_logprobs=None,
                                   extra_body={"top_k": 5, "min_p": 0.1, "repeat_penalty": 1.1, "repeat_last_n": 16,
                                               "cache_prompt": True, "audio": None, "prompt_cache_retention":
-                                              "in_memory"})
+                                              "in_memory", "mirostat": 0, "typical_p": 1, "n_probs": 0,
+                                              "ignore_eos": False, "id_slot": -1, "top_n_sigma": -1})
     assert r.usage.completion_tokens == 3
     r = c.completions.create(model="a.gguf", prompt="x", best_of=1, user="u", extra_body={"n_predict": 2})
     assert r.usage.completion_tokens == 2
@@ -284,6 +289,19 @@ def test_cors_preflight_and_headers_for_allowed_origins_and_head(arena, llama, d
     h.request("GET", "/health")
     r = h.getresponse()
     assert r.status == 200 and json.loads(r.read())["status"] == "ok"
+    # curl's `Expect: 100-continue` (a large body): the interim 100, without CORS headers, then the reply.
+    host, port = d.member().endpoint.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example\r\n"
+                     b"Authorization: Bearer vk-cors\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body))
+        interim = sock.recv(4096)
+        assert interim.startswith(b"HTTP/1.1 100 Continue\r\n") and b"Access-Control" not in interim, interim
+        sock.sendall(body.encode())
+        reply = b""
+        while b"completion_tokens" not in reply:
+            reply += sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 200 ") and b"Access-Control-Allow-Origin: http://app.example" in reply
     # A bad --cors-origin is refused at start.
     bad = subprocess.run([sys.executable, "-m", "vramd.cli", "serve", str(llama), "--arena", str(arena),
                           "--name", "b", "--cors-origin", "http://x.example/path"], env=daemon_env(), cwd=ROOT,

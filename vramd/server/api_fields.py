@@ -54,7 +54,8 @@ class Field:
 
 def _only(name: str, allowed: tuple, why: str) -> Callable:
     def check(value) -> None:
-        if value not in allowed:
+        # JSON's true is not 1 (nor false 0), though Python's `in` says so.
+        if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
             shown = " or ".join(repr(a) if not isinstance(a, bool) else str(a).lower() for a in allowed)
             raise FieldError(name, f"'{name}': {value!r} is not supported, only {shown}: {why}")
     return check
@@ -103,6 +104,8 @@ def _row(name, chat, completion, note, check=None, origin="OpenAI") -> Field:
 
 
 B = "yes"  # on both endpoints, the same
+_CHAIN = ("vramd's sampler chain is logit_bias, the penalties, top_k, top_p, min_p, temperature, and no other "
+          "(vramd/engine/sampler.py)")
 _TOOLS = "vramd/server/toolcalls.py (tool calls; the `structured` branch)"
 _FORMAT = "vramd/server/structured.py (constrained sampling; the `structured` branch)"
 
@@ -193,15 +196,25 @@ FIELDS: dict[str, Field] = {f.name: f for f in [
          check=_only("cache_prompt", (True,), "vramd always reuses the cached prefix"), origin="llama.cpp"),
     _row("chat_template_kwargs", "yes", None, "variables for the chat template (e.g. `{\"enable_thinking\": false}`)",
          origin="llama.cpp"),
-    _row("grammar", "refused", "refused", "GBNF grammars are not taken: send `response_format`",
-         check=_refused("grammar", "send 'response_format' (json_object or json_schema)"), origin="llama.cpp"),
+    _row("grammar", "some", "some", "only empty: GBNF grammars are not taken; send `response_format`",
+         check=_only("grammar", ("",), "GBNF grammars are not taken; send 'response_format'"), origin="llama.cpp"),
     _row("json_schema", "refused", "refused", "send `response_format` with `json_schema`",
          check=_refused("json_schema", "send 'response_format': {\"type\": \"json_schema\", ...}"),
          origin="llama.cpp"),
-    _row("n_probs", "refused", "refused", "send `logprobs` (and `top_logprobs`)",
-         check=_refused("n_probs", "send 'logprobs' (and 'top_logprobs' for chat)"), origin="llama.cpp"),
-    _row("ignore_eos", "refused", "refused", "not implemented: the end-of-generation token ends it",
-         check=_refused("ignore_eos", "the end-of-generation token always ends the generation"), origin="llama.cpp"),
+    _row("n_probs", "some", "some", "only 0: send `logprobs` (and `top_logprobs`)",
+         check=_only("n_probs", (0,), "send 'logprobs' (and 'top_logprobs' for chat)"), origin="llama.cpp"),
+    _row("ignore_eos", "some", "some", "only false: the end-of-generation token ends the generation",
+         check=_only("ignore_eos", (False,), "the end-of-generation token always ends the generation"),
+         origin="llama.cpp"),
+    _row("n_cmpl", "refused", "refused", "send `n`", check=_refused("n_cmpl", "send 'n'"), origin="llama.cpp"),
+    _row("id_slot", "some", "some", "only -1 (any): a daemon has one slot",
+         check=_only("id_slot", (-1,), "a daemon has one slot"), origin="llama.cpp"),
+    # Samplers vramd does not have: taken at the value that turns them off (clients send every knob).
+    *(_row(name, "some", "some", f"only {off}, off: {_CHAIN}", check=_only(name, (off,), _CHAIN),
+           origin="llama.cpp")
+      for name, off in (("typical_p", 1), ("mirostat", 0), ("dry_multiplier", 0), ("xtc_probability", 0),
+                        ("top_n_sigma", -1), ("dynatemp_range", 0))),
+    _row("samplers", "refused", "refused", _CHAIN, check=_refused("samplers", _CHAIN), origin="llama.cpp"),
 ]}
 
 
