@@ -3,7 +3,9 @@
 The gateway runs as its own process (`vramd gateway`), the daemons as theirs
 (`vramd serve`), on small synthetic llama models in one arena: requests
 switch between the models by name, and what comes back through the gateway
-is what the daemon gives directly.
+is what the daemon gives directly, embeddings too (b runs with --pooling
+mean).  Ollama's keep_alive 0 and load requests reach the member's control
+socket: the member is seen cold with its device memory freed, or warm.
 """
 
 import json
@@ -16,6 +18,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+import numpy as np
 
 import ollama
 import openai
@@ -73,7 +77,7 @@ def setup(tmp_path_factory):
     key_file.write_text(A_KEY + "\n")
     key_file.chmod(0o600)
     da = DaemonProc(arena, a, "a", "--api-key-file", str(key_file), ctx=256)
-    db = DaemonProc(arena, b, "b", ctx=256)
+    db = DaemonProc(arena, b, "b", "--pooling", "mean", ctx=256)   # b also serves embeddings
     gw = GatewayProc(arena, "--api-key", GW_KEY, "--member-key-file", f"a={key_file}", "--alias", "gpt=a")
     yield {"arena": arena, "a": da, "b": db, "gw": gw, "key_file": key_file}
     gw.stop()
@@ -228,3 +232,102 @@ def test_dead_member_restart_of_the_gateway_and_a_member_joining(tmp_path, daemo
         assert states(gw).keys() == {"a", "b"}
     finally:
         gw.stop()
+
+
+TEXTS = ["The river ran past the old mill.", "the miller's daughter", "12 sacks on Monday"]
+
+
+def test_openai_sdk_embeddings_through_the_gateway_equal_the_daemons(setup):
+    gw, b = setup["gw"], setup["b"]
+    c, direct = oai(gw.url), oai(b.member().endpoint, "unused")
+    want = direct.embeddings.create(model="b", input=TEXTS, encoding_format="float")
+    assert len(want.data) == 3 and len(want.data[0].embedding) == 128
+    default = c.embeddings.create(model="b", input=TEXTS)          # the SDK asks for base64 and decodes it
+    floats = c.embeddings.create(model="b.gguf", input=TEXTS, encoding_format="float")
+    for got in (default, floats):
+        assert [x.index for x in got.data] == [0, 1, 2]
+        assert [x.embedding for x in got.data] == [x.embedding for x in want.data]   # bit for bit
+        assert got.usage.prompt_tokens == want.usage.prompt_tokens and got.model == "b"
+    ids = [[1, 17, 42, 99, 7], [3, 5, 8]]                           # token ids, as LangChain sends them
+    assert [x.embedding for x in c.embeddings.create(model="b", input=ids).data] == \
+        [x.embedding for x in direct.embeddings.create(model="b", input=ids).data]
+    assert c.embeddings.create(model="b", input=ids[0]).data[0].embedding == \
+        direct.embeddings.create(model="b", input=ids[0]).data[0].embedding
+    with pytest.raises(openai.BadRequestError, match="pooling type is none.*--pooling mean"):
+        c.embeddings.create(model="a", input="hello")                # a has no pooling: its own 400, relayed
+    with pytest.raises(openai.BadRequestError, match="'dimensions' 64"):
+        c.embeddings.create(model="b", input="hello", dimensions=64)
+
+
+def test_ollama_client_embed_through_the_gateway(setup):
+    gw, b = setup["gw"], setup["b"]
+    o = ollama.Client(host=gw.url, headers={"Authorization": f"Bearer {GW_KEY}"})
+    want = oai(b.member().endpoint, "unused").embeddings.create(model="b", input=TEXTS, encoding_format="float")
+    vectors = [x.embedding for x in want.data]
+    r = o.embed(model="b", input=TEXTS)
+    assert r.model == "b" and [list(v) for v in r.embeddings] == vectors
+    assert r.prompt_eval_count == want.usage.prompt_tokens
+    assert abs(np.linalg.norm(r.embeddings[0]) - 1) < 1e-5
+    assert [list(v) for v in o.embed(model="b:latest", input=TEXTS[1], truncate=True, dimensions=128,
+                                     keep_alive="5m").embeddings] == [vectors[1]]
+    assert list(o.embeddings(model="b", prompt=TEXTS[2]).embedding) == vectors[2]   # the older /api/embeddings
+    long = " ".join(["word"] * 400)                                  # more than b's context of 256 holds
+    with pytest.raises(ollama.ResponseError) as e:
+        o.embed(model="b", input=long)
+    assert e.value.status_code == 400 and "context of 256 tokens" in str(e.value) and "'truncate'" in str(e.value)
+    with pytest.raises(ollama.ResponseError) as e:
+        o.embed(model="b", input=long, truncate=False)                # asked not to cut: the plain refusal
+    assert e.value.status_code == 400 and "context of 256" in str(e.value) and "truncate" not in str(e.value)
+    for kw, word in (({"dimensions": 64}, "'dimensions' 64"), ({"options": {"num_ctx": 512}}, "'num_ctx'"),
+                     ({"options": {"temperature": 0}}, "'temperature'"), ({"keep_alive": "soon"}, "'keep_alive'")):
+        with pytest.raises(ollama.ResponseError) as e:
+            o.embed(model="b", input="hello", **kw)
+        assert e.value.status_code == 400 and word in str(e.value), (kw, str(e.value))
+    with pytest.raises(ollama.ResponseError) as e:
+        o.embeddings(model="b", prompt="hi", options={"num_thread": 2})
+    assert e.value.status_code == 400 and "'num_thread'" in str(e.value)
+
+
+def wait_for(member_of, want, timeout=30.0):
+    """The member record once `want(record)` holds (the unload runs after the reply)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = member_of()
+        if want(m):
+            return m
+        assert time.monotonic() < deadline, f"member {m.name}: state {m.state}, {m.device_bytes()} device bytes"
+        time.sleep(0.05)
+
+
+def test_ollama_keep_alive_0_unloads_and_load_requests_load(setup):
+    gw, a, b = setup["gw"], setup["a"], setup["b"]
+    o = ollama.Client(host=gw.url, headers={"Authorization": f"Bearer {GW_KEY}"})
+    cold_and_empty = lambda m: m.state == "cold" and m.device_bytes() == 0   # noqa: E731
+    # A chat with keep_alive 0: the answer as usual, then a goes cold with its device memory freed.
+    direct = chat(oai(a.member().endpoint, A_KEY), "a")
+    r = o.chat(model="a", messages=[{"role": "user", "content": "hello there"}], keep_alive=0,
+               options={"num_predict": 8, "temperature": 0})
+    assert r.message.content == direct
+    wait_for(a.member, cold_and_empty)
+    assert "a" not in {m.model for m in o.ps().models}
+    r = o.chat(model="a", messages=[{"role": "user", "content": "hello there"}], keep_alive="0s",
+               options={"num_predict": 8, "temperature": 0}, stream=True)   # it wakes (restored), then unloads
+    assert "".join(p.message.content for p in r) == direct
+    wait_for(a.member, cold_and_empty)
+    assert chat(oai(gw.url), "a") == direct and a.member().state == "warm"   # and serves the next as ever
+    # Ollama's load request (no prompt): b is woken, nothing is generated.
+    generated = b.ask("status")["engine"]["generated_tokens"]
+    r = o.generate(model="b")
+    assert r.done and r.done_reason == "load" and r.response == ""
+    assert b.member().state == "warm" and b.ask("status")["engine"]["generated_tokens"] == generated
+    # ... and the unload request (`ollama stop b`): cold, its memory freed, before the reply.
+    r = o.generate(model="b", keep_alive="0m")
+    assert r.done_reason == "unload" and cold_and_empty(b.member())
+    assert o.chat(model="b", messages=[], keep_alive=-1).done_reason == "load" and b.member().state == "warm"
+    assert o.embed(model="b", input=[], keep_alive=0).embeddings == [] and cold_and_empty(b.member())
+    # An embedding with keep_alive 0: the vectors, then cold.
+    assert len(o.embed(model="b", input="hello", keep_alive=0).embeddings[0]) == 128
+    wait_for(b.member, cold_and_empty)
+    with pytest.raises(ollama.ResponseError) as e:
+        o.chat(model="b", messages=[{"role": "user", "content": "hi"}], keep_alive="0x")
+    assert e.value.status_code == 400 and "'keep_alive'" in str(e.value)

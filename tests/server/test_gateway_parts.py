@@ -11,8 +11,8 @@ import pytest
 
 from vramd.arena.members import Member, Registry, process_start_time
 from vramd.errors import UsageError
-from vramd.gateway import config, ollama
-from vramd.gateway.table import Ambiguous, MemberGone, Table, UnknownModel
+from vramd.gateway import config, ollama, residency
+from vramd.gateway.table import Ambiguous, MemberGone, Table, Target, UnknownModel
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "vramd-gateway.service"
@@ -123,12 +123,58 @@ def test_ollama_fields_map_onto_openai():
                       ({"think": True}, "think")):
         with pytest.raises(UsageError, match=word):
             ollama.generate_request({"model": "m", "prompt": "hi", **bad})
-    assert ollama.embed_request({"model": "m", "input": ["a", "b"]}) == {"model": "m", "input": ["a", "b"],
-                                                                         "encoding_format": "float"}
-    with pytest.raises(UsageError, match="truncate"):
-        ollama.embed_request({"model": "m", "input": "a", "truncate": True})
+    assert ollama.embed_request({"model": "m", "input": ["a", "b"], "truncate": True, "keep_alive": "5m"}) == \
+        {"model": "m", "input": ["a", "b"], "encoding_format": "float"}
+    assert ollama.embed_request({"model": "m", "input": "a", "dimensions": 64})["dimensions"] == 64   # the daemon's 400
+    assert ollama.embed_request({"model": "m", "input": []}) is None                 # a load request
+    assert ollama.embeddings_request({"model": "m", "prompt": "a"}) == {"model": "m", "input": "a",
+                                                                        "encoding_format": "float"}
+    assert ollama.embeddings_request({"model": "m"}) is None
+    for bad, word in (({"truncate": "yes"}, "'truncate' must be true or false"), ({"options": {"num_ctx": 9}},
+                      "'num_ctx'"), ({"options": [1]}, "'options' must be an object"), ({"input": [1]}, "'input'")):
+        with pytest.raises(UsageError, match=word):
+            ollama.embed_request({"model": "m", "input": "a", **bad})
+    with pytest.raises(UsageError, match="'dimensions'"):
+        ollama.embeddings_request({"model": "m", "prompt": "a", "dimensions": 3})   # not a field of the old route
+    assert ollama.load_request({"model": "m"}, "/api/generate")
+    assert ollama.load_request({"model": "m", "messages": []}, "/api/chat")
+    assert not ollama.load_request({"model": "m", "prompt": "", "suffix": "x"}, "/api/generate")
+    with pytest.raises(UsageError, match="repeat_penalty"):
+        ollama.load_request({"model": "m", "options": {"repeat_penalty": 1.1}}, "/api/generate")
     assert ollama.tool_calls([{"function": {"name": "f", "arguments": '{"x": 1}'}}]) == \
         [{"function": {"name": "f", "arguments": {"x": 1}}}]
+
+
+def test_keep_alive_values_and_a_member_the_gateway_cannot_unload(tmp_path):
+    for v in (0, 0.0, "0", "0s", "0m", "0h0m0s", " 0 ", "0.0s"):
+        assert residency.unload_asked({"keep_alive": v}), v
+    for v in (None, 5, -1, 300.5, "5m", "-1m", "1h30m", "-1", "300", "1.5h", "10ms"):
+        assert not residency.unload_asked({"keep_alive": v}), v
+    for v in (True, "soon", "5 m", "m", "0x", [], {}, "inf", float("nan")):
+        with pytest.raises(UsageError, match="'keep_alive' must be a number of seconds or a duration"):
+            residency.unload_asked({"keep_alive": v})
+    # keep_alive 0 for a member whose control socket the gateway cannot use: a 400 before anything is done.
+    gone = Target("m", 1, "m.gguf", "http://127.0.0.1:1", "warm", 0.0, 0.0, 0, 0, str(tmp_path / "m.sock"))
+    with pytest.raises(UsageError, match=r"'keep_alive' 0 cannot be done: the gateway cannot ask member 'm' to "
+                                         r"unload \(.*no daemon answers"):
+        residency.Residency(5).check(gone)
+    with pytest.raises(UsageError, match="it has no control socket"):
+        residency.Residency(5).check(Target("m", 1, "m.gguf", "http://127.0.0.1:1", "warm", 0.0, 0.0, 0, 0))
+    # A socket that hangs up without a reply (a daemon dying, a refusal): the same 400, and load/unload a 502.
+    import socket
+    import threading
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(tmp_path / "m.sock"))
+    srv.listen(4)
+    threading.Thread(target=lambda: [srv.accept()[0].close() for _ in range(3)], daemon=True).start()
+    hung_up = "closed the connection without a reply|the connection failed"
+    with pytest.raises(UsageError, match=hung_up):
+        residency.Residency(5).check(gone)
+    for fn, word in ((residency.Residency(5).unload, "unload"), (residency.Residency(5).load, "load")):
+        with pytest.raises(residency.ControlFailed, match=f"member 'm' did not {word}: .*({hung_up})") as e:
+            fn(gone)
+        assert e.value.http_status == 502
+    srv.close()
 
 
 # --- configuration --------------------------------------------------------------------

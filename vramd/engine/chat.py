@@ -30,6 +30,7 @@ import jinja2.ext
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from vramd.engine import chat_polyfill
 from vramd.errors import ModelError, UsageError
 
 MAX_OUTPUT_CHARS = 16 << 20       # far above any context window's worth of text
@@ -188,6 +189,7 @@ class ChatTemplate:
         self.name = name                      # "file", or the default's name
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._caps: chat_polyfill.Capabilities | None = None
         if len(source) > MAX_TEMPLATE_CHARS:
             raise ModelError(f"the chat template has {len(source)} characters, more than the "
                              f"limit {MAX_TEMPLATE_CHARS}")
@@ -217,8 +219,24 @@ class ChatTemplate:
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                **extra: Any) -> str:
         """The prompt text for `messages` ([{"role": ..., "content": ...}, ...]).
-        `extra` variables (e.g. `tools`) are passed to the template as they are."""
-        context = {**extra, "messages": _check_messages(messages),
+        `extra` variables (e.g. `tools`) are passed to the template as they are; tool
+        messages and tools a template cannot render are rewritten as llama.cpp does
+        (vramd/engine/chat_polyfill.py)."""
+        messages = _check_messages(messages)
+        if chat_polyfill.needs_adapting(messages, extra):
+            messages = chat_polyfill.adapt(messages, extra, self.capabilities)
+        return self._render(messages, add_generation_prompt, extra)
+
+    @property
+    def capabilities(self) -> chat_polyfill.Capabilities:
+        """What this template renders of tools and tool messages (probed once)."""
+        if self._caps is None:
+            self._caps = chat_polyfill.Capabilities.probe(
+                lambda messages, **extra: self._render(_check_messages(messages), True, extra), self.source)
+        return self._caps
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, extra: dict) -> str:
+        context = {**extra, "messages": messages,
                    "add_generation_prompt": bool(add_generation_prompt),
                    "bos_token": self.bos_token, "eos_token": self.eos_token}
         size = 0

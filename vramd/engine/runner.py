@@ -23,6 +23,7 @@ from vramd.engine.arch import spec_for
 from vramd.engine.chat import MEDIA_MARKER, ChatTemplate, encode_prompt
 from vramd.engine.embed import embedding, pooling_of, rows_needed
 from vramd.engine.fim import FimTokens
+from vramd.engine.grammar import Constraint
 from vramd.engine.model import TransformerModel
 from vramd.engine.overflow import POLICIES, cut_tokens, cut_turns, room_for, shifted, too_long
 from vramd.engine.prompt import Prompt
@@ -190,13 +191,15 @@ class Engine:
                  embeds: dict | None = None) -> str:
         """Generate after `ids` with `params`; `emit` gets each piece and returns False to cancel.
 
-        Returns the finish reason: "stop" (end of generation or a stop
-        string), "length" (max_tokens or the context is full), or
+        Returns the finish reason: "stop" (end of generation, a stop
+        string, or params.grammar complete), "length" (max_tokens or the context is full), or
         "cancelled" (the client went away).
         """
         sampler = Sampler(params, prompt=ids)   # repeat_penalty's window starts in the prompt
         stops = StopMatcher(params.stop)
-        decoder = self.tokenizer.stream_decoder() if self.tokenizer else None
+        decoder = self.tokenizer.stream_decoder(params.special_text) if self.tokenizer else None
+        # A grammar masks the logits before the sampler's filters; without one, no mask work at all.
+        constraint = Constraint(self._need_tokenizer(), params.grammar) if params.grammar else None
         logits, _ = self._prefill(ids, embeds)
         shift = self.overflow == "shift" and not embeds
         self.shift_stats = {"shifts": 0, "dropped_tokens": 0}
@@ -205,10 +208,12 @@ class Engine:
             budget = min(budget, self.ctx - len(self.cached))
         finish = "length"
         for _ in range(max(budget, 0)):
-            token = sampler.sample(logits)
+            token = sampler.sample(constraint.masked(logits) if constraint else logits)
             if self.tokenizer is not None and self.tokenizer.is_eog(token):
                 finish = "stop"
                 break
+            if constraint:
+                constraint.advance(token)
             text = decoder.feed(token) if decoder else ""
             safe = stops.feed(text) if params.stop else text
             piece = Piece(token=token, text=safe)
@@ -219,8 +224,8 @@ class Engine:
             self.stats["generated_tokens"] += 1
             if not emit(piece):
                 return "cancelled"
-            if params.stop and stops.stopped:
-                finish = "stop"
+            if (params.stop and stops.stopped) or (constraint and constraint.done):
+                finish = "stop"   # a stop string, or the grammar is complete
                 break
             if len(self.cached) >= self.ctx:
                 if not shift:

@@ -67,6 +67,11 @@ class SamplingParams:
     repeat_penalty: float = 1.0       # llama.cpp's, over the last repeat_last_n tokens (prompt too)
     repeat_last_n: int = 64           # llama.cpp's default; -1: every token, 0: off
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, -100..100) pairs
+    # An llguidance grammar (vramd/engine/grammar.py) the tokens must follow; None: free.
+    grammar: str | None = None
+    # Decode control tokens as their text (a tool-call format whose marker is one, Mistral's
+    # [TOOL_CALLS], must see it to parse the call).
+    special_text: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__

@@ -263,10 +263,13 @@ class Tokenizer:
 
     # --- encoding ------------------------------------------------------------
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False,
+               space_prefix: bool = True) -> list[int]:
         """Token ids of `text`.  `add_special` adds BOS/EOS as the vocabulary
         asks; `parse_special` turns literal control tokens (`<start_of_turn>`)
-        into their ids instead of spelling them out."""
+        into their ids instead of spelling them out; `space_prefix=False` keeps
+        SentencePiece's leading space off (the ids then spell exactly `text`,
+        as a grammar engine needs of a piece of generated text)."""
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, not {type(text).__name__}")
         out: list[int] = []
@@ -279,7 +282,7 @@ class Tokenizer:
                 out.append(fragment)
                 prev_special = True
             elif self.kind == "spm":
-                if self.add_space_prefix and prev_special:
+                if self.add_space_prefix and prev_special and space_prefix:
                     fragment = " " + fragment
                 self._spm_tokenize(fragment.replace(" ", SPACE_MARK), out)
                 prev_special = False

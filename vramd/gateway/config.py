@@ -18,14 +18,11 @@ Every problem is a UsageError naming the file or flag and the key.
 
 from __future__ import annotations
 
-import os
-import stat
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vramd.errors import UsageError
-from vramd.server.config import check_api_key, parse_size, read_api_key_file
+from vramd.server.config import check_http_keys, check_value, read_api_key_file, read_toml
 
 DEFAULT_PORT = 11434
 MAX_NAME = 256
@@ -49,57 +46,31 @@ class GatewayConfig:
     log_format: str = "text"
 
     def check(self, where: str) -> "GatewayConfig":
-        from vramd.server.logs import FORMATS, LEVELS
         if not 0 <= self.port <= 65535:
             raise UsageError(f"{where}: port {self.port}: must be 0..65535")
-        if not 0 < self.request_timeout <= 3600:
-            raise UsageError(f"{where}: request_timeout {self.request_timeout}: seconds, more than 0, at most 3600")
         if not 0 < self.upstream_timeout <= 86400:
             raise UsageError(f"{where}: upstream_timeout {self.upstream_timeout}: seconds, more than 0, "
                              "at most 86400")
-        if not 1024 <= self.max_request_bytes <= 1 << 30:
-            raise UsageError(f"{where}: max_request_bytes {self.max_request_bytes}: between 1KiB and 1GiB")
-        if self.log_level not in LEVELS:
-            raise UsageError(f"{where}: log_level {self.log_level!r}: one of {', '.join(LEVELS)}")
-        if self.log_format not in FORMATS:
-            raise UsageError(f"{where}: log_format {self.log_format!r}: one of {', '.join(FORMATS)}")
         for alias, target in self.aliases.items():
             for what, s in (("alias", alias), ("the model of alias " + repr(alias), target)):
                 if not isinstance(s, str) or not s or len(s) > MAX_NAME or not s.isprintable():
                     raise UsageError(f"{where}: {what} {s!r}: 1 to {MAX_NAME} printable characters")
             if target in self.aliases:
                 raise UsageError(f"{where}: alias {alias!r} names alias {target!r}: name a member or its file")
-        if self.api_key is not None and self.api_key_file is not None:
-            raise UsageError(f"{where}: give an API key or an API key file, not both")
-        if self.api_key_file is not None:
-            self.api_key = read_api_key_file(Path(self.api_key_file))
-        if self.api_key is not None:
-            check_api_key(self.api_key, f"{where}: api_key")
+        check_http_keys(self, where)   # request limits, logs, the API key: as the daemon's
         self.member_keys = {name: read_api_key_file(Path(path)) for name, path in self.member_key_files.items()}
         return self
 
 
-_SCALARS = {"arena": str, "allow_shared_arena": bool, "host": str, "port": int, "api_key": str,
-            "api_key_file": str, "request_timeout": float, "upstream_timeout": float,
-            "max_request_bytes": "size", "log_level": str, "log_format": str}
+_SCALARS = {"arena": "str", "allow_shared_arena": "bool", "host": "str", "port": "int", "api_key": "str",
+            "api_key_file": "str", "request_timeout": "float", "upstream_timeout": "float",
+            "max_request_bytes": "size", "log_level": "str", "log_format": "str"}
 _TABLES = ("aliases", "member_key_files")
 
 
 def load_toml(path: Path) -> dict:
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"{path}: config file not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise UsageError(f"{path}: not valid TOML: {e}") from None
-    except OSError as e:
-        raise UsageError(f"{path}: cannot read: {e.strerror}") from None
-    if "api_key" in raw and os.stat(path).st_mode & 0o007:
-        raise UsageError(f"{path}: holds api_key but other users can read it (mode "
-                         f"{stat.S_IMODE(os.stat(path).st_mode):04o}); chmod o-rwx it, or use api_key_file")
     out: dict = {}
-    for key, value in raw.items():
+    for key, value in read_toml(path).items():
         name = key.replace("-", "_")
         where = f"{path}: {key}"
         if name in _TABLES:
@@ -107,26 +78,10 @@ def load_toml(path: Path) -> dict:
                 raise UsageError(f"{where}: expected a table of strings (name = \"...\")")
             out[name] = dict(value)
         elif name in _SCALARS:
-            out[name] = _coerce(_SCALARS[name], value, where)
+            out[name] = check_value(_SCALARS[name], value, where)
         else:
             raise UsageError(f"{path}: unknown key {key!r} (known: {', '.join(sorted([*_SCALARS, *_TABLES]))})")
     return out
-
-
-def _coerce(kind, value, where: str):
-    if kind == "size":
-        return parse_size(value, where)
-    if kind is bool and not isinstance(value, bool):
-        raise UsageError(f"{where}: expected true or false, got {value!r}")
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise UsageError(f"{where}: expected an integer, got {value!r}")
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UsageError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if kind is str and not isinstance(value, str):
-        raise UsageError(f"{where}: expected a string, got {value!r}")
-    return value
 
 
 def pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:

@@ -3,21 +3,25 @@
 Pure functions, no I/O (ollama_routes.py does the HTTP):
 
 - `chat_request` (/api/chat) and `generate_request` (/api/generate) give the
-  daemon path and the OpenAI body; `embed_request` (/api/embed) the
+  daemon path and the OpenAI body; `embed_request` (/api/embed) and
+  `embeddings_request` (the older /api/embeddings: one `prompt`) the
   /v1/embeddings body (OpenAI's shape: `input` a string or a list of them).
+  `load_request` tells a load request (no prompt, no messages) from a
+  generation; embed_request and embeddings_request give None for one.
 - Options: temperature, top_p, top_k, min_p, seed, num_predict (-1 and -2,
   "until the model stops / the context is full", are the daemon's default),
   stop.  Any other option is a 400 naming it, never ignored: the sampler has
   no penalties or mirostat, and load options (num_ctx, num_gpu, num_thread...)
-  are the daemon's flags, fixed when it starts.
+  are the daemon's flags, fixed when it starts.  Embeddings take no options.
 - Top-level fields: `format` ("json" or a JSON schema: OpenAI's
   response_format), `tools` and tool messages (OpenAI's tools; arguments as
   objects here, JSON text there), `images` (data: URIs), `system`, `raw`
   (/v1/completions, no template), `suffix` (/v1/completions' suffix),
   `think: false` (the template's enable_thinking), `logprobs`/`top_logprobs`,
-  `keep_alive` (accepted: every member stays loaded; residency is vramd's
-  policy, not the client's).  `template`, a non-empty `context`, `think`
-  true and image-generation fields are refused with a 400.
+  `keep_alive` (vramd/gateway/residency.py: 0 unloads the member after the
+  reply, any other value is what vramd does anyway).  `template`, a
+  non-empty `context`, `think` true and image-generation fields are refused
+  with a 400.  /api/embed's `truncate` and `dimensions`: see embed_request.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ COMMON = ("model", "stream", "options", "format", "keep_alive", "think", "logpro
 CHAT_FIELDS = (*COMMON, "messages", "tools")
 GENERATE_FIELDS = (*COMMON, "prompt", "suffix", "system", "raw", "images", "context", "template")
 EMBED_FIELDS = ("model", "input", "truncate", "options", "keep_alive", "dimensions")
+EMBEDDINGS_FIELDS = ("model", "prompt", "options", "keep_alive")
 REFUSED_WHY = {
     "template": "vramd renders the model file's own chat template (or none with raw: true)",
     "context": "vramd returns no context; send the history with /api/chat",
@@ -182,21 +187,60 @@ def generate_request(body: dict) -> tuple[str, dict]:
     return "/v1/chat/completions", _common(body, {"model": body.get("model"), "messages": msgs})
 
 
-def embed_request(body: dict) -> dict:
+def load_request(body: dict, route: str) -> bool:
+    """Is this /api/chat (no messages) or /api/generate (no prompt, suffix, system or images) request
+    Ollama's load (or, with keep_alive 0, unload) request?  Its fields and options are checked."""
+    _check_fields(body, CHAT_FIELDS if route == "/api/chat" else GENERATE_FIELDS, route)
+    options(body)
+    if route == "/api/chat":
+        return body.get("messages") in (None, [])
+    return not any(body.get(k) for k in ("prompt", "suffix", "system", "images"))
+
+
+def _no_options(body: dict, route: str) -> None:
+    opts = body.get("options")
+    if opts is None:
+        return
+    if not isinstance(opts, dict):
+        raise UsageError(f"{route}: 'options' must be an object")
+    given = sorted(k for k, v in opts.items() if v is not None)
+    if given:
+        raise UsageError(f"{route}: option {', '.join(map(repr, given))} is not supported: embeddings take no "
+                         "options here (the context length is the daemon's --ctx)")
+
+
+def embed_request(body: dict) -> dict | None:
+    """/api/embed's /v1/embeddings body; None for a load request (no input).
+
+    `truncate` (Ollama's default: true) is taken and has nothing to do while every input fits the
+    context; vramd never cuts one, so an input that does not fit is the daemon's 400, which the
+    route extends to name truncate.  `dimensions` goes to the daemon, which takes the model's
+    own width only (a 400 naming it otherwise: vectors are not shortened)."""
     _check_fields(body, EMBED_FIELDS, "/api/embed")
-    if body.get("options"):
-        raise UsageError(f"/api/embed: options {', '.join(map(repr, body['options']))} are not supported "
-                         "(embeddings take no options here)")
-    if body.get("truncate") is True:
-        raise UsageError("'truncate': true is not supported: vramd refuses an input longer than the context "
-                         "(send truncate: false, or shorter inputs)")
+    _no_options(body, "/api/embed")
+    if body.get("truncate") is not None and not isinstance(body["truncate"], bool):
+        raise UsageError(f"'truncate' must be true or false, got {body['truncate']!r}")
     inp = body.get("input")
-    if not (isinstance(inp, str) or isinstance(inp, list) and inp and all(isinstance(s, str) for s in inp)):
-        raise UsageError("'input' must be a string or a non-empty list of strings")
+    if inp in (None, "", []):
+        return None
+    if not (isinstance(inp, str) or isinstance(inp, list) and all(isinstance(s, str) for s in inp)):
+        raise UsageError("'input' must be a string or a list of strings")
     out = {"model": body.get("model"), "input": inp, "encoding_format": "float"}
     if body.get("dimensions") is not None:
         out["dimensions"] = body["dimensions"]
     return out
+
+
+def embeddings_request(body: dict) -> dict | None:
+    """The older /api/embeddings (one `prompt`, one vector back); None for a load request (no prompt)."""
+    _check_fields(body, EMBEDDINGS_FIELDS, "/api/embeddings")
+    _no_options(body, "/api/embeddings")
+    prompt = body.get("prompt")
+    if prompt in (None, ""):
+        return None
+    if not isinstance(prompt, str):
+        raise UsageError("'prompt' must be a string")
+    return {"model": body.get("model"), "input": prompt, "encoding_format": "float"}
 
 
 # -- replies --------------------------------------------------------------------

@@ -8,6 +8,11 @@
     POST /api/chat         -> /v1/chat/completions
     POST /api/generate     -> /v1/chat/completions, or /v1/completions with raw or suffix
     POST /api/embed        -> /v1/embeddings
+    POST /api/embeddings   -> /v1/embeddings (Ollama's older route: one prompt, one vector)
+
+A request with keep_alive 0, and a load request (no prompt, messages or
+input), ask the member to unload or load over its control socket
+(residency.py).
 
 Streams are NDJSON (one JSON object a line, `"done": true` last), made
 from the daemon's server-sent events as each arrives; `"stream": false`
@@ -23,17 +28,12 @@ import time
 from vramd.errors import UsageError, VramdError
 from vramd.gateway import ollama
 from vramd.gateway.details import Details
-from vramd.gateway.proxy import start_stream
+from vramd.gateway.ollama_stream import Stream, UpstreamError
+from vramd.gateway.residency import Residency, unload_asked
 from vramd.gateway.table import Target
 from vramd.server.http import Exchange
 
 API_VERSION = "0.12.0"   # clients compare it with the least version they need: the API level mirrored here
-
-
-class UpstreamError(VramdError):
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.http_status = status
 
 
 def routes(gw) -> dict:
@@ -43,16 +43,17 @@ def routes(gw) -> dict:
             ("GET", "/api/tags"): lambda ex: ex.reply(200, r.tags(ex)),
             ("GET", "/api/ps"): lambda ex: ex.reply(200, r.ps(ex)),
             ("POST", "/api/show"): r.wrap(r.show),
-            ("POST", "/api/chat"): r.wrap(lambda ex, body: r.generation(ex, body, ollama.chat_request, "message")),
-            ("POST", "/api/generate"): r.wrap(lambda ex, body: r.generation(ex, body, ollama.generate_request,
-                                                                            "response")),
-            ("POST", "/api/embed"): r.wrap(r.embed)}
+            ("POST", "/api/chat"): r.wrap(lambda ex, body: r.generation(ex, body, "/api/chat", "message")),
+            ("POST", "/api/generate"): r.wrap(lambda ex, body: r.generation(ex, body, "/api/generate", "response")),
+            ("POST", "/api/embed"): r.wrap(lambda ex, body: r.embed(ex, body, legacy=False)),
+            ("POST", "/api/embeddings"): r.wrap(lambda ex, body: r.embed(ex, body, legacy=True))}
 
 
 class OllamaRoutes:
     def __init__(self, gw):
         self.gw = gw
         self.details = Details(gw.cfg.member_keys)
+        self.residency = Residency(gw.cfg.upstream_timeout)
 
     def wrap(self, fn):
         """A POST route: the JSON body in, any vramd error out as Ollama's {"error": "..."}."""
@@ -141,20 +142,42 @@ class OllamaRoutes:
             raise UpstreamError(msg or f"member '{t.name}' answered {resp.status}", resp.status)
         return up, resp
 
-    def generation(self, ex: Exchange, body: dict, mapper, field: str) -> None:
-        path, payload = mapper(body)
+    def _target(self, ex: Exchange, body: dict) -> tuple[Target, str]:
+        """The member the request names, and the name to answer with (the client's)."""
         t = self.gw.target(body.get("model"))
         ex.fields["member"] = t.name
-        name = body.get("model") or t.name
+        return t, body.get("model") or t.name
+
+    def _load(self, ex: Exchange, t: Target, unload: bool, reply: dict) -> None:
+        """A load request: the member woken, or (keep_alive 0) made cold with its memory freed; then `reply`."""
+        if unload:
+            self.residency.unload(t)
+        else:
+            self.residency.load(t)
+        ex.fields["residency"] = "unload" if unload else "load"
+        ex.reply(200, reply)
+
+    def generation(self, ex: Exchange, body: dict, route: str, field: str) -> None:
+        unload = unload_asked(body)
+        load = ollama.load_request(body, route)
+        path, payload = (None, None) if load else \
+            (ollama.chat_request if route == "/api/chat" else ollama.generate_request)(body)
+        t, name = self._target(ex, body)
+        if load:
+            done = {"message": {"role": "assistant", "content": ""}} if field == "message" else {"response": ""}
+            self._load(ex, t, unload, {"model": name, "created_at": ollama.now_iso(), **done, "done": True,
+                                       "done_reason": "unload" if unload else "load"})
+            return
         payload["model"] = t.name
-        up, resp = self._call(ex, t, path, payload)
-        try:
-            if payload["stream"]:
-                Stream(ex, name, field, path == "/v1/completions").run(resp, t.name)
-            else:
-                self._whole(ex, name, field, json.loads(resp.read()))
-        finally:
-            up.close()
+        with self.residency.unload_after(ex, t, unload):
+            up, resp = self._call(ex, t, path, payload)
+            try:
+                if payload["stream"]:
+                    Stream(ex, name, field, path == "/v1/completions").run(resp, t.name)
+                else:
+                    self._whole(ex, name, field, json.loads(resp.read()))
+            finally:
+                up.close()
 
     def _whole(self, ex: Exchange, name: str, field: str, r: dict) -> None:
         choice = r["choices"][0]
@@ -175,89 +198,30 @@ class OllamaRoutes:
         out.update(ollama.final_fields(choice.get("finish_reason"), r.get("usage"), dur))
         ex.reply(200, out)
 
-    def embed(self, ex: Exchange, body: dict) -> None:
-        payload = ollama.embed_request(body)
-        t = self.gw.target(body.get("model"))
-        ex.fields["member"] = t.name
+    def embed(self, ex: Exchange, body: dict, legacy: bool) -> None:
+        unload = unload_asked(body)
+        payload = (ollama.embeddings_request if legacy else ollama.embed_request)(body)
+        t, name = self._target(ex, body)
+        if payload is None:   # no input: Ollama's load request
+            self._load(ex, t, unload, {"embedding": []} if legacy else {"model": name, "embeddings": []})
+            return
         payload["model"] = t.name
-        up, resp = self._call(ex, t, "/v1/embeddings", payload)
-        try:
-            r = json.loads(resp.read())
-        finally:
-            up.close()
-        vectors = [d["embedding"] for d in sorted(r.get("data") or [], key=lambda d: d.get("index", 0))]
-        ex.reply(200, {"model": body.get("model") or t.name, "embeddings": vectors,
-                       "total_duration": int((time.monotonic() - ex.started) * 1e9),
-                       "prompt_eval_count": (r.get("usage") or {}).get("prompt_tokens")})
-
-
-class Stream:
-    """A daemon's SSE stream, line by line, as Ollama's NDJSON stream."""
-
-    def __init__(self, ex: Exchange, name: str, field: str, completion: bool):
-        self.ex, self.name, self.field, self.completion = ex, name, field, completion
-        self.calls: dict[int, dict] = {}
-        self.finish, self.usage = None, None
-        self.first: float | None = None
-
-    def line(self, obj: dict) -> None:
-        self.ex.send((json.dumps(obj) + "\n").encode())
-
-    def piece(self, text: str, extra: dict | None = None) -> dict:
-        out = {"model": self.name, "created_at": ollama.now_iso()}
-        out[self.field] = {"role": "assistant", "content": text} if self.field == "message" else text
-        out.update(extra or {})
-        return out
-
-    def chunk(self, c: dict) -> None:
-        if c.get("usage"):
-            self.usage = c["usage"]
-        for ch in c.get("choices") or []:
-            self.finish = ch.get("finish_reason") or self.finish
-            if self.completion:
-                text = ch.get("text") or ""
-            else:
-                delta = ch.get("delta") or {}
-                text = delta.get("content") or ""
-                for tc in delta.get("tool_calls") or []:
-                    acc = self.calls.setdefault(tc.get("index", 0), {"function": {"name": "", "arguments": ""}})
-                    fn = tc.get("function") or {}
-                    acc["function"]["name"] += fn.get("name") or ""
-                    acc["function"]["arguments"] += fn.get("arguments") or ""
-            lp = ollama.logprobs(ch.get("logprobs"))
-            if text or lp:
-                if self.first is None:
-                    self.first = time.monotonic()
-                self.line(self.piece(text, {"done": False, **({"logprobs": lp} if lp else {})}))
-
-    def run(self, resp, member: str) -> None:
-        start_stream(self.ex, 200, "application/x-ndjson", {"X-Vramd-Member": member})
-        done = False
-        while True:
-            raw = resp.readline()
-            if not raw:
-                break
-            raw = raw.strip()
-            if not raw.startswith(b"data:"):
-                continue   # blank separators and keep-alive comments
-            data = raw[5:].strip()
-            if data == b"[DONE]":
-                done = True
-                break
+        with self.residency.unload_after(ex, t, unload):
             try:
-                self.chunk(json.loads(data))
-            except (ValueError, TypeError, AttributeError) as e:
-                raise UpstreamError(f"member '{member}' sent an event the gateway cannot read: {e}", 502) from None
-        if not done:
-            raise UpstreamError(f"member '{member}' ended its stream before the end", 502)
-        calls = ollama.tool_calls([self.calls[i] for i in sorted(self.calls)])
-        if calls:
-            self.line({"model": self.name, "created_at": ollama.now_iso(),
-                       "message": {"role": "assistant", "content": "", "tool_calls": calls}, "done": False})
-        end = time.monotonic()
-        first = self.first or end
-        durations = {"total_duration": int((end - self.ex.started) * 1e9),
-                     "prompt_eval_duration": int((first - self.ex.started) * 1e9),
-                     "eval_duration": int((end - first) * 1e9)}
-        self.line(self.piece("", ollama.final_fields(self.finish, self.usage, durations)))
-
+                up, resp = self._call(ex, t, "/v1/embeddings", payload)
+            except UpstreamError as e:
+                if e.http_status == 400 and "(--ctx)" in str(e) and not legacy and body.get("truncate") is not False:
+                    raise UpstreamError(f"{e}; 'truncate' (Ollama's default: true) cannot be done: vramd never "
+                                        "cuts an embedding input (send shorter inputs)", 400) from None
+                raise
+            try:
+                r = json.loads(resp.read())
+            finally:
+                up.close()
+            vectors = [d["embedding"] for d in sorted(r.get("data") or [], key=lambda d: d.get("index", 0))]
+            if legacy:
+                ex.reply(200, {"embedding": vectors[0]})
+            else:
+                ex.reply(200, {"model": name, "embeddings": vectors,
+                               "total_duration": int((time.monotonic() - ex.started) * 1e9),
+                               "prompt_eval_count": (r.get("usage") or {}).get("prompt_tokens")})

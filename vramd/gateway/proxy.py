@@ -127,7 +127,8 @@ def relay(ex: Exchange, up: Upstream, resp: http.client.HTTPResponse) -> None:
             data = resp.read()
             ex.reply(resp.status, data, ctype, headers)
             return
-        start_stream(ex, resp.status, ctype, headers)
+        headers = {k: v for k, v in headers.items() if k.lower() != "cache-control"}   # the stream sets its own
+        ex.start_stream(ctype, resp.status, headers)
         while True:
             chunk = resp.read1(1 << 16)
             if not chunk:
@@ -140,18 +141,3 @@ def relay(ex: Exchange, up: Upstream, resp: http.client.HTTPResponse) -> None:
     finally:
         up.close()
 
-
-def start_stream(ex: Exchange, status: int, ctype: str, headers: dict) -> None:
-    """A reply of no length (SSE, NDJSON): delimited by the connection's close."""
-    ex.streaming = True
-    ex.status = status
-    h = ex.h
-    h.close_connection = True
-    h.send_response(status)
-    for k, v in headers.items():
-        h.send_header(k, v)
-    h.send_header("Content-Type", ctype)
-    h.send_header("Cache-Control", "no-cache")
-    h.send_header("Connection", "close")
-    h.end_headers()
-    ex.send(b"")

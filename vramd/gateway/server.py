@@ -5,7 +5,7 @@
     GET  /v1/models/{id}           one of them (the openai SDK's models.retrieve)
     POST /v1/*                     forwarded to the member the body's "model" names
     GET  /, /api/version, /api/tags, /api/ps; POST /api/show, /api/chat, /api/generate,
-         /api/embed                Ollama's API, mapped (vramd/gateway/ollama_routes.py)
+         /api/embed, /api/embeddings   Ollama's API, mapped (vramd/gateway/ollama_routes.py)
 
 The model list follows llama.cpp's router: each entry has a `status` object,
 here `{"value": "warm" | "parked" | "cold" | "loading"}`, and its `aliases`.
@@ -25,6 +25,7 @@ from vramd.errors import UsageError
 from vramd.gateway import ollama_routes, proxy
 from vramd.gateway.config import GatewayConfig
 from vramd.gateway.table import Table, Target
+from vramd.server.bodies import json_object
 from vramd.server.http import Exchange, HttpServer, json_route
 
 log = logging.getLogger("vramd.gateway")
@@ -54,15 +55,7 @@ class Routes(dict):
 
 def read_json(ex: Exchange) -> tuple[bytes, dict]:
     raw = ex.body()
-    try:
-        body = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"request body is not JSON: {e}") from None
-    except RecursionError:
-        raise UsageError("request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise UsageError("request body must be a JSON object")
-    return raw, body
+    return raw, json_object(raw)
 
 
 class Gateway:

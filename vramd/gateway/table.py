@@ -59,12 +59,13 @@ class Target:
     started: float      # its process's start time
     device_bytes: int
     weights_bytes: int  # the weights' bytes, on the device or in the host shadow
+    control: str = ""   # its control socket's path (keep_alive 0: vramd/gateway/residency.py)
 
     @classmethod
     def of(cls, m: Member) -> "Target":
         w = m.breakdown["weights"]
         return cls(m.name, m.pid, m.model, m.endpoint, STATES.get(m.state, m.state), m.since,
-                   m.start_time, m.device_bytes(), max(w["device"], w["host"]))
+                   m.start_time, m.device_bytes(), max(w["device"], w["host"]), m.control)
 
 
 @dataclass(frozen=True)

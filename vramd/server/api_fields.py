@@ -106,8 +106,9 @@ def _row(name, chat, completion, note, check=None, origin="OpenAI") -> Field:
 B = "yes"  # on both endpoints, the same
 _CHAIN = ("vramd's sampler chain is logit_bias, the penalties, top_k, top_p, min_p, temperature, and no other "
           "(vramd/engine/sampler.py)")
-_TOOLS = "vramd/server/toolcalls.py (tool calls; the `structured` branch)"
-_FORMAT = "vramd/server/structured.py (constrained sampling; the `structured` branch)"
+_TOOLS = ("tool calls: vramd/server/structured.py (the field), tools.py (the template's format, the call's "
+          "grammar), toolcalls.py (the calls parsed, streamed)")
+_FORMAT = "constrained sampling: vramd/server/structured.py (the field), vramd/engine/grammar.py (the mask)"
 
 FIELDS: dict[str, Field] = {f.name: f for f in [
     # -- the request itself

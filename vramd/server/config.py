@@ -104,22 +104,28 @@ class ServeConfig:
             raise UsageError(f"{where}: port {self.port}: must be 0..65535")
         if self.quantum < 0 or self.max_hold < self.quantum:
             raise UsageError(f"{where}: need 0 <= quantum <= max_hold")
-        if not 1024 <= self.max_request_bytes <= 1 << 30:
-            raise UsageError(f"{where}: max_request_bytes {self.max_request_bytes}: between 1KiB and 1GiB")
-        if not 0 < self.request_timeout <= 3600:
-            raise UsageError(f"{where}: request_timeout {self.request_timeout}: seconds, more than 0, at most 3600")
-        from vramd.server.logs import FORMATS, LEVELS
-        if self.log_level not in LEVELS:
-            raise UsageError(f"{where}: log_level {self.log_level!r}: one of {', '.join(LEVELS)}")
-        if self.log_format not in FORMATS:
-            raise UsageError(f"{where}: log_format {self.log_format!r}: one of {', '.join(FORMATS)}")
-        if self.api_key is not None and self.api_key_file is not None:
-            raise UsageError(f"{where}: give an API key or an API key file, not both")
-        if self.api_key_file is not None:
-            self.api_key = read_api_key_file(Path(self.api_key_file))
-        if self.api_key is not None:
-            check_api_key(self.api_key, f"{where}: api_key")
+        check_http_keys(self, where)
         return self
+
+
+def check_http_keys(cfg, where: str) -> None:
+    """The keys of an HTTP server that `vramd serve` and `vramd gateway` share: request limits, logs,
+    the API key (read from api_key_file into api_key)."""
+    if not 1024 <= cfg.max_request_bytes <= 1 << 30:
+        raise UsageError(f"{where}: max_request_bytes {cfg.max_request_bytes}: between 1KiB and 1GiB")
+    if not 0 < cfg.request_timeout <= 3600:
+        raise UsageError(f"{where}: request_timeout {cfg.request_timeout}: seconds, more than 0, at most 3600")
+    from vramd.server.logs import FORMATS, LEVELS
+    if cfg.log_level not in LEVELS:
+        raise UsageError(f"{where}: log_level {cfg.log_level!r}: one of {', '.join(LEVELS)}")
+    if cfg.log_format not in FORMATS:
+        raise UsageError(f"{where}: log_format {cfg.log_format!r}: one of {', '.join(FORMATS)}")
+    if cfg.api_key is not None and cfg.api_key_file is not None:
+        raise UsageError(f"{where}: give an API key or an API key file, not both")
+    if cfg.api_key_file is not None:
+        cfg.api_key = read_api_key_file(Path(cfg.api_key_file))
+    if cfg.api_key is not None:
+        check_api_key(cfg.api_key, f"{where}: api_key")
 
 
 MAX_API_KEY = 1024
@@ -174,8 +180,9 @@ def parse_size(value, what: str) -> int:
 _TYPES = {f.name: f.type for f in fields(ServeConfig)}
 
 
-def load_toml(path: Path) -> dict:
-    """Read a config file; keys use the flag names with `_` or `-`."""
+def read_toml(path: Path) -> dict:
+    """A config file's top-level table (the gateway's file too: vramd/gateway/config.py); a key in it
+    only as secret as the file, so a file with `api_key` that other users can read is refused."""
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
@@ -186,13 +193,17 @@ def load_toml(path: Path) -> dict:
     except OSError as e:
         raise UsageError(f"{path}: cannot read: {e.strerror}") from None
     if "api_key" in raw or "api-key" in raw:
-        # A key in the config file is only as secret as the file.
         mode = os.stat(path).st_mode
         if mode & 0o007:
             raise UsageError(f"{path}: holds api_key but other users can read it (mode {stat.S_IMODE(mode):04o}); "
                              "chmod o-rwx it, or use api_key_file")
+    return raw
+
+
+def load_toml(path: Path) -> dict:
+    """Read a config file; keys use the flag names with `_` or `-`."""
     out = {}
-    for key, value in raw.items():
+    for key, value in read_toml(path).items():
         name = key.replace("-", "_")
         if name not in _TYPES:
             raise UsageError(f"{path}: unknown key {key!r} (known: {', '.join(sorted(_TYPES))})")
@@ -201,27 +212,34 @@ def load_toml(path: Path) -> dict:
 
 
 def coerce(name: str, value, what: str):
-    kind = _TYPES[name]
-    if name in ("vram_budget", "max_request_bytes"):
-        return parse_size(value, what)
-    if kind.startswith("list"):
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise UsageError(f"{what}: expected a list of strings, got {value!r}")
-        return list(value)
-    if "bool" in kind:
-        if not isinstance(value, bool):
-            raise UsageError(f"{what}: expected true or false, got {value!r}")
-        return value
-    if kind.startswith("int"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise UsageError(f"{what}: expected an integer, got {value!r}")
-        return value
     if name == "n_cpu_moe":
         from vramd.model.placement import parse_n_cpu_moe
         return str(parse_n_cpu_moe(value if isinstance(value, str) else float(value)))
-    if kind.startswith("float"):
+    kind = _TYPES[name]
+    return check_value("size" if name in ("vram_budget", "max_request_bytes") else "bool" if "bool" in kind
+                       else "int" if kind.startswith("int") else "float" if kind.startswith("float")
+                       else "strs" if kind.startswith("list") else "str", value, what)
+
+
+def check_value(kind: str, value, what: str):
+    """A config file's value as `kind` wants it ("size", "bool", "int", "float", "str", or "strs":
+    a list of strings, one string taken as a list of one), or a UsageError naming `what`."""
+    if kind == "size":
+        return parse_size(value, what)
+    if kind == "strs":
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UsageError(f"{what}: expected a list of strings, got {value!r}")
+        return list(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise UsageError(f"{what}: expected true or false, got {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{what}: expected an integer, got {value!r}")
+        return value
+    if kind == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"{what}: expected a number, got {value!r}")
         return float(value)

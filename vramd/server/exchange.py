@@ -82,14 +82,17 @@ class Exchange:
         self.h.end_headers()
         self._write(b"" if self.head_only else body)
 
-    def start_stream(self) -> None:
-        """Server-sent events, the headers flushed now: chunked to an HTTP/1.1 client (the
-        connection stays), else without a length and the connection closes at the end."""
+    def start_stream(self, content_type: str = "text/event-stream", status: int = 200,
+                     headers: dict | None = None) -> None:
+        """Server-sent events (or the gateway's NDJSON), the headers flushed now: chunked to an
+        HTTP/1.1 client (the connection stays), else without a length, closed at the end."""
         self.streaming = True
-        self.status = 200
+        self.status = status
         self.chunked = self.h.request_version == "HTTP/1.1" and not self.h.close_connection
-        self.h.send_response(200)
-        self.h.send_header("Content-Type", "text/event-stream")
+        self.h.send_response(status)
+        for k, v in (headers or {}).items():
+            self.h.send_header(k, v)
+        self.h.send_header("Content-Type", content_type)
         self.h.send_header("Cache-Control", "no-cache")
         if self.chunked:
             self.h.send_header("Transfer-Encoding", "chunked")

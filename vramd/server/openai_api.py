@@ -32,6 +32,8 @@ from vramd.engine.prompt import Prompt
 from vramd.engine.sampler import Piece, SamplingParams
 from vramd.errors import UsageError, VramdError
 from vramd.server import api_fields
+from vramd.server import structured, toolcalls
+from vramd.server.bodies import json_object
 
 MAX_IMAGES = 8
 MAX_TEMPLATE_KWARGS = 16
@@ -71,6 +73,10 @@ class GenerationRequest:
     repeat_last_n: int = 64
     logit_bias: dict = field(default_factory=dict)
     user: str | None = None         # `user` / `safety_identifier`: for the request's log line
+    # response_format and tools (vramd/server/structured.py); tool_format: how the answer's
+    # tool calls are read (vramd/server/tools.py sets it; None: they are not)
+    structured: structured.Structured = field(default_factory=structured.Structured)
+    tool_format: str | None = None
 
     def sampling(self) -> SamplingParams:
         """What the engine samples with."""
@@ -130,14 +136,7 @@ def _flag(body: dict, key: str, default: bool = False) -> bool:
 def request_body(raw: bytes, model_names: set[str]) -> dict:
     """A request body as a JSON object whose "model", if any, is served here (400 or 404 else);
     every endpoint's first step (the embeddings' too: vramd/server/embeddings.py)."""
-    try:
-        body = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UsageError(f"request body is not JSON: {e}") from None
-    except RecursionError:
-        raise UsageError("request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise UsageError("request body must be a JSON object")
+    body = json_object(raw)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise UsageError(f"'model' must be a string, got {type(model).__name__}")
@@ -188,6 +187,7 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
         req.stop = [s for s in stop if s]
     else:
         raise UsageError("'stop' must be a string or a list of at most 4 strings")
+    req.structured = structured.parse(body, kind)
     if kind == "completion":
         req.prompts = _prompts(body.get("prompt"))
         req.prompt = req.prompts[0]
@@ -285,7 +285,9 @@ def _messages(m) -> tuple[list[dict], list[bytes]]:
             content = ""
         if not isinstance(content, str):
             raise UsageError(f"messages[{i}].content must be a string or a list of content parts")
-        out.append({"role": msg["role"], "content": content})
+        # developer is OpenAI's newer name for system: rendered as one, as llama.cpp's server does
+        role = "system" if msg["role"] == "developer" else msg["role"]
+        out.append({"role": role, "content": content, **structured.message_fields(msg, i)})
     if len(images) > MAX_IMAGES:
         raise UsageError(f"{len(images)} images in one request: at most {MAX_IMAGES}")
     return out, images
@@ -326,6 +328,7 @@ class ResponseBuilder:
         self.echo_text = ""
         self.role_sent = False
         self.context: dict | None = None   # what --context-overflow dropped (vramd/engine/overflow.py)
+        self.tool_stream = toolcalls.ToolStream(req.tool_format) if req.tool_format else None
 
     def add_shifts(self, stats: dict) -> None:
         """The context shifts of the generation (policy shift), beside any cut of the prompt."""
@@ -379,7 +382,14 @@ class ResponseBuilder:
                       "logprobs": self._completion_logprobs(self.pieces), "finish_reason": finish_reason}
             obj = "text_completion"
         else:
-            choice = {"index": self.index, "message": {"role": "assistant", "content": text},
+            message: dict = {"role": "assistant", "content": text}
+            if self.req.tool_format:
+                content, calls = toolcalls.parse(self.req.tool_format, text)
+                message["content"] = content if content or not calls else None
+                if calls:
+                    message["tool_calls"] = [c.wire() for c in calls]
+                    finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+            choice = {"index": self.index, "message": message,
                       "logprobs": self._chat_logprobs(self.pieces), "finish_reason": finish_reason}
             obj = "chat.completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -395,10 +405,16 @@ class ResponseBuilder:
             obj = "text_completion"
         else:
             delta: dict = {}
+            if self.tool_stream is not None:
+                text, calls = self._tool_delta(text, finish_reason)
+                if calls:
+                    delta["tool_calls"] = calls
+                if finish_reason == "stop" and self.tool_stream.sent:
+                    finish_reason = "tool_calls"
             if not self.role_sent:
                 delta["role"] = "assistant"
                 self.role_sent = True
-            if text or (not finish_reason and "role" not in delta):
+            if text or (not finish_reason and "role" not in delta and "tool_calls" not in delta):
                 delta["content"] = text
             choice = {"index": self.index, "delta": delta,
                       "logprobs": self._chat_logprobs(pieces) if pieces else None, "finish_reason": finish_reason}
@@ -407,6 +423,15 @@ class ResponseBuilder:
         if self.req.include_usage:
             out["usage"] = None
         return out
+
+    def _tool_delta(self, text: str, finish_reason: str | None) -> tuple[str, list[dict]]:
+        """The content and the tool_calls entries of a streamed chunk (vramd/server/toolcalls.py)."""
+        first = self.tool_stream.sent
+        content, calls = self.tool_stream.feed(text)
+        if finish_reason is not None:
+            rest, more = self.tool_stream.finish()
+            content, calls = content + rest, calls + more
+        return content, [c.delta(first + k) for k, c in enumerate(calls)]
 
     def usage_chunk(self) -> dict:
         obj = "text_completion" if self.req.kind == "completion" else "chat.completion.chunk"

@@ -7,7 +7,8 @@ the sampling settings (through the engine's own `SamplingParams`, so the
 checks are the engine's), the chat template's rendering (its refusals), the
 tokens (out-of-vocabulary ids, a prompt longer than the context), and for
 images what needs no encoder (an image without `--mmproj`, a template
-that drops one).  A bad request is a UsageError, a 400, that has cost the
+that drops one), and for tools and response_format the grammar, checked
+against the vocabulary (vramd/server/tools.py).  A bad request is a UsageError, a 400, that has cost the
 GPU nothing.
 
 Tokenizing is bounded by size first: a piece of the vocabulary covers at
@@ -23,6 +24,7 @@ from dataclasses import replace
 from vramd.engine.chat import MEDIA_MARKER
 from vramd.engine.sampler import SamplingParams
 from vramd.errors import UsageError
+from vramd.server import tools
 from vramd.server.openai_api import GenerationRequest
 
 
@@ -45,6 +47,10 @@ def prepare(engine, req: GenerationRequest,
     encoder, on the loop), as the context takes them under --context-overflow, with what was
     dropped (None: nothing).  Raises UsageError (400) for anything the loop would refuse."""
     sampling = req.sampling()
+    # Tools and response_format first: they change the messages and the template's variables.
+    grammar, special = tools.plan(engine.tokenizer, engine.template, req)
+    if grammar is not None or special:
+        sampling = replace(sampling, grammar=grammar, special_text=special)
     n_vocab = engine.spec.n_vocab
     outside = [t for t, _ in sampling.logit_bias if t >= n_vocab]
     if outside:

@@ -1,0 +1,99 @@
+"""A daemon's server-sent events as Ollama's NDJSON stream (/api/chat, /api/generate on the gateway).
+
+One JSON object a line as each event arrives: text pieces (`message.content`
+or `response`) with their logprobs, the tool calls gathered from the
+streamed deltas as one line once the stream ends (Ollama's shape: arguments
+as objects), and last the `"done": true` line with the finish reason, the
+token counts and the durations (`prompt_eval_duration`: until the first
+piece).  A stream the daemon breaks off, or an event the gateway cannot
+read, is an UpstreamError (502): its line `{"error": ...}` ends the stream.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from vramd.errors import VramdError
+from vramd.gateway import ollama
+from vramd.server.http import Exchange
+
+
+class UpstreamError(VramdError):
+    """A member's own error (its status and message), or a reply the gateway cannot use."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.http_status = status
+
+
+class Stream:
+    """A daemon's SSE stream, line by line, as Ollama's NDJSON stream."""
+
+    def __init__(self, ex: Exchange, name: str, field: str, completion: bool):
+        self.ex, self.name, self.field, self.completion = ex, name, field, completion
+        self.calls: dict[int, dict] = {}
+        self.finish, self.usage = None, None
+        self.first: float | None = None
+
+    def line(self, obj: dict) -> None:
+        self.ex.send((json.dumps(obj) + "\n").encode())
+
+    def piece(self, text: str, extra: dict | None = None) -> dict:
+        out = {"model": self.name, "created_at": ollama.now_iso()}
+        out[self.field] = {"role": "assistant", "content": text} if self.field == "message" else text
+        out.update(extra or {})
+        return out
+
+    def chunk(self, c: dict) -> None:
+        if c.get("usage"):
+            self.usage = c["usage"]
+        for ch in c.get("choices") or []:
+            self.finish = ch.get("finish_reason") or self.finish
+            if self.completion:
+                text = ch.get("text") or ""
+            else:
+                delta = ch.get("delta") or {}
+                text = delta.get("content") or ""
+                for tc in delta.get("tool_calls") or []:
+                    acc = self.calls.setdefault(tc.get("index", 0), {"function": {"name": "", "arguments": ""}})
+                    fn = tc.get("function") or {}
+                    acc["function"]["name"] += fn.get("name") or ""
+                    acc["function"]["arguments"] += fn.get("arguments") or ""
+            lp = ollama.logprobs(ch.get("logprobs"))
+            if text or lp:
+                if self.first is None:
+                    self.first = time.monotonic()
+                self.line(self.piece(text, {"done": False, **({"logprobs": lp} if lp else {})}))
+
+    def run(self, resp, member: str) -> None:
+        self.ex.start_stream("application/x-ndjson", 200, {"X-Vramd-Member": member})
+        done = False
+        while True:
+            raw = resp.readline()
+            if not raw:
+                break
+            raw = raw.strip()
+            if not raw.startswith(b"data:"):
+                continue   # blank separators and keep-alive comments
+            data = raw[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                break
+            try:
+                self.chunk(json.loads(data))
+            except (ValueError, TypeError, AttributeError) as e:
+                raise UpstreamError(f"member '{member}' sent an event the gateway cannot read: {e}", 502) from None
+        if not done:
+            raise UpstreamError(f"member '{member}' ended its stream before the end", 502)
+        calls = ollama.tool_calls([self.calls[i] for i in sorted(self.calls)])
+        if calls:
+            self.line({"model": self.name, "created_at": ollama.now_iso(),
+                       "message": {"role": "assistant", "content": "", "tool_calls": calls}, "done": False})
+        end = time.monotonic()
+        first = self.first or end
+        durations = {"total_duration": int((end - self.ex.started) * 1e9),
+                     "prompt_eval_duration": int((first - self.ex.started) * 1e9),
+                     "eval_duration": int((end - first) * 1e9)}
+        self.line(self.piece("", ollama.final_fields(self.finish, self.usage, durations)))
+

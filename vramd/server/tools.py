@@ -1,0 +1,119 @@
+"""What a chat request with tools or a response_format gets: the template's variables,
+the messages, the grammar its tokens must follow, and how its output is read.
+
+Owns `detect` (the tool-call format of a chat template, chosen from the
+template's source as llama.cpp's common/chat.cpp does) and `plan` (run by
+vramd/server/prompts.py before the request is queued: a bad schema or a
+feature llguidance cannot enforce is a 400 then, costing the GPU nothing).
+
+Formats (llama.cpp's names in brackets):
+    hermes   [Hermes 2 Pro]  the template mentions <tool_call> (Qwen 2.5, Qwen3,
+             Hermes): <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>
+    llama3   [Llama 3.x]     it has the ipython header (Llama 3.1-3.3): the answer
+             is a JSON object {"name": ..., "parameters": {...}}; the template gets
+             date_string and tools_in_user_message=false as llama.cpp passes them
+    mistral  [Mistral Nemo]  it mentions [TOOL_CALLS]: [TOOL_CALLS][{"name",
+             "arguments", "id"}] (the marker is a control token: decoded as text)
+    generic  [Generic]       anything else, Gemma's templates included (llama.cpp
+             has no Gemma format and uses this one): a system line asks for JSON,
+             {"tool_call": {"name", "arguments"}} or {"response": "..."}, and the
+             whole answer is constrained to that, with tool_choice auto too, as
+             llama.cpp does.  A request with both tools and a json response_format
+             uses it as llama.cpp does (the "response" must follow the schema).
+tool_choice: auto leaves the native formats free (the output is parsed);
+required and a named function constrain the answer to a call, valid JSON for
+the function's `parameters`; none shows the tools and parses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from vramd.engine import grammar as g
+from vramd.engine.chat_polyfill import add_system
+from vramd.errors import UsageError
+
+GENERIC_PROMPT = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with "
+                  "`response` reply to the user's request")
+
+
+def detect(template) -> str:
+    src = template.source if template is not None else ""
+    if "<tool_call>" in src:
+        return "hermes"
+    if "<|start_header_id|>ipython<|end_header_id|>" in src:
+        return "llama3"
+    if "[TOOL_CALLS]" in src:
+        return "mistral"
+    return "generic"
+
+
+def plan(tokenizer, template, req) -> tuple[str | None, bool]:
+    """Set req's messages, template variables and tool_format for its tools; return
+    (the llguidance grammar or None, whether control tokens are decoded as text)."""
+    s = req.structured
+    grammar, special = None, False
+    if s.tools:
+        req.template_kwargs = {**req.template_kwargs, "tools": s.tools}
+        fmt = detect(template)
+        if fmt == "llama3":
+            req.template_kwargs.update(date_string=time.strftime("%d %b %Y"), tools_in_user_message=False)
+        if s.calls_tools:
+            if s.json_schema is not None:
+                fmt = "generic"
+            if fmt == "generic":
+                req.messages = add_system(req.messages, GENERIC_PROMPT)
+            grammar = _call_grammar(fmt, tokenizer, s)
+            special = fmt == "mistral"
+            req.tool_format = fmt
+    if grammar is None and s.json_schema is not None and not s.calls_tools:
+        grammar = g.json_schema(s.json_schema)
+    if grammar is not None:
+        if tokenizer is None:
+            raise UsageError("this model has no vocabulary in its file: constrained output needs one")
+        g.check(grammar, tokenizer, "tools" if s.calls_tools else "response_format")
+    return grammar, special
+
+
+def _functions(s) -> list[dict]:
+    return [t["function"] for t in s.tools if s.function is None or t["function"]["name"] == s.function]
+
+
+def _call_schema(functions: list[dict], args_key: str, extra: dict | None = None) -> dict:
+    schemas = []
+    for fn in functions:
+        props = {"name": {"const": fn["name"]}, args_key: fn["parameters"], **(extra or {})}
+        schemas.append({"type": "object", "properties": props, "required": list(props),
+                        "additionalProperties": False})
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def _call_grammar(fmt: str, tokenizer, s) -> str | None:
+    if tokenizer is None:
+        raise UsageError("this model has no vocabulary in its file: tool calls need one")
+    forced = s.tool_choice in ("required", "function")
+    functions = _functions(s)
+    if fmt == "generic":
+        call = _call_schema(functions, "arguments")
+        one = ({"type": "object", "properties": {"tool_calls": {"type": "array", "items": call, "minItems": 1}},
+                "required": ["tool_calls"], "additionalProperties": False} if s.parallel else
+               {"type": "object", "properties": {"tool_call": call}, "required": ["tool_call"],
+                "additionalProperties": False})
+        if not forced:
+            response = s.json_schema if s.json_schema is not None else {"type": "string"}
+            one = {"anyOf": [one, {"type": "object", "properties": {"response": response},
+                                   "required": ["response"], "additionalProperties": False}]}
+        return g.json_schema(one)
+    if not forced:
+        return None      # auto: the model's own format, parsed afterwards
+    if fmt == "hermes":
+        call = f'"<tool_call>\\n" {g.json_in_lark(_call_schema(functions, "arguments"))} "\\n</tool_call>"'
+        return g.lark(f'start: call ("\\n" call)*\ncall: {call}\n' if s.parallel else f"start: {call}\n")
+    if fmt == "llama3":
+        return g.json_schema(_call_schema(functions, "parameters"))
+    # mistral: an id of 9 letters and digits, as Mistral's template expects.
+    item = _call_schema(functions, "arguments", {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}})
+    array = {"type": "array", "items": item, "minItems": 1, **({} if s.parallel else {"maxItems": 1})}
+    marker = g.special_token(tokenizer, "[TOOL_CALLS]") or json.dumps("[TOOL_CALLS]")
+    return g.lark(f"start: {marker} {g.json_in_lark(array)}\n")
