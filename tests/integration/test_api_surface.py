@@ -27,6 +27,7 @@ from vramd.server import api_fields
 from .conftest import ROOT, daemon_env, gpu_held_elsewhere
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+NO_EOG = {"2": -100}   # the synthetic vocabulary's end-of-generation token banned: max_tokens tokens, whatever the draw
 
 
 @pytest.fixture
@@ -128,7 +129,8 @@ def test_fields_are_taken_or_refused_with_a_400_naming_them(arena, llama, daemon
                                               "in_memory", "mirostat": 0, "typical_p": 1, "n_probs": 0,
                                               "ignore_eos": False, "id_slot": -1, "top_n_sigma": -1})
     assert r.usage.completion_tokens == 3
-    r = c.completions.create(model="a.gguf", prompt="x", best_of=1, user="u", extra_body={"n_predict": 2})
+    r = c.completions.create(model="a.gguf", prompt="x", best_of=1, user="u", extra_body={"n_predict": 2},
+                             logit_bias=NO_EOG)
     assert r.usage.completion_tokens == 2
     # The request's log line names the user.
     deadline = time.monotonic() + 10
@@ -179,7 +181,8 @@ def test_models_are_listed_once_with_aliases_and_retrieved(arena, llama, daemons
     assert c.models.retrieve("a.gguf").id == "a.gguf"   # the file's name: taken, not listed
     with pytest.raises(openai.NotFoundError, match="does not exist here"):
         c.models.retrieve("nope")
-    r = c.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    r = c.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                  logit_bias=NO_EOG)
     assert r.usage.completion_tokens == 2
     # Without --cors-origin: no CORS header on any reply, the preflight included.
     h = conn(d)
@@ -260,7 +263,7 @@ def test_cors_preflight_and_headers_for_allowed_origins_and_head(arena, llama, d
     assert r.getheader("Access-Control-Allow-Headers") == "authorization, content-type, x-stainless-os"
     assert r.getheader("Vary") == "Origin"
     # The real request: its reply carries the header too, an error's as well.
-    body = json.dumps({"model": "a", "prompt": "x", "max_tokens": 1})
+    body = json.dumps({"model": "a", "prompt": "x", "max_tokens": 1, "logit_bias": NO_EOG})
     h.request("POST", "/v1/completions", body, {"Origin": "http://app.example", "Authorization": "Bearer vk-cors",
                                                 "Content-Type": "application/json"})
     r = h.getresponse()
@@ -312,7 +315,7 @@ def test_cors_preflight_and_headers_for_allowed_origins_and_head(arena, llama, d
 def test_one_connection_carries_many_requests(arena, llama, daemons):
     d = daemons(arena, llama, "a", "--ctx", "128")
     h = conn(d)
-    body = json.dumps({"model": "a", "prompt": "x", "max_tokens": 2, "temperature": 0})
+    body = json.dumps({"model": "a", "prompt": "x", "max_tokens": 2, "temperature": 0, "logit_bias": NO_EOG})
     first = None
     for i in range(6):
         h.request("GET", "/health")
@@ -349,7 +352,8 @@ def test_one_connection_carries_many_requests(arena, llama, daemons):
     with httpx.Client(event_hooks={"request": [hook]}) as http_client:
         c = client(d, http_client=http_client)
         for _ in range(5):
-            assert c.completions.create(model="a", prompt="x", max_tokens=2).usage.completion_tokens == 2
+            assert c.completions.create(model="a", prompt="x", max_tokens=2,
+                                        logit_bias=NO_EOG).usage.completion_tokens == 2
             assert [m.id for m in c.models.list().data] == ["a"]
             assert c.models.retrieve("a").id == "a"
     assert len(connects) == 1, f"{len(connects)} connections for 15 requests"
@@ -365,7 +369,7 @@ def test_one_connection_carries_many_requests(arena, llama, daemons):
             ac = openai.AsyncOpenAI(base_url=d.member().endpoint + "/v1", api_key="unused", max_retries=0,
                                     timeout=120, http_client=http_client)
             for _ in range(5):
-                r = await ac.completions.create(model="a", prompt="x", max_tokens=2)
+                r = await ac.completions.create(model="a", prompt="x", max_tokens=2, logit_bias=NO_EOG)
                 assert r.usage.completion_tokens == 2
                 text = ""
                 async for chunk in await ac.chat.completions.create(
@@ -418,7 +422,8 @@ def test_a_stream_sends_headers_and_keep_alives_while_it_waits_and_then_its_erro
         assert "for the GPU" in error["message"] and error["type"] == "service_unavailable", error
         assert data[-1] == "data: [DONE]" and len(data) == 2
     # The daemon is fine once the GPU is free; its log line says what the stream's error was.
-    r = client(d).chat.completions.create(model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    r = client(d).chat.completions.create(model="a", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                          logit_bias=NO_EOG)
     assert r.usage.completion_tokens == 2
     assert sum(bool(re.search(r"status=200 .*error_status=503", line)) for line in d.lines) == 2, d.output
 
