@@ -330,6 +330,11 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
               help="text (key=value fields) or json (one object per line) [text].")
 @click.option("--metrics-public", is_flag=True, default=None,
               help="Answer /metrics without the API key (for scrapers).")
+@click.option("--alias", "aliases", multiple=True, metavar="NAME",
+              help="Another name a request's model may give; listed in /v1/models as its own entry (repeatable).")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="Let browser pages from ORIGIN (https://host[:port], or * for any) call the API: CORS "
+                   "headers and preflight answers; without it, none (repeatable).")
 def serve(model, config_file, **flags):
     """Serve MODEL.gguf: resident on the GPU only while it serves."""
     import logging
@@ -347,6 +352,8 @@ def serve(model, config_file, **flags):
     if flags.get("api_key_file") is not None and \
             click.get_current_context().get_parameter_source("api_key") == click.core.ParameterSource.ENVIRONMENT:
         flags["api_key"] = None  # --api-key-file on the command line beats VRAMD_API_KEY
+    for key in ("aliases", "cors_origins"):   # repeatable: () when not given, so that a config file's count
+        flags[key] = list(flags[key]) or None
     flags["model"] = model
     cfg = config_mod.build(config_file, flags)
     from vramd.server import logs

@@ -190,6 +190,123 @@ def test_a_real_vocabulary_sized_vector():
     assert Sampler(SamplingParams(temperature=0)).sample(x) == int(np.argmax(x))
 
 
+# --- logit bias and repetition penalties (vramd/engine/penalties.py) ------------------------
+
+def greedy_run(params: SamplingParams, steps: list[np.ndarray], prompt=()) -> list[int]:
+    sampler = Sampler(params, prompt=prompt)
+    return [sampler.sample(x) for x in steps]
+
+
+def reference_adjusted(x, generated, window, freq=0.0, presence=0.0, repeat=1.0, bias=()):
+    """OpenAI's formula for frequency/presence (counts of sampled tokens), llama.cpp's for
+    repeat_penalty (each distinct token of the window once), then the bias: element by element."""
+    out = [float(v) for v in x]
+    for t in set(window):
+        out[t] = out[t] / repeat if out[t] > 0 else out[t] * repeat
+    for t in set(generated):
+        c = generated.count(t)
+        out[t] -= c * freq + (1.0 if c > 0 else 0.0) * presence
+    for t, b in bias:
+        out[t] += b
+    return out
+
+
+def test_penalty_and_bias_values_are_checked():
+    for kwargs, message in [({"frequency_penalty": 2.5}, "frequency_penalty must be between -2 and 2"),
+                            ({"presence_penalty": -3}, "presence_penalty must be between -2 and 2"),
+                            ({"presence_penalty": float("inf")}, "presence_penalty must be between"),
+                            ({"repeat_penalty": 0}, "repeat_penalty must be more than 0"),
+                            ({"repeat_last_n": -2}, "repeat_last_n must be between -1"),
+                            ({"logit_bias": {"5": 101}}, r"logit_bias\['5'\] must be between -100 and 100"),
+                            ({"logit_bias": {"x": 1}}, "'x' is not a token id"),
+                            ({"logit_bias": {"-1": 1}}, "'-1' is not a token id"),
+                            ({"logit_bias": {"5": "high"}}, r"logit_bias\['5'\] must be a number"),
+                            ({"logit_bias": 7}, "logit_bias must map token ids to numbers"),
+                            ({"logit_bias": {str(i): 1 for i in range(1025)}}, "at most 1024")]:
+        with pytest.raises(UsageError, match=message):
+            SamplingParams(**kwargs)
+    assert SamplingParams(logit_bias={"7": 5, "2": -1.5}).logit_bias == ((2, -1.5), (7, 5.0))
+
+
+def test_logit_bias_bans_and_forces_tokens():
+    rng = np.random.default_rng(3)
+    steps = [rng.standard_normal(50).astype(np.float32) * 4 for _ in range(40)]
+    best = [int(np.argmax(x)) for x in steps]
+    # -100 bans: greedy never takes the banned token, and takes the runner-up instead.
+    banned = best[0]
+    got = greedy_run(SamplingParams(temperature=0, logit_bias={str(banned): -100}), steps)
+    assert banned not in got
+    assert all(g == b for g, b in zip(got, best) if b != banned)
+    # +100 forces, also when sampling at a high temperature.
+    forced = greedy_run(SamplingParams(temperature=2.0, top_k=0, top_p=1, min_p=0, seed=1,
+                                       logit_bias={"11": 100}), steps)
+    assert forced == [11] * len(steps)
+    # A small bias shifts the draw's distribution: the biased token comes up more often.
+    x = np.zeros(4, dtype=np.float32)
+    s = Sampler(SamplingParams(temperature=1, top_k=0, top_p=1, min_p=0, seed=2, logit_bias={"3": math.log(3)}))
+    draws = np.bincount([s._draw(s.adjust.apply(x)) for _ in range(20000)], minlength=4) / 20000
+    assert abs(draws[3] - 0.5) < 0.015 and abs(draws[0] - 1 / 6) < 0.015
+    # The logits handed in are never written.
+    x0 = steps[0].copy()
+    Sampler(SamplingParams(temperature=0, logit_bias={"1": 50}, presence_penalty=1)).sample(steps[0])
+    assert np.array_equal(x0, steps[0])
+
+
+def test_frequency_and_presence_penalties_follow_openais_formula():
+    """Greedy over logits where token 0 always leads by a margin: without penalties it is picked
+    every time; with them it is picked until its count has eaten the margin."""
+    margin = 1.0
+    x = np.array([margin, 0.0, -0.5, -0.7], dtype=np.float32)
+    steps = [x] * 8
+    assert greedy_run(SamplingParams(temperature=0), steps) == [0] * 8
+    # presence 1.5 > margin: token 0 once, then token 1 once (it is at 0 - 1.5 after), ...
+    got = greedy_run(SamplingParams(temperature=0, presence_penalty=1.5), steps)
+    generated = []
+    for step in steps:   # the reference: element by element, from the formula
+        ref = reference_adjusted(step, generated, (), presence=1.5)
+        generated.append(int(np.argmax(ref)))
+    assert got == generated and got[:2] == [0, 1]
+    got = greedy_run(SamplingParams(temperature=0, frequency_penalty=0.4), steps)
+    generated = []
+    for step in steps:
+        generated.append(int(np.argmax(reference_adjusted(step, generated, (), freq=0.4))))
+    assert got == generated
+    assert got[:4] == [0, 0, 0, 1]    # 1.0 - 3 x 0.4 < 0: the fourth goes to token 1
+    # Negative values encourage repetition: a token picked once keeps winning.
+    y = np.array([1.0, 1.2, 0.0], dtype=np.float32)
+    assert greedy_run(SamplingParams(temperature=0, presence_penalty=-1.0), [y] * 5) == [1] * 5
+
+
+def test_repeat_penalty_counts_the_prompt_and_a_window_of_tokens():
+    x = np.array([2.0, 1.5, -1.0, -1.2], dtype=np.float32)
+    # The prompt holds token 0: at 1.5 penalty, 2.0 / 1.5 < 1.5, so token 1 wins from the first step.
+    assert greedy_run(SamplingParams(temperature=0, repeat_penalty=1.5), [x], prompt=[0]) == [1]
+    assert greedy_run(SamplingParams(temperature=0), [x], prompt=[0]) == [0]
+    # A negative logit is multiplied: -1.0 x 1.5 = -1.5 < -1.2 (token 3 wins among the negatives).
+    neg = np.array([-1.0, -1.2], dtype=np.float32)
+    assert greedy_run(SamplingParams(temperature=0, repeat_penalty=1.5), [neg], prompt=[0]) == [1]
+    # The window: with repeat_last_n 1 only the newest token counts; 0 turns it off.
+    assert greedy_run(SamplingParams(temperature=0, repeat_penalty=1.5, repeat_last_n=1), [x],
+                      prompt=[0, 2]) == [0]
+    assert greedy_run(SamplingParams(temperature=0, repeat_penalty=1.5, repeat_last_n=0), [x], prompt=[0]) == [0]
+    # Generated tokens enter the window: against a random sequence, the element-by-element reference.
+    rng = np.random.default_rng(8)
+    steps = [rng.standard_normal(30).astype(np.float32) for _ in range(60)]
+    prompt = list(rng.integers(0, 30, 10))
+    params = SamplingParams(temperature=0, repeat_penalty=1.3, repeat_last_n=8, frequency_penalty=0.2,
+                            presence_penalty=0.1, logit_bias={"4": -2.0})
+    got = greedy_run(params, steps, prompt=prompt)
+    history, generated = list(prompt), []
+    for step in steps:
+        ref = reference_adjusted(step, generated, history[-8:], freq=0.2, presence=0.1, repeat=1.3,
+                                 bias=[(4, -2.0)])
+        t = int(np.argmax(np.array(ref, dtype=np.float32)))
+        history.append(t)
+        generated.append(t)
+    assert got == generated
+    assert len(set(got)) > 5       # the penalties did something: greedy alone repeats less varied
+
+
 # --- log-probabilities ---------------------------------------------------------------------
 
 def test_log_softmax_and_top_logprobs():

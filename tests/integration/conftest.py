@@ -1,5 +1,6 @@
 """Daemons in real processes on real Vulkan (lavapipe in CI), on synthetic GGUF models."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -87,6 +88,23 @@ class DaemonProc:
             self.proc.kill()
             self.proc.wait()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def gpu_held_elsewhere(arena: Path, seconds: int = 30):
+    """`vramd exec -- sleep` holding the arena's GPU token (waited for, at most 10 s) while the
+    block runs: a holder that never yields, so a daemon's request waits out --wake-timeout."""
+    from vramd.arena.token import Token
+    blocker = subprocess.Popen([sys.executable, "-m", "vramd.cli", "exec", "--", "sleep", str(seconds)],
+                               env=daemon_env(VRAMD_ARENA=str(arena)), cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 10
+        while Token(arena / "token.lock").holders() != [blocker.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield blocker
+    finally:
+        blocker.terminate()
+        blocker.wait()
 
 
 @pytest.fixture

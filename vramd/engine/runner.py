@@ -195,7 +195,7 @@ class Engine:
         string, or params.grammar complete), "length" (max_tokens or the context is full), or
         "cancelled" (the client went away).
         """
-        sampler = Sampler(params)
+        sampler = Sampler(params, prompt=ids)   # repeat_penalty's window starts in the prompt
         stops = StopMatcher(params.stop)
         decoder = self.tokenizer.stream_decoder(params.special_text) if self.tokenizer else None
         # A grammar masks the logits before the sampler's filters; without one, no mask work at all.

@@ -1,7 +1,8 @@
 """Choosing the next token from the logits, and where generation stops.
 
 Owns: `SamplingParams` (a request's sampling settings, validated: a bad value
-is a `UsageError`, an HTTP 400), `Sampler` (greedy at temperature 0,
+is a `UsageError`, an HTTP 400), `Sampler` (logit bias and repetition
+penalties first (vramd/engine/penalties.py), then greedy at temperature 0,
 otherwise top-k, top-p, min-p, temperature, then a draw from a seeded
 `numpy.random.Generator`), `log_softmax` / `top_logprobs` for the `logprobs`
 of a response, and `StopMatcher`, which finds stop strings in streamed text
@@ -12,7 +13,7 @@ tokens (`Tokenizer.is_eog`), counting `max_tokens` (the generation loop reads
 it from the params).
 
 The filter chain is llama.cpp's default (common_params_sampling.samplers):
-top_k -> top_p -> min_p -> temperature -> dist, each keeping at least one
+logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> dist, each keeping at least one
 token; top-k 0 and top-p 1 and min-p 0 disable their filter.  Note that
 llama.cpp applies the temperature last, so top-p and min-p see the raw
 logits; vramd does the same.  The draw uses numpy's PCG64 generator, not
@@ -29,11 +30,13 @@ from typing import Sequence
 
 import numpy as np
 
+from vramd.engine.penalties import Adjuster
 from vramd.errors import UsageError, VramdError
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024              # entries: OpenAI documents no bound; 300 is what its API takes
 
 
 @dataclass
@@ -58,6 +61,12 @@ class SamplingParams:
     max_tokens: int | None = None     # None: until end of generation or the context is full
     stop: tuple[str, ...] = field(default=())
     logprobs: int | None = None       # how many top alternatives to report per token
+    # Before the filter chain (vramd/engine/penalties.py); these defaults change nothing.
+    frequency_penalty: float = 0.0    # OpenAI's, -2..2, over the generated tokens
+    presence_penalty: float = 0.0     # OpenAI's, -2..2, over the generated tokens
+    repeat_penalty: float = 1.0       # llama.cpp's, over the last repeat_last_n tokens (prompt too)
+    repeat_last_n: int = 64           # llama.cpp's default; -1: every token, 0: off
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, -100..100) pairs
     # An llguidance grammar (vramd/engine/grammar.py) the tokens must follow; None: free.
     grammar: str | None = None
     # Decode control tokens as their text (a tool-call format whose marker is one, Mistral's
@@ -77,6 +86,13 @@ class SamplingParams:
         if self.logprobs is not None:
             set_(self, "logprobs", _integer("logprobs", self.logprobs, 0, MAX_LOGPROBS))
         set_(self, "stop", _stop_strings(self.stop))
+        set_(self, "frequency_penalty", _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0))
+        set_(self, "presence_penalty", _number("presence_penalty", self.presence_penalty, -2.0, 2.0))
+        set_(self, "repeat_penalty", _number("repeat_penalty", self.repeat_penalty, 0.0, 10.0))
+        if self.repeat_penalty == 0.0:
+            raise UsageError("repeat_penalty must be more than 0 (1 is off)")
+        set_(self, "repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1, 1 << 20))
+        set_(self, "logit_bias", _logit_bias(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
@@ -121,20 +137,48 @@ def _stop_strings(stop) -> tuple[str, ...]:
     return tuple(stop)
 
 
+def _logit_bias(bias) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token id (a decimal string, or an int) to a bias, or (id, bias) pairs."""
+    items = bias.items() if isinstance(bias, dict) else bias
+    try:
+        items = list(items)
+    except TypeError:
+        raise UsageError(f"logit_bias must map token ids to numbers, got {type(bias).__name__}") from None
+    if len(items) > MAX_LOGIT_BIAS:
+        raise UsageError(f"logit_bias has {len(items)} entries, at most {MAX_LOGIT_BIAS} are allowed")
+    out = {}
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise UsageError(f"logit_bias must map token ids to numbers, got {item!r}")
+        key, value = item
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 10 else key
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise UsageError(f"logit_bias: {key!r} is not a token id (a non-negative integer)")
+        out[token] = _number(f"logit_bias[{key!r}]", value, -100.0, 100.0)
+    return tuple(sorted(out.items()))
+
+
 # --- sampling -------------------------------------------------------------------------
 
 class Sampler:
     """Draws tokens for one request.  The same params (seed included) and the
     same logits give the same tokens."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, prompt: Sequence[int] = ()):
+        """prompt: the tokens before the generation (repeat_penalty's window starts in them)."""
         self.params = params
         # The seed actually used, so that a response can report it.
         self.seed = params.seed if params.seed is not None else secrets.randbits(64)
         self._rng = np.random.Generator(np.random.PCG64(self.seed))
+        self.adjust = Adjuster(params, prompt)
 
     def sample(self, logits: np.ndarray) -> int:
-        x = _check_logits(logits)
+        """The next token; it counts for the penalties of the steps after."""
+        token = self._draw(self.adjust.apply(_check_logits(logits)))
+        self.adjust.accept(token)
+        return token
+
+    def _draw(self, x: np.ndarray) -> int:
         p = self.params
         if p.temperature == 0.0:
             return int(np.argmax(x))  # greedy; ties: the lowest id

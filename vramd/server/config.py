@@ -17,6 +17,9 @@ from pathlib import Path
 from vramd.errors import UsageError
 
 EVICT_STATE = ("auto", "always", "never")
+NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"      # a member's name, and each alias
+MAX_ALIASES = 16
+ORIGIN = r"[a-z][a-z0-9+.-]*://[^/\s?#*]+(:\d{1,5})?"   # what a browser sends in Origin
 RESIDENCY = ("cache", "exclusive")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 1000**2, "mb": 1000**2,
@@ -59,12 +62,24 @@ class ServeConfig:
     log_level: str = "info"
     log_format: str = "text"
     metrics_public: bool = False
+    # The API's surface (vramd/server/http.py, openai_api.py): more names for the model, CORS.
+    aliases: list[str] = field(default_factory=list)
+    cors_origins: list[str] = field(default_factory=list)   # "*" or origins (scheme://host[:port])
 
     def check(self, where: str = "flags") -> "ServeConfig":
         if not self.model:
             raise UsageError("no model: give MODEL.gguf or `model = \"...\"` in --config")
-        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.name):
+        if self.name is not None and not re.fullmatch(NAME, self.name):
             raise UsageError(f"{where}: name {self.name!r}: use letters, digits, '_', '.', '-' (at most 64)")
+        for alias in self.aliases:
+            if not re.fullmatch(NAME, alias):
+                raise UsageError(f"{where}: alias {alias!r}: use letters, digits, '_', '.', '-' (at most 64)")
+        if len(self.aliases) > MAX_ALIASES:
+            raise UsageError(f"{where}: {len(self.aliases)} aliases: at most {MAX_ALIASES}")
+        for origin in self.cors_origins:
+            if origin != "*" and not re.fullmatch(ORIGIN, origin):
+                raise UsageError(f"{where}: cors origin {origin!r}: give scheme://host[:port] "
+                                 "(no path, no trailing slash), or * for any origin")
         if self.ctx is not None and (self.ctx < 1 or self.ctx > 1 << 20):
             raise UsageError(f"{where}: ctx {self.ctx}: must be between 1 and {1 << 20}")
         from vramd.engine.overflow import POLICIES
@@ -206,15 +221,20 @@ def coerce(name: str, value, what: str):
         return str(parse_n_cpu_moe(value if isinstance(value, str) else float(value)))
     kind = _TYPES[name]
     return check_value("size" if name in ("vram_budget", "max_request_bytes") else "bool" if "bool" in kind
-                       else "int" if kind.startswith("int") else "float" if kind.startswith("float") else "str",
-                       value, what)
+                       else "int" if kind.startswith("int") else "float" if kind.startswith("float")
+                       else "strs" if kind.startswith("list") else "str", value, what)
 
 
 def check_value(kind: str, value, what: str):
-    """A config file's value as `kind` wants it ("size", "bool", "int", "float" or "str"), or a
-    UsageError naming `what`."""
+    """A config file's value as `kind` wants it ("size", "bool", "int", "float", "str", or "strs":
+    a list of strings, one string taken as a list of one), or a UsageError naming `what`."""
     if kind == "size":
         return parse_size(value, what)
+    if kind == "strs":
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UsageError(f"{what}: expected a list of strings, got {value!r}")
+        return list(value)
     if kind == "bool":
         if not isinstance(value, bool):
             raise UsageError(f"{what}: expected true or false, got {value!r}")

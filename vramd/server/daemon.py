@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from vramd.arena.arbiter import WARDEN_JOIN, Participant
@@ -46,7 +46,7 @@ from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
 from vramd.server.guard import JOIN_WAIT, Guard
 from vramd.server import embeddings, openai_api, prompts
-from vramd.server.http import OPEN_PATHS, Exchange, HttpServer, json_route
+from vramd.server.http import OPEN_PATHS, ClientGone, Exchange, HttpServer, json_route
 from vramd.server.logs import LoadProgress, event
 from vramd.server.metrics import Metrics
 from vramd.server.room import Room
@@ -73,7 +73,19 @@ STOP_BOUND = STOP_GRACE + REPLY_GRACE + JOIN_WAIT + WARDEN_JOIN
 # A second SIGTERM/SIGINT while stopping: exit at once with 128 + the signal's number.
 # A non-streamed request's connection is looked at this often for a client that hung up.
 CLIENT_CHECK = 0.1
+# A stream that has nothing to send (waiting for the GPU, a long prefill) sends an SSE comment this often.
+STREAM_KEEPALIVE = 2.0
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/embeddings"})
+
+
+@dataclass
+class _Choice:
+    """One choice of a generation request: its builder, its prompt's request, its sampling
+    (the choice's seed), its prompt's ids (None: made on the loop, an image prompt)."""
+    builder: Any
+    req: Any
+    sampling: Any
+    ids: list[int] | None
 
 
 @dataclass
@@ -112,21 +124,40 @@ class Job:
             self.taken.set()
             return True
 
-    def wait_taken(self, busy: Callable[[], str]) -> None:
+    def wait_taken(self, busy: Callable[[], str], tick: Callable[[], None] | None = None,
+                   every: float = 1.0) -> None:
         """The requester's side: until the loop takes the job (or it finished).  Past the
-        timeout, give it up and raise Timeout: a 503 on time even behind a long job."""
-        left = self.left()
-        if left is None:
-            self.taken.wait()
+        timeout, give it up and raise Timeout: a 503 on time even behind a long job.
+        tick: called every `every` seconds meanwhile (a stream's keep-alive); what it raises
+        gives the job up too (a client that went away) and is raised here."""
+        while True:
+            left = self.left()
+            wait = every if tick is not None else None
+            if left is not None:
+                wait = max(0.0, left) if wait is None else min(wait, max(0.0, left))
+            if self.taken.wait(wait):
+                return
+            left = self.left()
+            if left is None or left > 0:
+                try:
+                    tick()
+                    continue
+                except BaseException:
+                    if self._give_up():
+                        raise
+                    return   # taken meanwhile: the reply's own writes will find what tick found
+            if self._give_up():
+                raise Timeout(f"waited {time.monotonic() - self.arrived:.1f} s for the GPU (timeout "
+                              f"{self.timeout:g} s): {busy()}")
             return
-        if self.taken.wait(max(0.0, left)):
-            return
+
+    def _give_up(self) -> bool:
+        """Abandon the job unless the loop took it already (then False)."""
         with self._claim:
             if self.taken.is_set():
-                return
+                return False
             self.abandoned = True
-        raise Timeout(f"waited {time.monotonic() - self.arrived:.1f} s for the GPU (timeout {self.timeout:g} s): "
-                      f"{busy()}")
+            return True
 
     def wait(self) -> Any:
         self.done.wait()
@@ -248,7 +279,7 @@ class Daemon:
                                request_timeout=cfg.request_timeout,
                                open_paths=OPEN_PATHS | ({"/metrics"} if cfg.metrics_public else set()),
                                on_start=lambda ex: self.metrics.request_started("api"),
-                               on_finish=self._http_finished)
+                               on_finish=self._http_finished, cors_origins=cfg.cors_origins)
         self.participant.member.endpoint = self.http.url
 
     def _check_projector(self, mf, engine_cfg) -> None:
@@ -725,31 +756,55 @@ class Daemon:
             ("GET", "/vramd/status"): json_route(lambda: (200, self.status())),
             ("GET", "/metrics"): lambda ex: ex.reply(200, self.render_metrics().encode(),
                                                      "text/plain; version=0.0.4; charset=utf-8"),
-            ("GET", "/v1/models"): json_route(lambda: (200, openai_api.models_list(self.model_names(),
+            ("GET", "/v1/models"): json_route(lambda: (200, openai_api.models_list(self.listed_names(),
                                                                                   int(self.started)))),
+            ("GET", "/v1/models/"): self.model_route,
             ("POST", "/v1/completions"): lambda ex: self.handle_generation("completion", ex),
             ("POST", "/v1/chat/completions"): lambda ex: self.handle_generation("chat", ex),
             ("POST", "/v1/embeddings"): lambda ex: embeddings.handle(self, ex),   # vramd/server/embeddings.py
         }
 
+    # -- [surface] the names, the answer to a generation request ---------------------------
+
+    def listed_names(self) -> list[str]:
+        """/v1/models: the daemon's name, then each --alias (one entry each: UIs show every entry)."""
+        return [self.name] + [a for a in self.cfg.aliases if a != self.name]
+
     def model_names(self) -> list[str]:
-        """What a request's "model" may say: the daemon's name or the model file's name."""
-        return sorted({self.name, os.path.basename(self.cfg.model)})
+        """What a request's "model" may say: the listed names, and the model file's name (unlisted:
+        it was listed before aliases existed, and clients configured with it keep working)."""
+        return sorted(set(self.listed_names()) | {os.path.basename(self.cfg.model)})
+
+    def model_route(self, ex: Exchange) -> None:
+        """GET /v1/models/{id} (the SDK's models.retrieve): a name requests may give, else 404."""
+        if ex.rest not in self.model_names():
+            raise openai_api.NotFound(f"the model '{ex.rest}' does not exist here (this daemon serves "
+                                      f"{', '.join(self.listed_names())})")
+        ex.reply(200, openai_api.model_entry(ex.rest, int(self.started)))
 
     def handle_generation(self, kind: str, ex: Exchange) -> None:
-        """One OpenAI request: a generation job on the loop thread, streamed or not."""
+        """One OpenAI request: a generation job on the loop thread, streamed or not.  Its choices
+        (n per prompt) are generated one after another in the one job (one slot, issue 16)."""
         ex.fields["model"] = self.name
         req = openai_api.parse_request(kind, ex.body(), set(self.model_names()))
         req.reasoning_format = req.reasoning_format or self.cfg.reasoning_format   # vramd/server/reasoning.py
+        if req.user:
+            ex.fields["user"] = req.user
         if self.engine is None:
             raise PeerError(f"{self.name} is still loading")
         if self.stopping:
             raise ShuttingDown(f"{self.name} is shutting down")
         # Validated, rendered and tokenized here, before the job is queued: a bad request
         # is a 400 that never rings a peer nor takes the GPU (vramd/server/prompts.py).
-        sampling, prepared, dropped = prompts.prepare(self.engine, req, self.encoder is not None)
-        builder = openai_api.ResponseBuilder(req, self.name)
-        builder.context = dropped
+        choices: list[_Choice] = []
+        for sub in req.each_prompt():
+            sampling, prepared, dropped = prompts.prepare(self.engine, sub, self.encoder is not None)
+            for _ in range(req.n):
+                index = len(choices)
+                builder = openai_api.ResponseBuilder(sub, self.name, index=index,
+                                                     like=choices[0].builder if choices else None)
+                builder.context = dropped
+                choices.append(_Choice(builder, sub, replace(sampling, seed=req.choice_seed(index)), prepared))
         events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         cancelled = threading.Event()
         arrived = ex.started
@@ -759,38 +814,42 @@ class Daemon:
             timing["queue_s"] = round(time.monotonic() - arrived, 6)   # other jobs and the GPU token
             before = dict(self.engine.stats)
             try:
-                return compute()
+                finishes = []
+                for c in choices:
+                    finishes.append(compute(c))
+                    if cancelled.is_set():
+                        break
+                return finishes
             finally:
                 for key in ("prompt_tokens", "generated_tokens", "reused_tokens"):
                     timing[key] = self.engine.stats[key] - before[key]
 
-        def compute():
-            ids, embeds = (prepared, {}) if prepared is not None else self.engine.prompt(req.prompt_input())
-            builder.prompt_tokens = len(ids)
-            if req.echo:
-                builder.echo_text = req.prompt if isinstance(req.prompt, str) else self.engine.detokenize(ids)
-            events.put(("start", None))
-
+        def compute(c: _Choice):
+            ids, embeds = (c.ids, {}) if c.ids is not None else self.engine.prompt(c.req.prompt_input())
+            c.builder.prompt_tokens = len(ids)
+            if c.req.echo:
+                c.builder.echo_text = c.req.prompt if isinstance(c.req.prompt, str) else self.engine.detokenize(ids)
             made = [0]
 
             def emit(piece):
                 made[0] += 1
                 self.beat = time.monotonic()
-                if made[0] == 1:
+                if "ttft_s" not in timing:
                     timing["ttft_s"] = round(self.beat - arrived, 6)
                     self.metrics.observe_first_token(self.beat - arrived)
-                events.put(("piece", piece))
+                events.put(("piece", (c.builder.index, piece)))
                 # A stop ends the generation at its next step (a clean finish, never a dead loop);
                 # so does a token that is no longer the arena's (never compute beside another holder).
                 return not cancelled.is_set() and not self.stopping and self.lost is None
-            finish = self.engine.generate(ids, sampling, emit, embeds)
+            finish = self.engine.generate(ids, c.sampling, emit, embeds)
             if self.engine.shift_stats["shifts"]:
-                builder.add_shifts(self.engine.shift_stats)
+                c.builder.add_shifts(self.engine.shift_stats)
             if finish == "cancelled" and self.lost is not None:
                 raise ShuttingDown(f"{self.name}: {self.lost}: the generation was ended after {made[0]} tokens")
             if finish == "cancelled" and not cancelled.is_set():
                 raise ShuttingDown(f"{self.name} is shutting down: the generation was ended after "
                                    f"{made[0]} tokens")
+            events.put(("end", (c.builder.index, finish)))
             return finish
 
         job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout, cancelled=cancelled)
@@ -798,84 +857,110 @@ class Daemon:
         with self._inflight_lock:
             self._inflight += 1
         try:
-            job.wait_taken(self._busy_text)
-            self._answer(req, ex, builder, job, events, cancelled)
+            builders = [c.builder for c in choices]
+            if req.stream:
+                # The headers at once, then comments until the loop takes the job: a client (or a
+                # proxy) sees a live stream while the request waits for the GPU.  What fails from
+                # here on is an SSE error event, then [DONE] (http.py's late error).
+                ex.start_stream()
+                job.wait_taken(self._busy_text, tick=lambda: self._stream_tick(ex, cancelled),
+                               every=STREAM_KEEPALIVE)
+                self._answer_stream(req, ex, builders, job, events, cancelled)
+            else:
+                job.wait_taken(self._busy_text)
+                self._answer(req, ex, builders, job, events, cancelled)
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
             if job.done.is_set():
                 ex.fields.update(timing)
 
+    @staticmethod
+    def _stream_tick(ex: Exchange, cancelled: threading.Event) -> None:
+        """A waiting stream's keep-alive; a client that went away raises ClientGone."""
+        try:
+            if ex.client_gone():
+                raise ClientGone("the client went away while the request waited for the GPU")
+            ex.keep_alive()
+        except ClientGone:
+            cancelled.set()
+            raise
+
     def _http_finished(self, ex: Exchange, seconds: float) -> None:
-        """An HTTP request ended (http.py's on_finish): errors by status, generation latency."""
-        if ex.status is not None and ex.status >= 400:
-            self.metrics.request_failed("api", ex.status)
+        """An HTTP request ended (http.py's on_finish): errors by status (a stream's after its
+        headers: the error event's), generation latency."""
+        status = ex.fields.get("error_status", ex.status)
+        if status is not None and status >= 400:
+            self.metrics.request_failed("api", status)
         if ex.path in GENERATION_PATHS and ex.method == "POST":
             self.metrics.observe_request(seconds)
 
-    def _answer(self, req, ex: Exchange, builder, job: Job, events: queue.Queue, cancelled: threading.Event) -> None:
-        """The reply to a generation job: one JSON body, or the stream as the pieces come."""
-        if not req.stream:
-            # Nobody reads a non-streamed reply until it is whole: look for a hang-up meanwhile,
-            # so an abandoned request stops at its next step instead of generating on.
-            while not job.done.wait(CLIENT_CHECK):
-                if ex.client_gone():
-                    cancelled.set()
-                    ex.error = "the client went away: generation stopped"   # in its request line
-                    job.done.wait()
-                    return
-            finish = job.wait()
-            while not events.empty():
-                kind_, piece = events.get()
-                if kind_ == "piece":
-                    builder.add(piece)
-            ex.reply(200, builder.final(finish), headers=builder.context_header())
-            return
-        # Streamed: the status line waits for the first sign of life, so that
-        # a refusal (400, 503) is still an HTTP error, not a broken stream.
-        while True:
-            try:
-                kind_, piece = events.get(timeout=0.05)
-                break
-            except queue.Empty:
-                if job.done.is_set():
-                    job.wait()  # raises the job's error
-                    return
-                if ex.client_gone():   # hung up before the first token (still waiting for the GPU?)
-                    cancelled.set()
-                    return
+    def _answer(self, req, ex: Exchange, builders: list, job: Job, events: queue.Queue,
+                cancelled: threading.Event) -> None:
+        """The reply to a non-streamed generation job: one JSON body, every choice in it."""
+        # Nobody reads a non-streamed reply until it is whole: look for a hang-up meanwhile,
+        # so an abandoned request stops at its next step instead of generating on.
+        while not job.done.wait(CLIENT_CHECK):
+            if ex.client_gone():
+                cancelled.set()
+                ex.error = "the client went away: generation stopped"   # in its request line
+                job.done.wait()
+                return
+        finishes = job.wait()
+        while not events.empty():
+            kind_, value = events.get()
+            if kind_ == "piece":
+                builders[value[0]].add(value[1])
+        payload = openai_api.combined(builders, finishes, req.n)
+        context = payload["usage"].get("context") if len(builders) > 1 else None
+        ex.reply(200, payload, headers=builders[0].context_header(context))
+
+    def _answer_stream(self, req, ex: Exchange, builders: list, job: Job, events: queue.Queue,
+                       cancelled: threading.Event) -> None:
+        """The stream of a generation job, its headers already sent: each choice's chunks (with
+        its index) as the pieces come, its finish when it ends; comments while nothing comes."""
+        first = [True] * len(builders)
+        ended: set[int] = set()
+        last = time.monotonic()
         try:
-            ex.start_stream()
-            first = True
             while True:
                 try:
-                    kind_, piece = events.get(timeout=0.05)
+                    kind_, (index, value) = events.get(timeout=0.05)
                 except queue.Empty:
                     if job.done.is_set() and events.empty():
                         break
+                    if time.monotonic() - last >= STREAM_KEEPALIVE:
+                        ex.keep_alive()   # a long prefill: nothing else to send
+                        last = time.monotonic()
                     continue
-                if kind_ != "piece":
-                    continue
-                builder.add(piece)
-                ex.send(openai_api.sse(builder.chunk([piece], first=first)))
-                first = False
+                b = builders[index]
+                if kind_ == "piece":
+                    b.add(value)
+                    ex.send(openai_api.sse(b.chunk([value], first=first[index])))
+                else:   # "end": this choice's finish
+                    ex.send(openai_api.sse(b.chunk([], finish_reason=value, first=first[index])))
+                    ended.add(index)
+                first[index] = False
+                last = time.monotonic()
         except Exception:
             cancelled.set()  # the client went away: the loop stops generating at the next token
             raise
         try:
-            finish = job.wait()
+            job.wait()
         except ShuttingDown as e:
-            # Ended by a stop: a finish the client can see, then why, then the end.
-            ex.send(openai_api.sse(builder.chunk([], finish_reason="abort", first=first)))
-            ex.send(openai_api.sse(openai_api.error_body(e)[1]))
-            ex.send(openai_api.sse(b"[DONE]"))
+            # Ended by a stop: a finish the client can see for each choice not ended, then why, then the end.
+            for b in builders:
+                if b.index not in ended:
+                    ex.send(openai_api.sse(b.chunk([], finish_reason="abort", first=first[b.index])))
+            ex.stream_error(*openai_api.error_body(e))
             return
         except VramdError as e:
-            ex.send(openai_api.sse(openai_api.error_body(e)[1]))
+            ex.stream_error(*openai_api.error_body(e))
             return
-        ex.send(openai_api.sse(builder.chunk([], finish_reason=finish, first=first)))
         if req.include_usage:
-            ex.send(openai_api.sse(builder.usage_chunk()))
+            chunk = builders[0].usage_chunk()
+            chunk["usage"] = openai_api.summed_usage(builders, req.n)
+            ex.send(openai_api.sse(chunk))
         ex.send(openai_api.sse(b"[DONE]"))
 
     def health(self) -> tuple[int, dict]:

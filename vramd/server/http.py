@@ -1,9 +1,25 @@
 """The daemon's HTTP face: a small router over the stdlib's threading HTTP server.
 
 Bound to --host:--port (127.0.0.1 by default), a thread per connection.
-Routes are `(method, path) -> fn(exchange)`; an `Exchange` reads the body
-and writes a JSON reply or a server-sent-event stream.  Handlers never touch
-the GPU: generation is a job on the daemon's loop thread.
+Routes are `(method, path) -> fn(exchange)` (a path ending in "/" takes
+every path below it: `Exchange.rest` is the part after it, URL-decoded);
+an `Exchange` (vramd/server/exchange.py) reads the body and writes a JSON
+reply or a server-sent-event stream; a `RequestReader`
+(vramd/server/http_reader.py) reads the request within its limits; the CORS
+headers are vramd/server/cors.py's.  Handlers never touch the GPU:
+generation is a job on the daemon's loop thread.
+
+HTTP/1.1 with keep-alive: a connection carries any number of requests, one
+after another.  A stream to an HTTP/1.1 client is sent chunked, so that the
+connection survives it; to an HTTP/1.0 client it ends with the connection.
+A stream whose route fails after the headers went out ends with an SSE
+error event (OpenAI's error object) and `data: [DONE]`, never just cut.
+HEAD is answered for every GET route (the GET's headers, no body).  OPTIONS
+says which methods a path takes; with --cors-origin it is the CORS
+preflight answer, and every reply to an allowed `Origin` carries
+`Access-Control-Allow-Origin` (the origin, or `*` for `--cors-origin '*'`);
+without the flag no reply carries a CORS header, so browsers on other
+origins cannot read any.
 
 What a client may not do:
 
@@ -14,10 +30,15 @@ What a client may not do:
   a malformed one (400), or larger than --max-request-bytes (413); the
   body is never read before these checks pass;
 - send a request head (request line and headers) over MAX_HEAD bytes (431);
+- keep a connection after a 401 (it is closed: a client without the key
+  gets one answer per connection);
 - take longer than HEAD_TIMEOUT seconds (or --request-timeout, if less) to
   send a request head, counted from when the connection is taken up or the
   previous reply was sent: the API key is checked only once the head is in,
-  so this is how long a client without the key can hold a connection slot;
+  so this is how long a client without the key can hold a connection slot
+  (once a request on the connection passed the key check, the connection may
+  idle IDLE_TIMEOUT seconds for the next request, whose clocks start with its
+  first byte);
 - take longer than --request-timeout seconds to send a request, head and
   body (a slowloris client: the connection is closed), or leave a reply
   unread for that long;
@@ -43,214 +64,31 @@ import http.client
 import ipaddress
 import json
 import logging
-import select
 import socket
 import threading
 import time
+import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from vramd.errors import UsageError, VramdError
+from vramd.server.cors import cors_headers
+from vramd.server.exchange import ClientGone, Exchange, Refused, Route, error_payload  # noqa: F401 (used, and re-exported)
+from vramd.server.http_reader import DEFAULT_REQUEST_TIMEOUT, HEAD_TIMEOUT, MAX_HEAD, RequestReader  # noqa: F401
 from vramd.server.logs import event
 
 log = logging.getLogger("vramd.http")
 
 DEFAULT_MAX_REQUEST = 32 << 20    # images travel inside the JSON as base64
-DEFAULT_REQUEST_TIMEOUT = 30.0    # seconds to send a whole request (or to take a reply)
-HEAD_TIMEOUT = 5.0                # seconds to send the request head (never more than the request timeout)
-MAX_HEAD = 64 << 10               # request line and headers together
+# A kept-alive connection waits this long for its next request, once a request on it passed the key
+# check: longer than the pools of common clients keep an idle connection (httpx 5 s, aiohttp 15 s,
+# undici 4 s), so that the client, not the daemon, drops it first (a request sent on a connection
+# the server is closing at that moment fails).
+IDLE_TIMEOUT = 20.0
 MAX_CONNECTIONS = 64
 OPEN_PATHS = frozenset({"/health"})   # answered without the API key (systemd, load-balancer probes)
 QUIET_PATHS = frozenset({"/health", "/metrics"})   # logged at debug level: polled every few seconds
-
-
-class Refused(Exception):
-    """A request refused before its route runs: status, one-line message, OpenAI error code."""
-
-    def __init__(self, status: int, message: str, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.code, self.headers = status, code, headers or {}
-
-
-def error_payload(message: str, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-
-
-class _RequestReader:
-    """A connection's rfile: each request must arrive whole within a deadline, its head capped.
-
-    Reads straight from the socket, re-arming the socket timeout with what
-    is left of the deadline before every recv, so a client that trickles a
-    byte at a time cannot keep the thread past the deadline.
-    """
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.buf = bytearray()
-        self.deadline: float | None = None
-        self.head_left: int | None = None
-        self._request_deadline: float | None = None
-
-    def begin(self, timeout: float, head_timeout: float) -> None:
-        """A new request starts: the head's deadline and byte budget, the whole request's deadline."""
-        now = time.monotonic()
-        self._request_deadline = now + timeout
-        self.deadline = now + min(head_timeout, timeout)
-        self.head_left = MAX_HEAD
-
-    def end_head(self) -> None:
-        """The head is in: the body may take what is left of the request's deadline."""
-        self.head_left = None
-        self.deadline = self._request_deadline
-
-    @property
-    def in_head(self) -> bool:
-        return self.head_left is not None
-
-    @property
-    def head_started(self) -> bool:
-        """Some of this request's head arrived (else: an idle connection)."""
-        return bool(self.buf) or (self.head_left is not None and self.head_left < MAX_HEAD)
-
-    def _fill(self) -> bool:
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the request did not arrive in time")
-            self.sock.settimeout(left)
-        chunk = self.sock.recv(1 << 16)
-        if not chunk:
-            return False
-        self.buf += chunk
-        return True
-
-    def readline(self, limit: int = -1) -> bytes:
-        if self.head_left is not None:
-            cap = self.head_left + 1
-            limit = cap if limit < 0 else min(limit, cap)
-        start = 0
-        while True:
-            i = self.buf.find(b"\n", start)
-            if i >= 0 and (limit < 0 or i < limit):
-                n = i + 1
-                break
-            if limit >= 0 and len(self.buf) >= limit:
-                n = limit
-                break
-            start = len(self.buf)
-            if not self._fill():
-                n = len(self.buf)
-                break
-        line = bytes(self.buf[:n])
-        del self.buf[:n]
-        if self.head_left is not None:
-            self.head_left -= len(line)
-            if self.head_left < 0:
-                raise http.client.LineTooLong(f"request head over {MAX_HEAD} bytes")
-        return line
-
-    def read(self, n: int = -1) -> bytes:
-        while (n < 0 or len(self.buf) < n) and self._fill():
-            pass
-        n = len(self.buf) if n < 0 else min(n, len(self.buf))
-        data = bytes(self.buf[:n])
-        del self.buf[:n]
-        return data
-
-    def close(self) -> None:
-        pass  # the socket belongs to the server
-
-
-class ClientGone(Exception):
-    """The client closed the connection while we were writing to it."""
-
-
-class Exchange:
-    """One request and its response."""
-
-    def __init__(self, handler: BaseHTTPRequestHandler):
-        self.h = handler
-        self.path = handler.path.split("?", 1)[0]
-        self.streaming = False
-        self.length: int | None = None   # the body's Content-Length, checked (POST)
-        self.method = handler.command
-        self.started = time.monotonic()
-        self.status: int | None = None   # the reply's status, once sent
-        self.error: str | None = None    # the refusal's or the error's message
-        self.fields: dict = {}           # what the route adds to the request's log line
-
-    def body(self) -> bytes:
-        """The request body, read once; its length was checked against the limit before."""
-        n = self.length or 0
-        try:
-            data = self.h.rfile.read(n) if n else b""
-        except TimeoutError:
-            self.h.close_connection = True
-            raise Refused(408, f"the request body did not arrive within {self.h.request_timeout:g} s") from None
-        finally:
-            self.length = 0
-            self.h.connection.settimeout(self.h.request_timeout)  # from now on: how long a reply may wait
-        if len(data) < n:
-            self.h.close_connection = True
-            raise Refused(400, f"the request body ended after {len(data)} of {n} bytes")
-        return data
-
-    def reply(self, status: int, payload, ctype: str = "application/json", headers: dict | None = None) -> None:
-        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.status = status
-        if status >= 400 and isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-            self.error = self.error or payload["error"].get("message")
-        self.h.send_response(status)
-        for k, v in (headers or {}).items():
-            self.h.send_header(k, v)
-        self.h.send_header("Content-Type", ctype)
-        self.h.send_header("Content-Length", str(len(body)))
-        self.h.end_headers()
-        self._write(body)
-
-    def start_stream(self, content_type: str = "text/event-stream", status: int = 200,
-                     headers: dict | None = None) -> None:
-        """Server-sent events (or the gateway's NDJSON): no length, the connection closes at the end."""
-        self.streaming = True
-        self.status = status
-        self.h.close_connection = True
-        self.h.send_response(status)
-        for k, v in (headers or {}).items():
-            self.h.send_header(k, v)
-        self.h.send_header("Content-Type", content_type)
-        self.h.send_header("Cache-Control", "no-cache")
-        self.h.send_header("Connection", "close")
-        self.h.end_headers()
-        self._write(b"")
-
-    def send(self, data: bytes) -> None:
-        self._write(data)
-
-    def client_gone(self) -> bool:
-        """Has the client closed its end (EOF or a reset) while we work on its reply?  Data it
-        sent meanwhile (a pipelined request) is left where it is: that client still waits."""
-        sock = self.h.connection
-        try:
-            ready, _, _ = select.select([sock], [], [], 0)
-            if not ready:
-                return False
-            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            return True
-
-    def _write(self, data: bytes) -> None:
-        try:
-            if data:
-                self.h.wfile.write(data)
-            self.h.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError, OSError) as e:
-            raise ClientGone(str(e)) from None
-
-
-Route = Callable[[Exchange], None]
 
 
 def _loopback(host: str) -> bool:
@@ -262,7 +100,9 @@ def _loopback(host: str) -> bool:
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "vramd"
+    protocol_version = "HTTP/1.1"   # keep-alive: every reply has a length, or is chunked, or closes
     routes: dict[tuple[str, str], Route] = {}
+    cors_origins: frozenset = frozenset()   # --cors-origin: origins, or "*"
     on_error: Callable[[BaseException], tuple[int, dict]] = None
     api_key: bytes | None = None
     open_paths: frozenset = OPEN_PATHS
@@ -277,13 +117,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self.rfile = _RequestReader(self.connection)
+        self.rfile = RequestReader(self.connection)
+        self.trusted = False   # a request on this connection passed the key check (IDLE_TIMEOUT applies)
 
     def handle_one_request(self) -> None:
         """http.server's, with a deadline and a byte budget on the request head."""
         self.command, self.request_version, self.requestline = None, "HTTP/1.0", ""
+        self.headers = None   # not the previous request's (end_headers reads its Origin)
         try:
-            self.rfile.begin(self.request_timeout, self.head_timeout)
+            self.rfile.begin(self.request_timeout, self.head_timeout, IDLE_TIMEOUT if self.trusted else None)
             self.raw_requestline = self.rfile.readline()
             if not self.raw_requestline:
                 self.close_connection = True
@@ -301,7 +143,9 @@ class _Handler(BaseHTTPRequestHandler):
         except http.client.LineTooLong as e:  # the request line itself (header lines: parse_request)
             self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, str(e))
         except TimeoutError:
-            if self.rfile.in_head:
+            if self.rfile.idle:
+                log.debug("%s: kept-alive connection idle for %g s: closed", self.address_string(), IDLE_TIMEOUT)
+            elif self.rfile.in_head:
                 # Idle keep-alive connections end here too: debug, not info.
                 log.log(logging.INFO if self.rfile.head_started else logging.DEBUG,
                         "%s: request head not received within %g s: connection closed",
@@ -313,6 +157,23 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, OSError) as e:
             log.debug("%s: connection failed: %s", self.address_string(), e)
             self.close_connection = True
+
+    def end_headers(self) -> None:
+        """Every reply's headers end here: the CORS headers join them for an allowed Origin."""
+        for k, v in self._cors_headers().items():
+            self.send_header(k, v)
+        super().end_headers()
+
+    def handle_expect_100(self) -> bool:
+        """`Expect: 100-continue` (curl's, for a large body): the interim reply without CORS headers."""
+        self.send_response_only(HTTPStatus.CONTINUE)
+        BaseHTTPRequestHandler.end_headers(self)
+        return True
+
+    def _cors_headers(self) -> dict:
+        if not self.cors_origins or self.headers is None:
+            return {}
+        return cors_headers(self.cors_origins, self.headers, self.command)
 
     def send_error(self, code, message=None, explain=None) -> None:
         """http.server's own refusals (malformed request, head too large), as OpenAI-shaped JSON."""
@@ -352,7 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         try:
             self.end_headers()
-            ex._write(body)
+            ex._write(b"" if ex.head_only else body)
         except (ClientGone, OSError):
             self.close_connection = True
 
@@ -361,6 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         scheme, _, given = self.headers.get("Authorization", "").strip().partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
+            self.close_connection = True
             raise Refused(401, "missing API key: send the header 'Authorization: Bearer <key>'",
                           "invalid_api_key", {"WWW-Authenticate": 'Bearer realm="vramd"'})
         try:
@@ -368,6 +230,7 @@ class _Handler(BaseHTTPRequestHandler):
         except UnicodeEncodeError:
             given_bytes = b""
         if not hmac.compare_digest(given_bytes, self.api_key):
+            self.close_connection = True
             raise Refused(401, "incorrect API key", "invalid_api_key",
                           {"WWW-Authenticate": 'Bearer realm="vramd", error="invalid_token"'})
 
@@ -405,35 +268,89 @@ class _Handler(BaseHTTPRequestHandler):
                   method=method, path=ex.path, status=ex.status, **ex.fields, total_s=round(seconds, 6),
                   error=ex.error)
 
+    def _find(self, method: str, ex: "Exchange") -> Route | None:
+        """The route for (method, path): an exact one, else the longest prefix route above it."""
+        route = self.routes.get((method, ex.path))
+        if route is not None:
+            return route
+        best = None
+        for (m, path), fn in self.routes.items():
+            if m == method and path.endswith("/") and ex.path.startswith(path) and len(ex.path) > len(path):
+                if best is None or len(path) > len(best[0]):
+                    best = (path, fn)
+        if best is None:
+            return None
+        ex.rest = urllib.parse.unquote(ex.path[len(best[0]):])
+        return best[1]
+
+    def _methods(self, path: str) -> list[str]:
+        """What a path takes (OPTIONS's Allow, a 405's)."""
+        probe = Exchange.__new__(Exchange)
+        probe.path = path
+        got = {m for m in ("GET", "POST") if self._find(m, probe) is not None}
+        if "GET" in got:
+            got.add("HEAD")
+        return sorted(got | {"OPTIONS"}) if got else []
+
+    def _options(self, ex: "Exchange") -> None:
+        """OPTIONS: the methods a path takes; for an allowed Origin, the CORS preflight's answer
+        (end_headers adds it).  Asks for no key: a browser's preflight never carries one."""
+        methods = ["GET", "HEAD", "OPTIONS", "POST"] if ex.path == "*" else self._methods(ex.path)
+        if not methods:
+            ex.reply(404, {"error": {"message": f"OPTIONS {ex.path}: no such route", "type": "not_found_error",
+                                     "param": None, "code": None}})
+            return
+        ex.status = 204
+        self.send_response(204)
+        self.send_header("Allow", ", ".join(methods))
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _route(self, method: str, ex: "Exchange") -> None:
+        if method != "POST" and (self.headers.get("Transfer-Encoding") or
+                                 self.headers.get("Content-Length", "0").strip() not in ("", "0")):
+            self.close_connection = True   # a body nobody reads: it must not be taken for the next request
+        if method == "OPTIONS":
+            self._options(ex)
+            return
+        lookup = "GET" if method == "HEAD" else method
         try:
             self._check_key(ex.path)
+            # An open path (/health) earns a keyless client no longer idle time.
+            self.trusted = self.trusted or self.api_key is None or ex.path not in self.open_paths
             if method == "POST":
                 self._check_length(ex)
         except Refused as r:
             self._refuse(ex, r)
             return
-        route = self.routes.get((method, ex.path))
+        route = self._find(lookup, ex)
         if route is None:
             if ex.length:
                 self.close_connection = True
-            known = any(path == ex.path for _m, path in self.routes)
-            status = 405 if known else 404
+            allowed = self._methods(ex.path)
+            status = 405 if allowed else 404
             ex.reply(status, {"error": {"message": f"{method} {ex.path}: no such route", "type": "not_found_error",
-                                        "param": None, "code": None}})
+                                        "param": None, "code": None}},
+                     headers={"Allow": ", ".join(allowed)} if allowed else None)
             return
         try:
             route(ex)
+            if ex.streaming:
+                ex.end_stream()
         except Refused as r:
             if not ex.streaming:
                 self._refuse(ex, r)
+            else:
+                self._late_error(ex, r.status, error_payload(str(r), r.code))
         except ClientGone:
             ex.error = "the client went away"
+            self.close_connection = True
         except Exception as e:
             if not isinstance(e, UsageError) and getattr(e, "http_status", 500) == 500:
                 log.exception("%s %s failed", method, ex.path)
             if ex.streaming:
-                return  # headers are gone; the stream just ends
+                self._late_error(ex, *type(self).on_error(e))
+                return
             if ex.length:
                 self.close_connection = True  # the route failed before reading its body
             status, payload = type(self).on_error(e)
@@ -445,11 +362,27 @@ class _Handler(BaseHTTPRequestHandler):
             except ClientGone:
                 pass
 
+    def _late_error(self, ex: "Exchange", status: int, payload: dict) -> None:
+        """The route failed after the stream's headers went out: tell the client in the stream."""
+        if ex.stream_done:
+            return
+        try:
+            ex.stream_error(status, payload)
+        except ClientGone:
+            ex.error = ex.error or "the client went away"
+            self.close_connection = True
+
     def do_GET(self):  # noqa: N802 (http.server's naming)
         self._dispatch("GET")
 
+    def do_HEAD(self):  # noqa: N802
+        self._dispatch("HEAD")
+
     def do_POST(self):  # noqa: N802
         self._dispatch("POST")
+
+    def do_OPTIONS(self):  # noqa: N802
+        self._dispatch("OPTIONS")
 
     def log_message(self, fmt, *args):
         log.debug("%s " + fmt, self.address_string(), *args)
@@ -513,8 +446,9 @@ class HttpServer:
     def __init__(self, host: str, port: int, routes: dict[tuple[str, str], Route],
                  on_error: Callable[[BaseException], tuple[int, dict]], *, api_key: str | None = None,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
-                 open_paths=OPEN_PATHS, on_start=None, on_finish=None):
+                 open_paths=OPEN_PATHS, on_start=None, on_finish=None, cors_origins=()):
         handler = type("Handler", (_Handler,), {
+            "cors_origins": frozenset(cors_origins),
             "routes": routes, "on_error": staticmethod(on_error),
             "api_key": api_key.encode() if api_key else None, "open_paths": frozenset(open_paths),
             "on_start": staticmethod(on_start) if on_start else None,

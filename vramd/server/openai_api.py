@@ -1,8 +1,13 @@
 """The OpenAI-compatible endpoints: request validation, response and stream shapes.
 
-    GET  /v1/models
-    POST /v1/completions          prompt as text or token ids, echo, logprobs, suffix (fill-in-the-middle)
+    GET  /v1/models               the model once, and each --alias as its own entry
+    GET  /v1/models/{id}          one of them (the SDK's models.retrieve)
+    POST /v1/completions          prompts as text or token ids (several: several choices), echo, logprobs,
+                                  suffix (fill-in-the-middle)
     POST /v1/chat/completions     messages through the model's chat template
+
+Which request fields are taken, and what each does, is vramd/server/api_fields.py's
+table; parse_request checks it first, so no field is silently ignored.
 
 This module owns the wire format only: it turns a request body into a
 `GenerationRequest` and a stream of `Piece`s (from the engine, on the
@@ -20,15 +25,18 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from dataclasses import replace
+
 from vramd.engine.chat import MEDIA_MARKER
 from vramd.engine.prompt import Prompt
 from vramd.engine.sampler import Piece, SamplingParams
 from vramd.errors import UsageError, VramdError
-from vramd.server import assistant, reasoning, structured
+from vramd.server import api_fields, assistant, reasoning, structured
 from vramd.server.bodies import json_object
 
 MAX_IMAGES = 8
 MAX_TEMPLATE_KWARGS = 16
+MAX_CHOICES = 16    # n, times the prompts of a completions request: generated one after another
 
 
 class NotFound(VramdError):
@@ -55,6 +63,15 @@ class GenerationRequest:
     images: list[bytes] = field(default_factory=list)   # encoded PNG/JPEG, in prompt order
     template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs (e.g. enable_thinking)
     suffix: str | None = None       # completions: the text after the insertion (vramd/engine/fim.py)
+    # -- [surface] more choices, penalties, what the log line says (api_fields.py's table)
+    n: int = 1                      # choices per prompt
+    prompts: list | None = None     # completions: every prompt (`prompt` is the first)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    logit_bias: dict = field(default_factory=dict)
+    user: str | None = None         # `user` / `safety_identifier`: for the request's log line
     # response_format and tools (vramd/server/structured.py); tool_format: how the answer's
     # tool calls are read (vramd/server/tools.py sets it; None: they are not)
     structured: structured.Structured = field(default_factory=structured.Structured)
@@ -68,7 +85,21 @@ class GenerationRequest:
         """What the engine samples with."""
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                               seed=self.seed, max_tokens=self.max_tokens, stop=tuple(self.stop),
-                              logprobs=self.logprobs)
+                              logprobs=self.logprobs, frequency_penalty=self.frequency_penalty,
+                              presence_penalty=self.presence_penalty, repeat_penalty=self.repeat_penalty,
+                              repeat_last_n=self.repeat_last_n, logit_bias=self.logit_bias)
+
+    def each_prompt(self) -> list["GenerationRequest"]:
+        """One request per prompt (a completions request may carry several; a chat, one)."""
+        if not self.prompts or len(self.prompts) == 1:
+            return [self]
+        return [replace(self, prompt=p, prompts=[p]) for p in self.prompts]
+
+    def choice_seed(self, index: int) -> int | None:
+        """Choice i samples with seed + i (mod 2^64): choice 0 is what n=1 gives with the same seed,
+        and the others differ from it.  (llama.cpp gives every prompt of a list the same seed.)
+        No seed: each choice draws its own."""
+        return None if self.seed is None else (self.seed + index) % (1 << 64)
 
     def prompt_input(self) -> Prompt:
         """What the engine continues."""
@@ -79,7 +110,7 @@ class GenerationRequest:
 def error_body(e: BaseException) -> tuple[int, dict]:
     status = getattr(e, "http_status", 500)
     kind = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable"}.get(status, "server_error")
-    return status, {"error": {"message": str(e), "type": kind, "param": None, "code": None}}
+    return status, {"error": {"message": str(e), "type": kind, "param": getattr(e, "param", None), "code": None}}
 
 
 def _number(body: dict, key: str, default, lo=None, hi=None, integer=False):
@@ -121,20 +152,30 @@ def request_body(raw: bytes, model_names: set[str]) -> dict:
 def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationRequest:
     """Validate a request body; every problem is a UsageError (400) or NotFound (404)."""
     body = request_body(raw, model_names)
-    if _number(body, "n", 1, 1, 1, integer=True) != 1:
-        raise UsageError("'n' must be 1")
+    api_fields.check(kind, body)   # [surface] a field not taken is a 400 naming it, before any other
     req = GenerationRequest(kind=kind)
+    req.n = _number(body, "n", 1, 1, MAX_CHOICES, integer=True)
     req.max_tokens = _number(body, "max_tokens" if kind == "completion" else "max_completion_tokens",
                              None, 1, 1 << 20, integer=True)
     if kind == "chat" and req.max_tokens is None:
         req.max_tokens = _number(body, "max_tokens", None, 1, 1 << 20, integer=True)
-    if kind == "completion" and "max_tokens" not in body:
+    if kind == "completion" and body.get("max_tokens") is None:
         req.max_tokens = 16  # OpenAI's default for completions
+    req.max_tokens = _n_predict(body, req.max_tokens)
     req.temperature = float(_number(body, "temperature", 1.0, 0.0, 2.0))
     req.top_p = float(_number(body, "top_p", 1.0, 0.0, 1.0))
     req.top_k = _number(body, "top_k", 0, 0, 1 << 20, integer=True)
     req.min_p = float(_number(body, "min_p", 0.0, 0.0, 1.0))
     req.seed = _number(body, "seed", None, 0, (1 << 64) - 1, integer=True)
+    req.frequency_penalty = float(_number(body, "frequency_penalty", 0.0, -2.0, 2.0))
+    req.presence_penalty = float(_number(body, "presence_penalty", 0.0, -2.0, 2.0))
+    req.repeat_penalty = float(_number(body, "repeat_penalty", 1.0, 0.0, 10.0))
+    req.repeat_last_n = _number(body, "repeat_last_n", 64, -1, 1 << 20, integer=True)
+    bias = body.get("logit_bias")
+    if bias is not None and not isinstance(bias, dict):
+        raise UsageError("'logit_bias' must be an object mapping token ids to numbers from -100 to 100")
+    req.logit_bias = bias or {}
+    req.user = body.get("user") or body.get("safety_identifier")
     req.stream = _flag(body, "stream")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
@@ -152,19 +193,44 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     req.structured = structured.parse(body, kind)
     req.reasoning_format = reasoning.request_format(body, kind)
     if kind == "completion":
-        req.prompt = _prompt(body.get("prompt"))
+        req.prompts = _prompts(body.get("prompt"))
+        req.prompt = req.prompts[0]
         lp = body.get("logprobs")
         req.logprobs = None if lp is None else _number(body, "logprobs", 0, 0, 20, integer=True)
         req.echo = _flag(body, "echo")
         req.suffix = body.get("suffix")   # fill-in-the-middle: the prompt is the prefix (vramd/engine/fim.py)
         if req.suffix is not None and not isinstance(req.suffix, str):
             raise UsageError(f"'suffix' must be a string, got {type(req.suffix).__name__}")
+        best_of = _number(body, "best_of", req.n, 1, MAX_CHOICES, integer=True)
+        if best_of not in (1, req.n):
+            raise UsageError(f"'best_of' {best_of} with 'n' {req.n} is not supported: vramd returns every "
+                             "sequence it samples; ask 'n' and rank them yourself")
+        if req.n * len(req.prompts) > MAX_CHOICES:
+            raise UsageError(f"{len(req.prompts)} prompts x 'n' {req.n} = {req.n * len(req.prompts)} choices: at "
+                             f"most {MAX_CHOICES} in one request (they are generated one after another)")
     else:
         req.messages, req.images = _messages(body.get("messages"))
         req.template_kwargs = _template_kwargs(body.get("chat_template_kwargs"))
         if _flag(body, "logprobs"):
             req.logprobs = _number(body, "top_logprobs", 0, 0, 20, integer=True)
+        elif body.get("top_logprobs") is not None:
+            raise UsageError("'top_logprobs' needs 'logprobs': true")
     return req
+
+
+def _n_predict(body: dict, max_tokens: int | None) -> int | None:
+    """llama.cpp's name for max_tokens (-1: no limit); both given must agree."""
+    n = body.get("n_predict")
+    if n is None:
+        return max_tokens
+    n = _number(body, "n_predict", None, -1, 1 << 20, integer=True)
+    n = None if n == -1 else n
+    given = [body.get(k) for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None]
+    if given and given[0] != n:
+        raise UsageError(f"'n_predict' {body['n_predict']} and 'max_tokens' {given[0]} disagree: give one")
+    if n == 0:
+        raise UsageError("'n_predict' must be -1 (no limit) or at least 1")
+    return n
 
 
 def _template_kwargs(kw) -> dict:
@@ -183,16 +249,19 @@ def _template_kwargs(kw) -> dict:
     return dict(kw)
 
 
-def _prompt(p):
-    if isinstance(p, str):
-        return p
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
-        return p[0]
-    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        return p
-    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], list):
-        return _prompt(p[0])
-    raise UsageError("'prompt' must be a string or a list of token ids (one prompt per request)")
+def _is_ids(p) -> bool:
+    return isinstance(p, list) and bool(p) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
+
+def _prompts(p) -> list:
+    """Every prompt of a completions request: a string, token ids, or a list of either."""
+    if isinstance(p, str) or _is_ids(p):
+        return [p]
+    if isinstance(p, list) and p and all(isinstance(q, str) or _is_ids(q) for q in p):
+        if len(p) > MAX_CHOICES:
+            raise UsageError(f"'prompt' is a list of {len(p)} prompts: at most {MAX_CHOICES} in one request")
+        return list(p)
+    raise UsageError("'prompt' must be a string, a list of token ids, or a list of strings or of token-id lists")
 
 
 def _messages(m) -> tuple[list[dict], list[bytes]]:
@@ -252,10 +321,11 @@ def _image_bytes(image_url, where: str) -> bytes:
 class ResponseBuilder:
     """Accumulates pieces and renders the final JSON or the stream's chunks."""
 
-    def __init__(self, req: GenerationRequest, model: str):
-        self.req, self.model = req, model
-        self.id = ("cmpl-" if req.kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
+    def __init__(self, req: GenerationRequest, model: str, index: int = 0, like: "ResponseBuilder | None" = None):
+        """index: the choice's; like: the request's first choice (its id and time are the response's)."""
+        self.req, self.model, self.index = req, model, index
+        self.id = like.id if like else ("cmpl-" if req.kind == "completion" else "chatcmpl-") + uuid.uuid4().hex[:24]
+        self.created = like.created if like else int(time.time())
         self.text: list[str] = []
         self.pieces: list[Piece] = []
         self.prompt_tokens = 0
@@ -273,10 +343,11 @@ class ResponseBuilder:
         c["dropped_tokens"] += stats["dropped_tokens"]
         self.context = c
 
-    def context_header(self) -> dict:
-        if not self.context:
+    def context_header(self, context: dict | None = None) -> dict:
+        """X-Vramd-Context-Dropped for this choice's context (or `context`: several choices' summed)."""
+        c = context if context is not None else self.context
+        if not c:
             return {}
-        c = self.context
         return {"X-Vramd-Context-Dropped": f"policy={c['policy']}; messages={c['dropped_messages']}; "
                                           f"tokens={c['dropped_tokens']}; shifts={c.get('shifts', 0)}"}
 
@@ -313,7 +384,7 @@ class ResponseBuilder:
     def final(self, finish_reason: str) -> dict:
         text = "".join(self.text)
         if self.req.kind == "completion":
-            choice = {"index": 0, "text": (self.echo_text if self.req.echo else "") + text,
+            choice = {"index": self.index, "text": (self.echo_text if self.req.echo else "") + text,
                       "logprobs": self._completion_logprobs(self.pieces), "finish_reason": finish_reason}
             obj = "text_completion"
         else:
@@ -322,7 +393,7 @@ class ResponseBuilder:
                 message.update(assistant.message(self.req.tool_format, self.req.reasoning, text))
                 if message.get("tool_calls") and finish_reason == "stop":
                     finish_reason = "tool_calls"
-            choice = {"index": 0, "message": message,
+            choice = {"index": self.index, "message": message,
                       "logprobs": self._chat_logprobs(self.pieces), "finish_reason": finish_reason}
             obj = "chat.completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
@@ -333,7 +404,7 @@ class ResponseBuilder:
         if self.req.kind == "completion":
             if first and self.req.echo:
                 text = self.echo_text + text
-            choice = {"index": 0, "text": text, "logprobs": self._completion_logprobs(pieces) if pieces else None,
+            choice = {"index": self.index, "text": text, "logprobs": self._completion_logprobs(pieces) if pieces else None,
                       "finish_reason": finish_reason}
             obj = "text_completion"
         else:
@@ -348,7 +419,7 @@ class ResponseBuilder:
                 self.role_sent = True
             if text or (not finish_reason and not delta):
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta,
+            choice = {"index": self.index, "delta": delta,
                       "logprobs": self._chat_logprobs(pieces) if pieces else None, "finish_reason": finish_reason}
             obj = "chat.completion.chunk"
         out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
@@ -366,6 +437,36 @@ def sse(obj) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
 
 
+# -- [surface] several choices in one response; the model list -----------------------
+
+def combined(builders: list[ResponseBuilder], finishes: list[str], n: int) -> dict:
+    """Every choice (builders in index order, n per prompt) as one response, the usage summed."""
+    out = builders[0].final(finishes[0])
+    if len(builders) > 1:
+        out["choices"] = [b.final(f)["choices"][0] for b, f in zip(builders, finishes)]
+        out["usage"] = summed_usage(builders, n)
+    return out
+
+
+def summed_usage(builders: list[ResponseBuilder], n: int) -> dict:
+    """Completion tokens of every choice; each prompt's tokens once (as OpenAI counts n > 1)."""
+    usages = [b.usage() for b in builders]
+    prompt = sum(u["prompt_tokens"] for u in usages[::n])
+    completion = sum(u["completion_tokens"] for u in usages)
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    contexts = [u["context"] for u in usages[::n] if "context" in u]
+    if contexts:
+        merged = dict(contexts[0])
+        for c in contexts[1:]:
+            for k in ("dropped_tokens", "dropped_messages", "shifts"):
+                merged[k] = merged.get(k, 0) + c.get(k, 0)
+        out["context"] = merged
+    return out
+
+
+def model_entry(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "vramd"}
+
+
 def models_list(names: list[str], created: int) -> dict:
-    return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "vramd"}
-                                       for n in names]}
+    return {"object": "list", "data": [model_entry(n, created) for n in names]}

@@ -51,6 +51,10 @@ def prepare(engine, req: GenerationRequest,
     grammar, special = tools.plan(engine.tokenizer, engine.template, req)
     if grammar is not None or special:
         sampling = replace(sampling, grammar=grammar, special_text=special)
+    n_vocab = engine.spec.n_vocab
+    outside = [t for t, _ in sampling.logit_bias if t >= n_vocab]
+    if outside:
+        raise UsageError(f"logit_bias: token id {outside[0]} is outside the vocabulary (0..{n_vocab - 1})")
     ids, dropped = _ids(engine, req, has_encoder)
     return sampling, ids, dropped
 
