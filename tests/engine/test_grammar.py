@@ -82,6 +82,26 @@ def test_a_greedy_constrained_step_takes_the_best_allowed_token(engine):
     assert int(np.argmax(logits)) != best or allowed[int(np.argmax(logits))]
 
 
+def test_the_mask_computed_ahead_on_the_worker_equals_the_one_computed_in_place(engine):
+    # The generation loop asks for the next mask right after advancing (Constraint.prefetch),
+    # while the GPU runs the step; the logits it then masks must be masked exactly as in place.
+    tok, rng = engine.tokenizer, np.random.default_rng(11)
+    grammar = g.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    ahead, here = g.Constraint(tok, grammar), g.Constraint(tok, grammar)
+    for _ in range(12):
+        logits = rng.normal(size=tok.n_vocab + 3).astype(np.float32)   # rows past the vocabulary too
+        ahead.prefetch()
+        a, b = ahead.masked(logits), here.masked(logits)
+        assert np.array_equal(a, b) and np.isinf(a[tok.n_vocab:]).all()
+        token = int(np.argmax(b))
+        if tok.is_eog(token):
+            break
+        ahead.prefetch()          # a mask of a state about to be left: dropped by advance
+        ahead.advance(token)
+        here.advance(token)
+    assert np.isfinite(a).sum() >= 1
+
+
 def test_generation_ends_when_the_grammar_is_complete(engine):
     text, finish, tokens = generate(engine, g.json_schema({"const": {"done": True}}), max_tokens=100)
     assert json.loads(text) == {"done": True}

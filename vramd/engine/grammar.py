@@ -21,6 +21,13 @@ a mask over a 150k vocabulary in tens of microseconds by walking a token
 trie, far below a decode step.  Unconstrained requests never reach this
 module: no matcher, no mask, no copy of the logits.
 
+The mask of the next step is computed on a worker thread while the GPU runs
+that step (`prefetch`, called by the generation loop right after `advance`):
+llguidance's mask fill and numpy's unpacking release the GIL, so on a GPU the
+host's share of a constrained token is only the select of the allowed logits.
+Measured on the H200 host, 8B shapes (128,256 tokens), before this: the mask
+0.23 ms a step, +5.7 % per token at Q4_K (4.4 ms a token), +4.9 % at F16.
+
 Whitespace between JSON tokens is bounded the way llama.cpp's
 json-schema-to-grammar bounds it (a space, or one or two newlines and at
 most 20 spaces or tabs of indentation): without a bound a model can emit
@@ -30,7 +37,9 @@ whitespace for ever and still be "valid".
 from __future__ import annotations
 
 import json
+import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -44,6 +53,17 @@ JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": JSON_WHITESPA
 SPECIAL_MARK = b"\xff"
 
 _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_worker: ThreadPoolExecutor | None = None
+_worker_lock = threading.Lock()
+
+
+def _mask_worker() -> ThreadPoolExecutor:
+    """One thread for every request's next mask: the engine runs one generation at a time."""
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vramd-mask")
+        return _worker
 
 
 def _llg():
@@ -137,22 +157,38 @@ class Constraint:
         if self.matcher.is_error():
             raise UsageError(f"grammar: {_one_line(self.matcher.get_error())}")
         self._bits = llg.numpy.allocate_token_bitmask(1, self.n_vocab)
+        self._next: Future | None = None   # the next step's allowed tokens, being computed
 
     def allowed(self) -> np.ndarray:
         """A boolean vector over the vocabulary: the tokens the grammar allows next."""
         self._llg.numpy.fill_next_token_bitmask(self.matcher, self._bits)
         return np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self.n_vocab).view(bool)
 
+    def prefetch(self) -> None:
+        """Start computing the next mask on the worker thread (the matcher is not touched
+        here again until `masked` has taken the result)."""
+        if self._next is None and not self.matcher.is_stopped():
+            self._next = _mask_worker().submit(self.allowed)
+
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """A copy of `logits` with the disallowed tokens at -inf (ids past the vocabulary,
         padding rows of the output matrix, too)."""
-        allowed = self.allowed()
-        if logits.shape[0] != self.n_vocab:
-            allowed = np.concatenate([allowed, np.zeros(max(logits.shape[0] - self.n_vocab, 0), bool)])
-            allowed = allowed[:logits.shape[0]]
-        return np.where(allowed, logits, np.float32(-np.inf)).astype(logits.dtype, copy=False)
+        if self._next is not None:
+            allowed, self._next = self._next.result(), None
+        else:
+            allowed = self.allowed()
+        n = logits.shape[0]
+        if n != self.n_vocab:
+            allowed = np.concatenate([allowed, np.zeros(max(n - self.n_vocab, 0), bool)])[:n]
+        # A -inf vector with the allowed logits copied in: a third of np.where's time at 128k.
+        out = np.full(n, -np.inf, dtype=logits.dtype)
+        np.copyto(out, logits, where=allowed)
+        return out
 
     def advance(self, token: int) -> None:
+        if self._next is not None:        # a mask of the state before this token: no longer of use
+            self._next.result()
+            self._next = None
         if not self.matcher.consume_token(token):
             raise VramdError(f"grammar: token {token} was refused after the mask allowed it: "
                              f"{_one_line(self.matcher.get_error())}")

@@ -200,6 +200,8 @@ class Engine:
         decoder = self.tokenizer.stream_decoder(params.special_text) if self.tokenizer else None
         # A grammar masks the logits before the sampler's filters; without one, no mask work at all.
         constraint = Constraint(self._need_tokenizer(), params.grammar) if params.grammar else None
+        if constraint:
+            constraint.prefetch()         # the first mask, beside the prefill
         logits, _ = self._prefill(ids, embeds)
         shift = self.overflow == "shift" and not embeds
         self.shift_stats = {"shifts": 0, "dropped_tokens": 0}
@@ -214,6 +216,7 @@ class Engine:
                 break
             if constraint:
                 constraint.advance(token)
+                constraint.prefetch()     # the next mask, computed while the GPU runs the next step
             text = decoder.feed(token) if decoder else ""
             safe = stops.feed(text) if params.stop else text
             piece = Piece(token=token, text=safe)
