@@ -152,6 +152,10 @@ def test_suffix_fill_in_the_middle(arena, tmp_path, daemons):
                            atol=1e-2)   # the suffix is not ignored
     with pytest.raises(openai.BadRequestError, match="'suffix' must be a string"):
         c.completions.create(model="f", prompt="a", extra_body={"suffix": 3})
+    # Token ids before a suffix are checked as any prompt's: a 400 before the GPU, never a wrong answer.
+    for bad in (99999999, -7, 10 ** 20):
+        with pytest.raises(openai.BadRequestError, match=f"prompt: token id {bad} is outside the vocabulary"):
+            c.completions.create(model="f", prompt=[1, 2, bad], suffix="x", max_tokens=4)
     d.stop()
     plain_model = write_llama(tmp_path / "n.gguf", seed=8, arch="qwen2")
     d = daemons(arena, plain_model, "n", "--ctx", "128")

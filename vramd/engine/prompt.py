@@ -11,6 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramd.errors import UsageError
+
+
+def check_token_ids(ids, n_vocab: int, where: str = "") -> None:
+    """Token ids a client sent, each in 0..n_vocab-1 (else a UsageError, a 400, naming the
+    first one outside): an id past the vocabulary would read past the embedding table."""
+    bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise UsageError(f"{where}token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+
 
 @dataclass
 class Prompt:

@@ -26,7 +26,7 @@ from vramd.engine.fim import FimTokens
 from vramd.engine.grammar import Constraint
 from vramd.engine.model import TransformerModel
 from vramd.engine.overflow import POLICIES, cut_tokens, cut_turns, room_for, shifted, too_long
-from vramd.engine.prompt import Prompt
+from vramd.engine.prompt import Prompt, check_token_ids
 from vramd.engine.sampler import Piece, Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
 from vramd.engine.tokenizer import Tokenizer
 from vramd.errors import ModelError, UsageError
@@ -152,10 +152,7 @@ class Engine:
             ids = self._need_tokenizer().encode(req.prompt, add_special=True, parse_special=False)
         else:
             ids = list(req.prompt)
-            n_vocab = self.spec.n_vocab
-            bad = [t for t in ids if not 0 <= t < n_vocab]
-            if bad:
-                raise UsageError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+            check_token_ids(ids, self.spec.n_vocab)
         if not ids:
             raise UsageError("the prompt is empty")
         return ids

@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from vramd.engine.embed import check_servable
+from vramd.engine.prompt import check_token_ids
 from vramd.errors import PeerError, ShuttingDown, UsageError
 from vramd.server.openai_api import request_body
 
@@ -101,9 +102,7 @@ def input_ids(engine, req: dict) -> list[list[int]]:
                                  f"tokens (--ctx) can hold")
             ids = tok.encode(one, add_special=True, parse_special=True)
         else:
-            bad = [t for t in one if not 0 <= t < n_vocab]
-            if bad:
-                raise UsageError(f"input[{i}]: token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+            check_token_ids(one, n_vocab, f"input[{i}]: ")
             ids = list(one)
         if len(ids) > ctx:
             raise UsageError(f"input[{i}] has {len(ids)} tokens: the context holds {ctx} (--ctx); "

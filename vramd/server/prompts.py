@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vramd.engine.chat import MEDIA_MARKER
+from vramd.engine.prompt import check_token_ids
 from vramd.engine.sampler import SamplingParams
 from vramd.errors import UsageError
 from vramd.server import tools
@@ -64,6 +65,8 @@ def _ids(engine, req: GenerationRequest, has_encoder: bool) -> tuple[list[int] |
     prompt = req.prompt_input()
     cuts = engine.overflow != "error"   # a longer prompt is cut, not refused
     if req.suffix is not None:   # fill-in-the-middle (vramd/engine/fim.py): built from the FIM tokens, never cut
+        if isinstance(req.prompt, list):
+            check_token_ids(req.prompt, engine.spec.n_vocab, "prompt: ")
         return engine.fim.fit(engine.tokenizer, req.prompt, req.suffix, ctx), None
     if req.kind == "chat" and engine.template is not None:
         for i, m in enumerate(req.messages):
