@@ -20,9 +20,12 @@ Formats (llama.cpp's names in brackets):
              whole answer is constrained to that, with tool_choice auto too, as
              llama.cpp does.  A request with both tools and a json response_format
              uses it as llama.cpp does (the "response" must follow the schema).
-tool_choice: auto leaves the native formats free (the output is parsed);
-required and a named function constrain the answer to a call, valid JSON for
-the function's `parameters`; none shows the tools and parses nothing.
+tool_choice: auto in a native format is llama.cpp's lazy grammar (`_lazy`): the
+text is free until the format's trigger (<tool_call>, [TOOL_CALLS], an answer
+starting {"name"), then a call of one of the request's tools, valid for its
+`parameters`, and with parallel_tool_calls false exactly one call, then only the
+end of generation; required and a named function constrain the whole answer to
+calls; none shows the tools and parses nothing.
 `plan` also sets the request's reasoning split (vramd/server/reasoning.py):
 under a <think> block the template's prompt opened, a grammar starts with
 "</think>" so that the constrained JSON is the answer, not the thought.
