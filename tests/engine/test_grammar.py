@@ -225,3 +225,116 @@ def test_a_forced_tool_call_parses_and_validates_in_every_format(engine, fmt, ch
         for call in calls:
             assert call.name in (("weather", "tide") if choice == "required" else ("tide",))
             jsonschema.validate(json.loads(call.arguments), PARAMS)
+
+
+LAZY = {   # tool_choice auto: (the trigger, a call of "tide" after it, text that only looks like one)
+    "hermes": ("<tool_call>", '\n{"name": "tide", "arguments": {"city": "Ely", "days": 2}}\n</tool_call>',
+               "I will use <tool_"),
+    "llama3": ('{"name"', ': "tide", "parameters": {"city": "Ely", "days": 2}}', '{"answer": 1} or {"name"'),
+    "mistral": ("[TOOL_CALLS]", '[{"name": "tide", "arguments": {"city": "Ely", "days": 2}, "id": "abcdefghi"}]',
+                "a [TOOL_CALL"),
+}
+
+
+def auto_grammar(tok, fmt, parallel, reasoning_open=False):
+    from vramd.engine.chat import ChatTemplate
+    from vramd.server import tools
+    from vramd.server.openai_api import GenerationRequest
+    from vramd.server.structured import parse
+
+    fns = [{"type": "function", "function": {"name": n, "parameters": PARAMS}} for n in ("weather", "tide")]
+    req = GenerationRequest(kind="chat", messages=[{"role": "user", "content": "Rain?"}],
+                            structured=parse({"tools": fns, "parallel_tool_calls": parallel}, "chat"))
+    src = TEMPLATES[fmt] + ("{{ '<think>' }}" if reasoning_open else "")
+    if reasoning_open:
+        src += "{% if add_generation_prompt %}{{ '<think>\n' }}{% endif %}"
+    grammar, _ = tools.plan(tok, ChatTemplate(src), req)
+    assert req.tool_format == fmt and grammar is not None
+    return grammar
+
+
+def _utf8(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False     # a byte that is no character's start: the text regex wants UTF-8
+    return True
+
+
+def walk(c, tok, text) -> str | None:
+    """Feed `text` through constraint `c`; None when every token was allowed, else the text refused."""
+    ids = tok.encode(text, add_special=False, parse_special=False, space_prefix=False)
+    for k, token in enumerate(ids):
+        if not c.masked(np.zeros(tok.n_vocab, np.float32))[token] > -np.inf:
+            return tok.decode(ids[k:])
+        c.advance(token)
+        c.prefetch()
+    return None
+
+
+def sample_on(c, tok, rng, limit=200) -> list[int]:
+    """Random logits under the mask until an end of generation (or the grammar is done)."""
+    out = []
+    while len(out) < limit and not c.done:
+        token = int(np.argmax(c.masked(rng.normal(size=tok.n_vocab).astype(np.float32))))
+        if tok.is_eog(token):
+            break
+        c.advance(token)
+        c.prefetch()
+        out.append(token)
+    return out
+
+
+@pytest.mark.parametrize("fmt", sorted(LAZY))
+@pytest.mark.parametrize("parallel", [False, True])
+def test_auto_tools_leave_text_free_until_the_trigger_then_only_a_known_call(engine, fmt, parallel):
+    """llama.cpp's lazy grammar: the mask allows every text token until the format's trigger;
+    after it, only a call of a request's tool with valid arguments; without parallel calls,
+    after one call only the end of generation."""
+    from vramd.server import toolcalls
+
+    tok = engine.tokenizer
+    grammar = auto_grammar(tok, fmt, parallel)
+    trigger, call, lookalike = LAZY[fmt]
+    text_tokens = np.array([not tok.is_control(i) and _utf8(tok.token_to_piece(i)) for i in range(tok.n_vocab)])
+    c = g.Constraint(tok, grammar)
+    assert walk(c, tok, "The river ran" if fmt == "llama3" else "The river ran " + lookalike) is None
+    free = np.isfinite(c.masked(np.zeros(tok.n_vocab, np.float32)))
+    assert free[text_tokens].all()
+    assert c.accepting                 # free text may end here
+    if fmt == "llama3":                # a JSON answer that is no call stays free, and {"name" only counts first
+        c = g.Constraint(tok, grammar)
+        assert walk(c, tok, lookalike) is None and c.accepting
+    c = g.Constraint(tok, grammar)
+    assert walk(c, tok, "Let me see. " * (fmt != "llama3") + trigger + call.replace("tide", "flood")) is not None
+    c = g.Constraint(tok, grammar)
+    assert walk(c, tok, trigger + call.replace('"Ely"', '"Elysium"')) is not None   # maxLength 5
+    c = g.Constraint(tok, grammar)
+    assert walk(c, tok, trigger + call) is None
+    assert c.done == (not parallel or fmt == "llama3")
+    if not c.done:                     # parallel: text and more calls may follow
+        assert walk(c, tok, " then " + trigger + call) is None
+    for seed in range(3):              # whatever random logits pick after the trigger is a valid call
+        rng = np.random.default_rng(seed)
+        c = g.Constraint(tok, grammar)
+        assert walk(c, tok, trigger) is None
+        ids = tok.encode(trigger, add_special=False, parse_special=False, space_prefix=False) + sample_on(c, tok, rng)
+        text = tok.decode(ids)
+        _, calls = toolcalls.parse(fmt, text)
+        assert calls, text
+        assert len(calls) == 1 or parallel, text
+        for one in calls:
+            assert one.name in ("weather", "tide")
+            jsonschema.validate(json.loads(one.arguments), PARAMS)
+
+
+def test_under_an_open_think_block_the_trigger_counts_only_after_it(engine):
+    tok = engine.tokenizer
+    grammar = auto_grammar(tok, "hermes", False, reasoning_open=True)
+    trigger, call, _ = LAZY["hermes"]
+    c = g.Constraint(tok, grammar)
+    assert walk(c, tok, "maybe " + trigger + call.replace("tide", "flood") + " no") is None   # a thought
+    c = g.Constraint(tok, grammar)
+    assert walk(c, tok, "maybe</think>\n\nso " + trigger + call.replace("tide", "flood")) is not None
+    c = g.Constraint(tok, grammar)
+    assert walk(c, tok, "maybe</think>\n\nso " + trigger + call) is None and c.done

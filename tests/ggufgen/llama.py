@@ -108,6 +108,7 @@ class LlamaSpec:
     key_length: int | None = None              # head_dim; None: n_embd / n_head
     pooling_type: int | None = None            # <arch>.pooling_type (llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last)
     fim: str | None = None                     # FIM tokens and how they are named (vocab.py), None: none
+    tool_tokens: bool = False                  # <tool_call> and </tool_call> as tokens of their own (vocab.py)
 
     def resolve(self) -> "LlamaSpec":
         if self.arch not in _STYLES:

@@ -29,6 +29,8 @@ small deterministic BPE trainer):
   "keys" (tokenizer.ggml.fim_pre/suf/mid_token_id), "legacy" (the older
   prefix/suffix/middle_token_id), "text" (no key: llama.cpp finds them by their
   text), None (no FIM tokens at all).
+  tool_tokens=True (a spec's `tool_tokens`) makes Qwen's <tool_call> and </tool_call>
+  the last two tokens, USER_DEFINED (text that is one token, as in Qwen's vocabulary).
   llama.cpp loads and tokenizes both (see LLAMA_CPP_TOKENIZATIONS), and the three
   chat templates render with jinja2 (checked by hand; jinja2 is not a dependency).
 """
@@ -45,6 +47,7 @@ import gguf
 
 # token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 FIM_TOKENS = {"bpe": ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), "spm": ("<PRE>", "<SUF>", "<MID>")}
 FIM_STYLES = ("keys", "legacy", "text")
 
@@ -112,12 +115,17 @@ class Vocab:
 
 
 @functools.lru_cache(maxsize=None)
-def make_vocab(kind: str, n_vocab: int, fim: bool = False) -> Vocab:
+def make_vocab(kind: str, n_vocab: int, fim: bool = False, tool_tokens: bool = False) -> Vocab:
     """A vocabulary of exactly n_vocab tokens learned from CORPUS (with fim, its
     last three are FIM_TOKENS[kind], in `special` by name).  Cached (training
     takes ~0.2 s and every file of a size has the same one): treat it as read-only."""
     if kind not in FIM_TOKENS:
         raise ValueError(f"vocab {kind!r}: expected 'spm' or 'bpe'")
+    if tool_tokens:    # Qwen's <tool_call> and </tool_call>: USER_DEFINED, text that is one token
+        v = make_vocab(kind, n_vocab - 2, fim)
+        return Vocab(v.model, v.tokens + list(TOOL_TOKENS), v.types + [USER_DEFINED] * 2,
+                     None if v.scores is None else v.scores + [0.0] * 2, v.merges, v.bos, v.eos, v.unk,
+                     dict(v.special) | {t: n_vocab - 2 + i for i, t in enumerate(TOOL_TOKENS)})
     if not fim:
         return _spm_vocab(n_vocab) if kind == "spm" else _bpe_vocab(n_vocab)
     v = make_vocab(kind, n_vocab - 3)
@@ -279,7 +287,7 @@ def write_vocab(writer: gguf.GGUFWriter, spec) -> None:
     fim = getattr(spec, "fim", None)
     if fim is not None and fim not in FIM_STYLES:
         raise ValueError(f"fim {fim!r}: expected one of {', '.join(FIM_STYLES)} or None")
-    v = make_vocab(spec.vocab, spec.n_vocab, fim is not None)
+    v = make_vocab(spec.vocab, spec.n_vocab, fim is not None, getattr(spec, "tool_tokens", False))
     writer.add_tokenizer_model(v.model)
     if v.model == "gpt2":
         writer.add_tokenizer_pre(spec.bpe_pre)

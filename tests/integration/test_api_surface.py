@@ -110,6 +110,18 @@ def test_fields_are_taken_or_refused_with_a_400_naming_them(arena, llama, daemon
         assert status == 400 and message in body["error"]["message"], (extra, body)
         if "unknown" in message or "not supported" in message:
             assert body["error"]["param"] == next(iter(extra))
+    # A number or a flag of the wrong kind or range: the error object's `param` names the field too.
+    for extra, param in [({"temperature": 3}, "temperature"), ({"top_k": 1.5}, "top_k"), ({"seed": -1}, "seed"),
+                         ({"frequency_penalty": "x"}, "frequency_penalty"), ({"stream": "yes"}, "stream"),
+                         ({"logprobs": 1}, "logprobs"),
+                         ({"stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage")]:
+        status, body = post(d, "/v1/chat/completions", {**chat, **extra})
+        assert status == 400 and body["error"]["param"] == param, (extra, body)
+    status, body = post(d, "/v1/completions", {"model": "a", "prompt": "x", "echo": "no"})
+    assert status == 400 and body["error"]["param"] == "echo", body
+    with pytest.raises(openai.BadRequestError) as bad:
+        client(d).chat.completions.create(model="a", messages=chat["messages"], max_tokens=2, top_p=7)
+    assert bad.value.param == "top_p" and "'top_p' must be between" in bad.value.message
     for extra, message in [({"suffixes": "x"}, "unknown field 'suffixes' for /v1/completions"),
                            ({"messages": []}, "it is a field of /v1/chat/completions"),
                            ({"best_of": 3}, "'best_of' 3 with 'n' 1 is not supported"),

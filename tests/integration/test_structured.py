@@ -211,3 +211,45 @@ def test_reasoning_content_beside_content_streamed_or_not(r1):
     t = r1.chat.completions.create(model="r1", messages=CHAT, tools=TOOLS, tool_choice="required", max_tokens=300,
                                    temperature=0.8, seed=3).choices[0]
     check_calls(t.message, {"weather", "sacks"})
+
+
+@pytest.fixture(scope="module")
+def qwen_tools(tmp_path_factory):
+    """Qwen3 with <tool_call> one token of its vocabulary, as Qwen's is: a logit_bias on it makes
+    a random model write the trigger, and what follows is the lazy grammar's doing."""
+    d = tmp_path_factory.mktemp("lazy")
+    daemon = DaemonProc(d / "arena", write_llama(d / "qwen3.gguf", arch="qwen3", n_embd=64, n_ff=128, n_layer=1,
+                                                 seed=5, tool_tokens=True), "qwen", ctx=1024)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_calls_are_of_the_requests_tools_and_one_without_parallel_calls(qwen_tools, stream):
+    c = openai.OpenAI(base_url=qwen_tools.member().endpoint + "/v1", api_key="unused", max_retries=0, timeout=120)
+    trigger = 512 - 2     # tests/ggufgen/vocab.py puts <tool_call> there
+    for parallel in (False, True):
+        kw = dict(model="qwen", messages=CHAT, tools=TOOLS, parallel_tool_calls=parallel, max_tokens=160,
+                  temperature=1.0, seed=3, logit_bias={str(trigger): 100})
+        if not stream:
+            r = c.chat.completions.create(**kw)
+            message, finish = r.choices[0].message, r.choices[0].finish_reason
+            calls = message.tool_calls or []
+        else:
+            parts, finish = {}, None
+            for chunk in c.chat.completions.create(stream=True, **kw):
+                for d in chunk.choices[0].delta.tool_calls or []:
+                    p = parts.setdefault(d.index, {"name": "", "arguments": ""})
+                    p["name"] += (d.function.name or "") if d.function else ""
+                    p["arguments"] += (d.function.arguments or "") if d.function else ""
+                finish = chunk.choices[0].finish_reason or finish
+            calls = [type("Call", (), {"function": type("F", (), p)}) for _, p in sorted(parts.items())]
+        for call in calls:    # never an invented name: the name comes from the tools' enum
+            assert call.function.name in SCHEMAS
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        if parallel:          # the bias writes the trigger again after every call, up to max_tokens
+            assert len(calls) >= 2 and finish == "length", (calls, finish)
+        else:                 # one call, then only the end of generation
+            assert len(calls) == 1 and finish == "tool_calls", (calls, finish)

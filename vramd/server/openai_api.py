@@ -118,21 +118,22 @@ def _number(body: dict, key: str, default, lo=None, hi=None, integer=False):
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise UsageError(f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}")
+        raise api_fields.FieldError(key, f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}")
     if isinstance(v, float) and not math.isfinite(v):   # JSON's NaN and Infinity, which every comparison lets through
-        raise UsageError(f"'{key}' must be a finite number, got {v!r}")
+        raise api_fields.FieldError(key, f"'{key}' must be a finite number, got {v!r}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise UsageError(f"'{key}' must be between {lo} and {hi}, got {v!r}")
+        raise api_fields.FieldError(key, f"'{key}' must be between {lo} and {hi}, got {v!r}")
     return v
 
 
-def _flag(body: dict, key: str, default: bool = False) -> bool:
-    """A JSON boolean (or null: the default); "false" or 0 is refused, never read as truthy."""
+def _flag(body: dict, key: str, default: bool = False, within: str = "") -> bool:
+    """A JSON boolean (or null: the default); "false" or 0 is refused, never read as truthy.
+    `within`: the field `body` is the value of ("stream_options."), for the error's `param`."""
     v = body.get(key)
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise UsageError(f"'{key}' must be true or false, got {v!r}")
+        raise api_fields.FieldError(within + key, f"'{key}' must be true or false, got {v!r}")
     return v
 
 
@@ -180,7 +181,7 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise UsageError("'stream_options' must be an object")
-    req.include_usage = _flag(opts or {}, "include_usage")
+    req.include_usage = _flag(opts or {}, "include_usage", within="stream_options.")
     stop = body.get("stop")
     if stop is None:
         req.stop = []

@@ -20,9 +20,12 @@ Formats (llama.cpp's names in brackets):
              whole answer is constrained to that, with tool_choice auto too, as
              llama.cpp does.  A request with both tools and a json response_format
              uses it as llama.cpp does (the "response" must follow the schema).
-tool_choice: auto leaves the native formats free (the output is parsed);
-required and a named function constrain the answer to a call, valid JSON for
-the function's `parameters`; none shows the tools and parses nothing.
+tool_choice: auto in a native format is llama.cpp's lazy grammar (`_lazy`): the
+text is free until the format's trigger (<tool_call>, [TOOL_CALLS], an answer
+starting {"name"), then a call of one of the request's tools, valid for its
+`parameters`, and with parallel_tool_calls false exactly one call, then only the
+end of generation; required and a named function constrain the whole answer to
+calls; none shows the tools and parses nothing.
 `plan` also sets the request's reasoning split (vramd/server/reasoning.py):
 under a <think> block the template's prompt opened, a grammar starts with
 "</think>" so that the constrained JSON is the answer, not the thought.
@@ -98,9 +101,9 @@ def _call_schema(functions: list[dict], args_key: str, extra: dict | None = None
     return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
 
 
-def _call_grammar(fmt: str, tokenizer, s, close: str = "") -> str | None:
-    """The grammar of a call in format `fmt` (None: the answer is free); `close`: a Lark
-    string the answer starts with (the end of an open <think> block), or ""."""
+def _call_grammar(fmt: str, tokenizer, s, close: str = "") -> str:
+    """The grammar of a call in format `fmt`; `close`: a Lark string the answer starts with
+    (the end of an open <think> block), or ""."""
     if tokenizer is None:
         raise UsageError("this model has no vocabulary in its file: tool calls need one")
     forced = s.tool_choice in ("required", "function")
@@ -117,16 +120,60 @@ def _call_grammar(fmt: str, tokenizer, s, close: str = "") -> str | None:
                                    "required": ["response"], "additionalProperties": False}]}
         return g.lark(f"start: {close}{g.json_in_lark(one)}\n") if close else g.json_schema(one)
     if not forced:
-        return None      # auto: the model's own format, parsed afterwards
+        return _lazy(fmt, tokenizer, s, functions, bool(close))
     if fmt == "hermes":
-        call = f'"<tool_call>\\n" {g.json_in_lark(_call_schema(functions, "arguments"))} "\\n</tool_call>"'
+        call = _hermes_call(functions)
         return g.lark(f'start: {close}call ("\\n" call)*\ncall: {call}\n' if s.parallel else
                       f"start: {close}{call}\n")
     if fmt == "llama3":
         call = _call_schema(functions, "parameters")
         return g.lark(f"start: {close}{g.json_in_lark(call)}\n") if close else g.json_schema(call)
-    # mistral: an id of 9 letters and digits, as Mistral's template expects.
-    item = _call_schema(functions, "arguments", {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}})
-    array = {"type": "array", "items": item, "minItems": 1, **({} if s.parallel else {"maxItems": 1})}
     marker = g.special_token(tokenizer, "[TOOL_CALLS]") or json.dumps("[TOOL_CALLS]")
-    return g.lark(f"start: {close}{marker} {g.json_in_lark(array)}\n")
+    return g.lark(f"start: {close}{marker} {_mistral_array(functions, s.parallel)}\n")
+
+
+def _hermes_call(functions: list[dict], trigger: str = "<tool_call>") -> str:
+    return f'"{trigger}\\n" {g.json_in_lark(_call_schema(functions, "arguments"))} "\\n</tool_call>"'
+
+
+def _mistral_array(functions: list[dict], parallel: bool) -> str:
+    # an id of 9 letters and digits, as Mistral's template expects.
+    item = _call_schema(functions, "arguments", {"id": {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}})
+    return g.json_in_lark({"type": "array", "items": item, "minItems": 1, **({} if parallel else {"maxItems": 1})})
+
+
+# tool_choice auto in a native format: llama.cpp's lazy grammar, by llguidance's own
+# mechanism (a `[lazy]` lexeme: text up to the first occurrence of the trigger, as its
+# StructTag builds them).  The text is free until the model writes the format's trigger;
+# from there on what follows is a call of one of the request's tools, its arguments
+# valid for that tool's schema; with parallel_tool_calls false exactly one call, after
+# which only the end of generation is allowed.  Under a <think> block the prompt opened,
+# the trigger counts only after "</think>" (llama.cpp's thinking_forced_open); a block the
+# model opens itself is not special, as in llama.cpp (a trigger there starts a call too).
+_TEXT = 'TEXT: /(.|\\n)*/\n'
+
+
+def _lazy(fmt: str, tokenizer, s, functions: list[dict], think_open: bool) -> str:
+    ws = f"/{g.JSON_WHITESPACE}/"
+    if fmt == "hermes":
+        rules = f'trig[lazy]: TEXT "<tool_call>"\ncall: {_hermes_call(functions, "")}\n'
+    elif fmt == "mistral":
+        marker = g.special_token(tokenizer, "[TOOL_CALLS]")
+        trig = f"trig: TEXT {marker}\n" if marker else 'trig[lazy]: TEXT "[TOOL_CALLS]"\n'
+        rules = f"{trig}call: {_mistral_array(functions, s.parallel)}\n"
+    else:
+        # llama3: the answer is a call when it starts with {"name" (llama.cpp's trigger
+        # pattern); the object is spelled out here so the trigger can be its first half.
+        names = " | ".join(f"fn{i}" for i in range(len(functions)))
+        rules = (f'trig[lazy]: /[ \\t\\n]*\\{{[ \\t\\n]*"name"/\ncall: {ws} ":" {ws} ({names}) {ws} "}}"\n'
+                 + "".join(f'fn{i}: {json.dumps(json.dumps(fn["name"]))} {ws} "," {ws} "\\"parameters\\"" {ws} ":" '
+                           f'{ws} {g.json_in_lark(fn["parameters"])}\n' for i, fn in enumerate(functions)))
+        return g.lark(_lazy_start("calls: TEXT | trig call\n", think_open) + rules + _TEXT)
+    calls = "calls: (trig call)* TEXT\n" if s.parallel else "calls: TEXT | trig call\n"
+    return g.lark(_lazy_start(calls, think_open) + rules + _TEXT)
+
+
+def _lazy_start(calls: str, think_open: bool) -> str:
+    start = (f"start: TEXT | think calls\nthink[lazy]: TEXT {json.dumps(reasoning.END)}\n" if think_open
+             else "start: calls\n")
+    return "%llguidance {}\n" + start + calls
