@@ -68,7 +68,8 @@ def states(gw) -> dict:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """Daemons a (with its own API key) and b, and a gateway with a key, a's key and an alias."""
+    """Daemons a (with its own API key) and b (with an alias of its own), and a gateway with a key,
+    a's key and an alias."""
     tmp = tmp_path_factory.mktemp("gw")
     arena = tmp / "arena"
     a = write_llama(tmp / "a.gguf", seed=21, n_vocab=384, vocab="spm")
@@ -77,7 +78,7 @@ def setup(tmp_path_factory):
     key_file.write_text(A_KEY + "\n")
     key_file.chmod(0o600)
     da = DaemonProc(arena, a, "a", "--api-key-file", str(key_file), ctx=256)
-    db = DaemonProc(arena, b, "b", "--pooling", "mean", ctx=256)   # b also serves embeddings
+    db = DaemonProc(arena, b, "b", "--pooling", "mean", "--alias", "bee", ctx=256)   # b: embeddings, an alias
     gw = GatewayProc(arena, "--api-key", GW_KEY, "--member-key-file", f"a={key_file}", "--alias", "gpt=a")
     yield {"arena": arena, "a": da, "b": db, "gw": gw, "key_file": key_file}
     gw.stop()
@@ -110,6 +111,7 @@ def test_openai_sdk_switches_between_two_daemons_by_model(setup):
         assert states(gw)["b"] == "warm" and states(gw)["a"] in ("parked", "cold")
     assert chat(c, "gpt") == direct_a            # the alias
     assert chat(c, "b.gguf") == direct_b         # the file name
+    assert chat(c, "bee") == direct_b            # b's own --alias, from its member record
     streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
         model="b", messages=[{"role": "user", "content": "hello there"}], max_tokens=8, temperature=0,
         stream=True) if ch.choices)
@@ -119,9 +121,12 @@ def test_openai_sdk_switches_between_two_daemons_by_model(setup):
     assert text == oai(a.member().endpoint, A_KEY).completions.create(
         model="a", prompt="one two", max_tokens=6, temperature=0).choices[0].text
     listed = c.models.list().data
-    assert [m.id for m in listed] == ["a", "b", "gpt"]   # each member once, the alias as its own entry
+    # Each member once, then b's own alias and the gateway's, each as its own entry (as a daemon lists its own).
+    assert [m.id for m in listed] == ["a", "b", "bee", "gpt"]
+    assert [m.model_extra["aliases"] for m in listed[:2]] == [["gpt"], ["bee"]]
     assert c.models.retrieve("a").id == "a"
     assert c.models.retrieve("gpt").model_extra["alias_of"] == "a"
+    assert c.models.retrieve("bee").model_extra["alias_of"] == "b"
 
 
 def test_a_stream_is_relayed_as_it_is_generated(setup):
@@ -142,7 +147,7 @@ def test_a_stream_is_relayed_as_it_is_generated(setup):
 def test_ollama_client_lists_shows_and_chats_streamed(setup):
     gw, a = setup["gw"], setup["a"]
     o = ollama.Client(host=gw.url, headers={"Authorization": f"Bearer {GW_KEY}"})
-    assert sorted(m.model for m in o.list().models) == ["a", "b", "gpt"]
+    assert sorted(m.model for m in o.list().models) == ["a", "b", "bee", "gpt"]
     tags = {m.model: m for m in o.list().models}
     assert tags["a"].details.family == "llama" and tags["a"].details.format == "gguf"
     for name in ("a", "b", "a"):
@@ -172,7 +177,7 @@ def test_unknown_model_is_404_naming_the_known_ones(setup):
     c = oai(setup["gw"].url)
     with pytest.raises(openai.NotFoundError) as e:
         chat(c, "nope")
-    assert "nope" in str(e.value) and "a, a.gguf, b, b.gguf, gpt" in str(e.value)
+    assert "nope" in str(e.value) and "a, a.gguf, b, b.gguf, bee, gpt" in str(e.value)
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("nope")
     o = ollama.Client(host=setup["gw"].url, headers={"Authorization": f"Bearer {GW_KEY}"})

@@ -1,6 +1,7 @@
 """The gateway's parts without daemons: its routing table over real member records, the Ollama
 mapping, its configuration, and its systemd unit checked by systemd-analyze."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,9 +22,9 @@ REAL_EXEC = "/usr/local/bin/vramd"
 
 # --- the routing table ------------------------------------------------------------
 
-def record(registry, name, model, pid, state="cold", port=9000):
+def record(registry, name, model, pid, state="cold", port=9000, aliases=()):
     registry.write(Member(name=name, pid=pid, start_time=process_start_time(pid) or 0.0, model=model, state=state,
-                          endpoint=f"http://127.0.0.1:{port}"))
+                          endpoint=f"http://127.0.0.1:{port}", aliases=list(aliases)))
 
 
 @pytest.fixture
@@ -79,6 +80,39 @@ def test_table_routes_names_files_aliases_and_knows_the_dead(tmp_path, children)
     with pytest.raises(Ambiguous, match="chat, twin"):
         table.resolve("qwen.gguf")
     assert table.resolve("twin").pid == e.pid
+
+
+def test_member_aliases_from_the_records_are_routed_and_listed(tmp_path, children):
+    registry = Registry(tmp_path)
+    a, b, c = children(), children(), children()
+    record(registry, "chat", "qwen.gguf", a.pid, "warm", aliases=("gpt-4o-mini", "qwen"))
+    record(registry, "task", "gemma.gguf", b.pid, aliases=("small", "qwen"))
+    # A record written before members had aliases (no such key) is read as one without any.
+    old = Member(name="old", pid=c.pid, start_time=process_start_time(c.pid), model="old.gguf",
+                 endpoint="http://127.0.0.1:9002").to_json()
+    del old["aliases"]
+    (tmp_path / f"{c.pid}.json").write_text(json.dumps(old))
+    assert registry.read(c.pid).aliases == []
+    table = Table(tmp_path, {"gpt": "gpt-4o-mini", "chat": "task"}, refresh_s=60)
+    assert table.resolve("gpt-4o-mini").name == "chat" and table.resolve("small:latest").name == "task"
+    assert table.resolve("gpt").name == "chat"             # the gateway's alias of a member's alias
+    assert table.resolve("chat").name == "task"            # the gateway's own aliases come first
+    with pytest.raises(Ambiguous, match="'qwen' is an alias of several members .chat, task."):
+        table.resolve("qwen")
+    assert "gpt-4o-mini" in table.known() and "small" in table.known() and "qwen" not in table.known()
+    assert [(n, t.name, alias) for n, t, alias in table.named()] == [
+        ("chat", "chat", False), ("old", "old", False), ("task", "task", False),
+        ("gpt-4o-mini", "chat", True), ("small", "task", True), ("gpt", "chat", True)]   # not qwen: no route
+    chat = table.resolve("gpt")
+    assert table.aliases_of(chat) == ["gpt-4o-mini", "qwen", "gpt"]
+    # A member that died is a 503 by its aliases too.
+    b.kill()
+    b.wait()
+    table.members(fresh=True)
+    with pytest.raises(MemberGone, match="member 'task'"):
+        table.resolve("small")
+    with pytest.raises(ValueError, match="aliases"):
+        Member.from_json({**old, "aliases": "gpt"})       # a malformed record: skipped by readers
 
 
 # --- the Ollama mapping -------------------------------------------------------------
