@@ -336,3 +336,64 @@ def test_ollama_keep_alive_0_unloads_and_load_requests_load(setup):
     with pytest.raises(ollama.ResponseError) as e:
         o.chat(model="b", messages=[{"role": "user", "content": "hi"}], keep_alive="0x")
     assert e.value.status_code == 400 and "'keep_alive'" in str(e.value)
+
+
+def upstream_ports(gw, daemon) -> set:
+    """The gateway's own ports of its open connections to `daemon`'s endpoint."""
+    import psutil
+    port = int(daemon.member().endpoint.rsplit(":", 1)[1])
+    return {c.laddr.port for c in psutil.Process(gw.proc.pid).net_connections("tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
+
+
+def test_keep_alive_client_to_gateway_and_gateway_to_daemon(setup):
+    """One client connection carries several requests, streams among them (chunked); the gateway's
+    connection to the daemon is kept and reused, and one a client drops mid-stream is not."""
+    import http.client
+    gw, b = setup["gw"], setup["b"]
+    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    auth = {"Authorization": f"Bearer {GW_KEY}", "Content-Type": "application/json"}
+    ask = {"model": "b", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8,
+           "temperature": 0}
+    want = chat(oai(b.member().endpoint), "b")
+    conn.connect()
+    mine = conn.sock.getsockname()
+    seen = []
+    for i in range(3):
+        conn.request("POST", "/v1/chat/completions", json.dumps(ask), auth)
+        r = conn.getresponse()
+        assert r.status == 200 and not r.will_close
+        assert json.loads(r.read())["choices"][0]["message"]["content"] == want
+        conn.request("POST", "/v1/chat/completions", json.dumps({**ask, "stream": True}), auth)
+        r = conn.getresponse()
+        assert r.status == 200 and r.getheader("Transfer-Encoding") == "chunked" and not r.will_close
+        events = [json.loads(x[5:]) for x in r.read().decode().split("\n\n") if x.startswith("data: {")]
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == want
+        conn.request("POST", "/api/chat", json.dumps({"model": "b", "messages": ask["messages"],
+                                                      "options": {"num_predict": 8, "temperature": 0}}), auth)
+        r = conn.getresponse()
+        lines = [json.loads(x) for x in r.read().splitlines()]   # Ollama's NDJSON stream, chunked too
+        assert lines[-1]["done"] and "".join(x["message"]["content"] for x in lines) == want
+        conn.request("GET", "/v1/models", headers=auth)
+        assert conn.getresponse().read()
+        seen.append(upstream_ports(gw, b))
+    assert conn.sock is not None and conn.sock.getsockname() == mine    # never reconnected
+    conn.close()
+    # The gateway's connection to b stayed the same one from request to request (it was pooled), not
+    # a new one each time (none would be open between requests then).
+    assert len(seen[0]) == 1 and seen[0] == seen[1] == seen[2], seen
+    # A client that hangs up mid-stream: that upstream connection is closed, not pooled (b sees its
+    # client gone and stops generating).
+    c = http.client.HTTPConnection(host, int(port), timeout=60)
+    c.request("POST", "/v1/completions", json.dumps({"model": "b", "prompt": "one", "max_tokens": 200,
+                                                     "temperature": 0, "stream": True, "stop": []}), auth)
+    r = c.getresponse()
+    assert r.status == 200 and r.readline()
+    busy = upstream_ports(gw, b)
+    assert busy, "no connection to b while it streams"
+    c.close()
+    deadline = time.monotonic() + 30
+    while upstream_ports(gw, b) & busy:
+        assert time.monotonic() < deadline, "the broken-off stream's upstream connection stayed open"
+        time.sleep(0.05)

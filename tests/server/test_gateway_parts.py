@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -267,3 +268,74 @@ def test_gateway_unit_reads_the_system_arena_and_opens_no_device():
     assert unit_values("PrivateDevices") == ["yes"] and unit_values("DeviceAllow") == []
     assert unit_values("User") == ["vramd"] and unit_values("Group") == ["vramd"]
     assert unit_values("Type") == ["notify"] and unit_values("Restart") == ["on-failure"]
+
+
+# --- the connection pool --------------------------------------------------------------
+
+def echo_server(port=0):
+    """A real vramd HTTP server whose one route answers with the client's port."""
+    from vramd.server.http import HttpServer
+
+    def route(ex):
+        ex.body()
+        ex.reply(200, {"port": ex.h.client_address[1]})
+    return HttpServer("127.0.0.1", port, {("POST", "/echo"): route}, on_error=lambda e: (500, {})).start()
+
+
+def through(up, pool_ports):
+    up.send("POST", "/echo", b"{}", {"Content-Type": "application/json"})
+    r = up.response()
+    port = json.loads(r.read())["port"]
+    up.release()
+    pool_ports.append(port)
+    return port
+
+
+def test_pool_reuses_a_good_connection_and_drops_closed_idle_and_extra_ones(monkeypatch):
+    from vramd.gateway.pool import Pool
+    from vramd.server import http
+    from vramd.gateway.proxy import Upstream
+    server = echo_server()
+    t = Target("m", os.getpid(), "m.gguf", server.url, "warm", 0.0, 0.0, 0, 0)
+    pool, ports = Pool(max_idle=2, idle_s=60), []
+    try:
+        first = through(Upstream(t, 10, pool), ports)
+        assert through(Upstream(t, 10, pool), ports) == first and pool.reused == 1   # the same connection
+        # Two at once: the second request gets a fresh connection; both go back, at most max_idle kept.
+        u1, u2, u3 = Upstream(t, 10, pool), Upstream(t, 10, pool), Upstream(t, 10, pool)
+        for u in (u1, u2, u3):
+            u.send("POST", "/echo", b"{}", {})
+        for u in (u1, u2, u3):
+            u.response().read()
+            u.release()
+        assert pool.idle() == 2
+        # The member closes its kept-alive connections (its idle timeout, made short here): the pooled
+        # connections it closed are not used, the request goes on a fresh one.
+        monkeypatch.setattr(http, "IDLE_TIMEOUT", 0.1)
+        both = Upstream(t, 10, pool), Upstream(t, 10, pool)   # each pooled connection carries a request,
+        for u in both:                                       # so the server's next wait on it is the short one
+            u.send("POST", "/echo", b"{}", {})
+        for u in both:
+            ports.append(json.loads(u.response().read())["port"])
+            u.release()
+        assert pool.idle() == 2
+        time.sleep(0.4)
+        reused = pool.reused
+        fresh = through(Upstream(t, 10, pool), ports)
+        assert pool.reused == reused and fresh not in ports[:-1]
+        # An unreleased connection (a reply not read whole, a client gone) is closed, never pooled.
+        u = Upstream(t, 10, pool)
+        u.send("POST", "/echo", b"{}", {})
+        u.response()
+        u.close()
+        assert pool.idle() == 0
+        # Idle longer than idle_s: closed at the next use of the pool, not reused.
+        monkeypatch.setattr(http, "IDLE_TIMEOUT", 20.0)
+        through(Upstream(t, 10, pool), ports)
+        assert pool.idle() == 1
+        pool.idle_s = 0.05
+        time.sleep(0.1)
+        assert pool.get(("m", os.getpid(), server.url)) is None and pool.idle() == 0
+    finally:
+        pool.close()
+        server.close()

@@ -129,7 +129,7 @@ class OllamaRoutes:
         up, resp = self.gw.upstream(ex, t, path, json.dumps(payload).encode())
         if resp.status != 200:
             data = resp.read()
-            up.close()
+            up.release()
             try:
                 err = json.loads(data)["error"]
                 msg = err.get("message") if isinstance(err, dict) else str(err)
@@ -171,9 +171,11 @@ class OllamaRoutes:
             up, resp = self._call(ex, t, path, payload)
             try:
                 if payload["stream"]:
-                    Stream(ex, name, field, path == "/v1/completions").run(resp, t.name)
+                    Stream(ex, name, field, path == "/v1/completions").run(resp, t.name, up)
                 else:
-                    self._whole(ex, name, field, json.loads(resp.read()))
+                    r = json.loads(resp.read())
+                    up.release()
+                    self._whole(ex, name, field, r)
             finally:
                 up.close()
 
@@ -214,6 +216,7 @@ class OllamaRoutes:
                 raise
             try:
                 r = json.loads(resp.read())
+                up.release()
             finally:
                 up.close()
             vectors = [d["embedding"] for d in sorted(r.get("data") or [], key=lambda d: d.get("index", 0))]

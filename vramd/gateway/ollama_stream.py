@@ -66,7 +66,8 @@ class Stream:
                     self.first = time.monotonic()
                 self.line(self.piece(text, {"done": False, **({"logprobs": lp} if lp else {})}))
 
-    def run(self, resp, member: str) -> None:
+    def run(self, resp, member: str, up) -> None:
+        """`up`: the proxy.Upstream, released once the member's stream was read to its end."""
         self.ex.start_stream("application/x-ndjson", 200, {"X-Vramd-Member": member})
         done = False
         while True:
@@ -86,6 +87,8 @@ class Stream:
                 raise UpstreamError(f"member '{member}' sent an event the gateway cannot read: {e}", 502) from None
         if not done:
             raise UpstreamError(f"member '{member}' ended its stream before the end", 502)
+        resp.read()    # the stream's last chunk, right behind [DONE]: then the connection can be reused
+        up.release()
         calls = ollama.tool_calls([self.calls[i] for i in sorted(self.calls)])
         if calls:
             self.line({"model": self.name, "created_at": ollama.now_iso(),

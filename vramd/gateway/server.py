@@ -24,6 +24,7 @@ import signal
 from vramd.errors import UsageError
 from vramd.gateway import ollama_routes, proxy
 from vramd.gateway.config import GatewayConfig
+from vramd.gateway.pool import Pool
 from vramd.gateway.table import Table, Target
 from vramd.server.bodies import json_object
 from vramd.server.http import Exchange, HttpServer, json_route
@@ -47,6 +48,7 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig, members_dir):
         self.cfg = cfg
         self.table = Table(members_dir, cfg.aliases)
+        self.pool = Pool()   # kept-alive connections to the members (vramd/gateway/pool.py)
         routes = {
             ("GET", "/health"): json_route(lambda: (200, {"status": "ok", "members": len(self.table.members())})),
             ("GET", "/v1/models"): json_route(lambda: (200, self.models_list())),
@@ -86,7 +88,7 @@ class Gateway:
     def upstream(self, ex: Exchange, t: Target, path: str, body: bytes):
         """POST `body` to `path` of member `t`: the connection and the reply's head.  A member that
         does not answer may have died since the table was read: then that is the error (503)."""
-        up = proxy.Upstream(t, self.cfg.upstream_timeout)
+        up = proxy.Upstream(t, self.cfg.upstream_timeout, self.pool)
         headers = {"Content-Type": "application/json", **proxy.auth_header(ex, t, self.cfg.member_keys)}
         try:
             up.send("POST", path, body, headers)
@@ -143,5 +145,6 @@ class Gateway:
             select.select([wake_r], [], [], 1.0)
         log.info("gateway: signal %d, stopping", got[0])
         self.http.close()
+        self.pool.close()
         return 0
 
