@@ -276,16 +276,23 @@ def echo_server(port=0):
     """A real vramd HTTP server whose one route answers with the client's port."""
     from vramd.server.http import HttpServer
 
+    import socket
+
     def route(ex):
         ex.body()
-        ex.reply(200, {"port": ex.h.client_address[1]})
+        ex.reply(200, {"port": ex.h.client_address[1],
+                       "nodelay": ex.h.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)})
     return HttpServer("127.0.0.1", port, {("POST", "/echo"): route}, on_error=lambda e: (500, {})).start()
 
 
 def through(up, pool_ports):
     up.send("POST", "/echo", b"{}", {"Content-Type": "application/json"})
     r = up.response()
-    port = json.loads(r.read())["port"]
+    got = json.loads(r.read())
+    # The server's sockets send at once (Nagle off): a kept-alive connection's reply body would
+    # otherwise wait for the client's delayed ACK of its head, ~40 ms.
+    assert got["nodelay"]
+    port = got["port"]
     up.release()
     pool_ports.append(port)
     return port
