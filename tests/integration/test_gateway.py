@@ -167,9 +167,16 @@ def test_ollama_client_lists_shows_and_chats_streamed(setup):
     assert gen.response == oai(a.member().endpoint, A_KEY).completions.create(
         model="a", prompt="one two", max_tokens=6, temperature=0).choices[0].text
     assert o.show("a").modelinfo["general.architecture"] == "llama"
+    # Ollama's penalty options are the daemon's fields of the same names (vramd/engine/penalties.py).
+    pen = {"repeat_penalty": 1.5, "repeat_last_n": 16, "presence_penalty": 1.5, "frequency_penalty": 1.0}
+    direct_b = oai(setup["b"].member().endpoint)
+    penalised = chat(direct_b, "b", 24, extra_body=pen)
+    assert penalised != chat(direct_b, "b", 24)           # they change this answer: a dropped one would show
+    assert o.chat(model="b", messages=[{"role": "user", "content": "hello there"}],
+                  options={"num_predict": 24, "temperature": 0, **pen}).message.content == penalised
     with pytest.raises(ollama.ResponseError) as e:
-        o.chat(model="a", messages=[{"role": "user", "content": "hi"}], options={"repeat_penalty": 1.1})
-    assert e.value.status_code == 400 and "repeat_penalty" in str(e.value)
+        o.chat(model="a", messages=[{"role": "user", "content": "hi"}], options={"mirostat": 2})
+    assert e.value.status_code == 400 and "mirostat" in str(e.value)
     assert o._client.get("/api/version").json()["version"]
 
 
@@ -397,3 +404,59 @@ def test_keep_alive_client_to_gateway_and_gateway_to_daemon(setup):
     while upstream_ports(gw, b) & busy:
         assert time.monotonic() < deadline, "the broken-off stream's upstream connection stayed open"
         time.sleep(0.05)
+
+
+def test_ollama_think_and_thinking_through_the_gateway(tmp_path, daemons):
+    """DeepSeek-R1's template (its generation prompt opens <think>, so a random model's whole answer
+    is reasoning): Ollama's `think` picks the daemon's split, `reasoning_content` comes back as
+    `thinking`, streamed or not, for /api/chat and /api/generate; and a tool-call history with
+    content null renders through R1's own tool-call format."""
+    from tests.engine.test_tool_templates import TEMPLATES
+    model = write_llama(tmp_path / "r1.gguf", arch="qwen3", n_embd=64, n_ff=128, n_layer=1, seed=12,
+                        chat_template=(TEMPLATES / "deepseek-r1-distill-qwen-32b.jinja").read_text())
+    d = daemons(tmp_path / "arena", model, "r1", ctx=1024, wait_ready=False)
+    d.wait_ready(120)
+    gw = GatewayProc(tmp_path / "arena")
+    try:
+        direct = oai(d.member().endpoint, "unused")
+        msgs = [{"role": "user", "content": "How many sacks came on Monday?"}]
+        args = dict(model="r1", messages=msgs, max_tokens=10, temperature=0)
+        raw = direct.chat.completions.create(extra_body={"reasoning_format": "none"}, **args).choices[0].message
+        split = direct.chat.completions.create(extra_body={"reasoning_format": "deepseek"}, **args).choices[0].message
+        assert split.reasoning_content and split.content == "" and raw.content.strip() == split.reasoning_content
+        o = ollama.Client(host=gw.url)
+        opts = {"num_predict": 10, "temperature": 0}
+        for think in (True, None):   # asked for, or the daemon's default (auto: R1's is a thinking template)
+            kw = {} if think is None else {"think": think}
+            r = o.chat(model="r1", messages=msgs, options=opts, **kw)
+            assert r.message.thinking == split.reasoning_content and r.message.content == "", think
+            parts = list(o.chat(model="r1", messages=msgs, options=opts, stream=True, **kw))
+            assert "".join(p.message.thinking or "" for p in parts) == split.reasoning_content
+            assert "".join(p.message.content for p in parts) == "" and parts[-1].done
+        r = o.chat(model="r1", messages=msgs, options=opts, think=False)   # no split: what it wrote is content
+        assert r.message.content == raw.content and not r.message.thinking
+        g = o.generate(model="r1", prompt=msgs[0]["content"], options=opts, think=True)
+        assert g.thinking == split.reasoning_content and g.response == ""
+        parts = list(o.generate(model="r1", prompt=msgs[0]["content"], options=opts, think=True, stream=True))
+        assert "".join(p.thinking or "" for p in parts) == split.reasoning_content
+        with pytest.raises(ollama.ResponseError) as e:
+            o.chat(model="r1", messages=msgs, think="high")
+        assert e.value.status_code == 400 and "think levels" in str(e.value)
+        # A tool-call history (Ollama's: the call without content), thinking included: R1's template renders
+        # the call in its own format, not a JSON text the template never wrote.
+        history = msgs + [{"role": "assistant", "content": "", "thinking": "I should look it up.",
+                           "tool_calls": [{"function": {"name": "sacks", "arguments": {"day": "Monday"}}}]},
+                          {"role": "tool", "tool_name": "sacks", "content": "12"}]
+        r = o.chat(model="r1", messages=history, options=opts, think=True)
+        # The same history as an OpenAI client sends it (content null, the tool message's call id):
+        # the same prompt, the same answer.  (What R1's template makes of it: tests/engine/test_tool_templates.py.)
+        same = direct.chat.completions.create(
+            model="r1", max_tokens=10, temperature=0, extra_body={"reasoning_format": "deepseek"},
+            messages=msgs + [{"role": "assistant", "content": None, "reasoning_content": "I should look it up.",
+                              "tool_calls": [{"id": "c1", "type": "function", "function": {
+                                  "name": "sacks", "arguments": '{"day": "Monday"}'}}]},
+                             {"role": "tool", "tool_call_id": "c1", "content": "12"}])
+        assert r.prompt_eval_count == same.usage.prompt_tokens
+        assert r.message.thinking == same.choices[0].message.reasoning_content
+    finally:
+        gw.stop()

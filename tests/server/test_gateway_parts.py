@@ -127,7 +127,9 @@ def test_ollama_options_are_mapped_or_refused_by_name():
                     "top_p": 0.9, "seed": 7, "stop": ["x"], "min_p": 0.1, "max_tokens": 12, "stream": True,
                     "stream_options": {"include_usage": True}}
     assert "max_tokens" not in ollama.options({"options": {"num_predict": -1}})
-    for bad in ({"repeat_penalty": 1.1}, {"num_ctx": 4096}, {"mirostat": 2}, {"num_gpu": 1}):
+    penalties = {"repeat_penalty": 1.1, "repeat_last_n": 32, "presence_penalty": 0.5, "frequency_penalty": -0.2}
+    assert ollama.options({"options": {**penalties, "seed": None}}) == penalties   # the daemon's names too
+    for bad in ({"typical_p": 0.9}, {"num_ctx": 4096}, {"mirostat": 2}, {"num_gpu": 1}):
         with pytest.raises(UsageError, match=repr(next(iter(bad)))):
             ollama.options({"options": bad})
     with pytest.raises(UsageError, match="num_predict"):
@@ -146,6 +148,7 @@ def test_ollama_fields_map_onto_openai():
     assert body["response_format"] == {"type": "json_schema",
                                        "json_schema": {"name": "response", "schema": schema, "strict": True}}
     assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["stream"] is False
+    assert body["reasoning_format"] == "none"   # as Ollama's without think: whatever is written is content
     assert body["messages"][0]["content"][1]["image_url"]["url"] == "data:image/png;base64,iVBORw0KGgo="
     assert body["messages"][1]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
     assert body["messages"][1]["content"] is None and body["messages"][2]["name"] == "f"
@@ -155,9 +158,15 @@ def test_ollama_fields_map_onto_openai():
     path, body = ollama.generate_request({"model": "m", "prompt": "hi", "system": "be brief"})
     assert path == "/v1/chat/completions" and body["messages"][0] == {"role": "system", "content": "be brief"}
     for bad, word in (({"template": "{{ .Prompt }}"}, "template"), ({"context": [1, 2]}, "context"),
-                      ({"think": True}, "think")):
+                      ({"think": "high"}, "think levels"), ({"think": True, "raw": True}, "'think' needs the chat"),
+                      ({"think": False, "suffix": "x"}, "'think' needs the chat")):
         with pytest.raises(UsageError, match=word):
             ollama.generate_request({"model": "m", "prompt": "hi", **bad})
+    _, body = ollama.generate_request({"model": "m", "prompt": "hi", "think": True})
+    assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["reasoning_format"] == "deepseek"
+    _, body = ollama.chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"},
+                                                              {"role": "assistant", "content": "4", "thinking": "2+2"}]})
+    assert "reasoning_format" not in body and body["messages"][1]["reasoning_content"] == "2+2"
     assert ollama.embed_request({"model": "m", "input": ["a", "b"], "truncate": True, "keep_alive": "5m"}) == \
         {"model": "m", "input": ["a", "b"], "encoding_format": "float"}
     assert ollama.embed_request({"model": "m", "input": "a", "dimensions": 64})["dimensions"] == 64   # the daemon's 400
@@ -174,8 +183,8 @@ def test_ollama_fields_map_onto_openai():
     assert ollama.load_request({"model": "m"}, "/api/generate")
     assert ollama.load_request({"model": "m", "messages": []}, "/api/chat")
     assert not ollama.load_request({"model": "m", "prompt": "", "suffix": "x"}, "/api/generate")
-    with pytest.raises(UsageError, match="repeat_penalty"):
-        ollama.load_request({"model": "m", "options": {"repeat_penalty": 1.1}}, "/api/generate")
+    with pytest.raises(UsageError, match="mirostat"):
+        ollama.load_request({"model": "m", "options": {"mirostat": 1}}, "/api/generate")
     assert ollama.tool_calls([{"function": {"name": "f", "arguments": '{"x": 1}'}}]) == \
         [{"function": {"name": "f", "arguments": {"x": 1}}}]
 

@@ -185,12 +185,16 @@ class OllamaRoutes:
         if "message" in choice:
             text = choice["message"].get("content") or ""
             calls = ollama.tool_calls(choice["message"].get("tool_calls"))
+            thinking = choice["message"].get("reasoning_content")   # vramd/server/reasoning.py's split
         else:
-            text, calls = choice.get("text") or "", None
+            text, calls, thinking = choice.get("text") or "", None, None
         if field == "message":
-            out["message"] = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+            out["message"] = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {}),
+                              **({"tool_calls": calls} if calls else {})}
         else:
             out["response"] = text
+            if thinking:
+                out["thinking"] = thinking
         lp = ollama.logprobs(choice.get("logprobs"))
         if lp is not None:
             out["logprobs"] = lp
