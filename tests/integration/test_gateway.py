@@ -187,6 +187,7 @@ def test_unknown_model_is_404_naming_the_known_ones(setup):
     assert "nope" in str(e.value) and "a, a.gguf, b, b.gguf, bee, gpt" in str(e.value)
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("nope")
+    assert get(setup["gw"].url + "/api/nope", GW_KEY)[0] == 404   # not Ollama's "/" (a prefix route)
     o = ollama.Client(host=setup["gw"].url, headers={"Authorization": f"Bearer {GW_KEY}"})
     with pytest.raises(ollama.ResponseError) as e:
         o.chat(model="nope", messages=[{"role": "user", "content": "hi"}])
