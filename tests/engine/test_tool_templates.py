@@ -74,9 +74,8 @@ def test_a_tool_call_history_renders_the_call_and_its_answer(engine, name):  # n
     assert "rain, 7 C" in text and "weather" in text
     assert "Oslo" in text.split("Rain in Oslo?")[-1]       # the call's arguments, after the question
     assert '\\"city\\"' not in text                        # arguments as an object where the template wants one
-    if name != "deepseek-r1-distill-qwen-32b.jinja":      # R1's renders a call only for content None
-        assert t.capabilities.tool_calls and t.capabilities.tool_responses
-        assert '"tool_response"' not in text and '"tool_calls"' not in text   # native, not polyfilled
+    assert t.capabilities.tool_calls and t.capabilities.tool_responses
+    assert '"tool_response"' not in text and '"tool_calls"' not in text   # native, not polyfilled
 
 
 @pytest.mark.parametrize("name", sorted(REAL))
@@ -101,3 +100,27 @@ def test_a_forced_call_under_each_templates_grammar_parses(engine, name):  # noq
         if req.reasoning is not None and req.reasoning.open:       # R1: the grammar closed the open block
             assert text.startswith("</think>") and not message.get("reasoning_content")
         assert not message["content"]
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_a_call_only_turn_reaches_the_template_with_content_null(engine, name):  # noqa: F811
+    """As the request body has it, null, missing or "": each template gets what it renders the call
+    from (None, or "" for those that cannot take None: Qwen3's), the same prompt every way."""
+    from vramd.server.openai_api import parse_request
+    t = template(name)
+    texts = set()
+    for content in (None, "", "missing"):
+        call = {k: v for k, v in HISTORY[2].items() if k != "content" or content != "missing"}
+        if content != "missing":
+            call["content"] = content
+        body = {"model": "m", "messages": [*ASK, call, HISTORY[3]], "tools": TOOLS}
+        req = parse_request("chat", json.dumps(body).encode(), {"m"})
+        assert req.messages[2]["content"] is None
+        tools.plan(engine.tokenizer, t, req)
+        texts.add(t.render(req.messages, **req.template_kwargs))
+    text = texts.pop()
+    assert not texts and '"tool_calls"' not in text and "Oslo" in text.split("Rain in Oslo?")[-1]
+    if name.startswith("deepseek-r1"):
+        assert "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>weather" in text   # R1's own
+    if name == "qwen3.jinja":
+        assert not t.capabilities.null_content   # its template tests '</think>' in content: "" for it

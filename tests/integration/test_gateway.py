@@ -68,7 +68,8 @@ def states(gw) -> dict:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """Daemons a (with its own API key) and b, and a gateway with a key, a's key and an alias."""
+    """Daemons a (with its own API key) and b (with an alias of its own), and a gateway with a key,
+    a's key and an alias."""
     tmp = tmp_path_factory.mktemp("gw")
     arena = tmp / "arena"
     a = write_llama(tmp / "a.gguf", seed=21, n_vocab=384, vocab="spm")
@@ -77,7 +78,7 @@ def setup(tmp_path_factory):
     key_file.write_text(A_KEY + "\n")
     key_file.chmod(0o600)
     da = DaemonProc(arena, a, "a", "--api-key-file", str(key_file), ctx=256)
-    db = DaemonProc(arena, b, "b", "--pooling", "mean", ctx=256)   # b also serves embeddings
+    db = DaemonProc(arena, b, "b", "--pooling", "mean", "--alias", "bee", ctx=256)   # b: embeddings, an alias
     gw = GatewayProc(arena, "--api-key", GW_KEY, "--member-key-file", f"a={key_file}", "--alias", "gpt=a")
     yield {"arena": arena, "a": da, "b": db, "gw": gw, "key_file": key_file}
     gw.stop()
@@ -110,6 +111,7 @@ def test_openai_sdk_switches_between_two_daemons_by_model(setup):
         assert states(gw)["b"] == "warm" and states(gw)["a"] in ("parked", "cold")
     assert chat(c, "gpt") == direct_a            # the alias
     assert chat(c, "b.gguf") == direct_b         # the file name
+    assert chat(c, "bee") == direct_b            # b's own --alias, from its member record
     streamed = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
         model="b", messages=[{"role": "user", "content": "hello there"}], max_tokens=8, temperature=0,
         stream=True) if ch.choices)
@@ -119,9 +121,12 @@ def test_openai_sdk_switches_between_two_daemons_by_model(setup):
     assert text == oai(a.member().endpoint, A_KEY).completions.create(
         model="a", prompt="one two", max_tokens=6, temperature=0).choices[0].text
     listed = c.models.list().data
-    assert [m.id for m in listed] == ["a", "b", "gpt"]   # each member once, the alias as its own entry
+    # Each member once, then b's own alias and the gateway's, each as its own entry (as a daemon lists its own).
+    assert [m.id for m in listed] == ["a", "b", "bee", "gpt"]
+    assert [m.model_extra["aliases"] for m in listed[:2]] == [["gpt"], ["bee"]]
     assert c.models.retrieve("a").id == "a"
     assert c.models.retrieve("gpt").model_extra["alias_of"] == "a"
+    assert c.models.retrieve("bee").model_extra["alias_of"] == "b"
 
 
 def test_a_stream_is_relayed_as_it_is_generated(setup):
@@ -142,7 +147,7 @@ def test_a_stream_is_relayed_as_it_is_generated(setup):
 def test_ollama_client_lists_shows_and_chats_streamed(setup):
     gw, a = setup["gw"], setup["a"]
     o = ollama.Client(host=gw.url, headers={"Authorization": f"Bearer {GW_KEY}"})
-    assert sorted(m.model for m in o.list().models) == ["a", "b", "gpt"]
+    assert sorted(m.model for m in o.list().models) == ["a", "b", "bee", "gpt"]
     tags = {m.model: m for m in o.list().models}
     assert tags["a"].details.family == "llama" and tags["a"].details.format == "gguf"
     for name in ("a", "b", "a"):
@@ -162,9 +167,16 @@ def test_ollama_client_lists_shows_and_chats_streamed(setup):
     assert gen.response == oai(a.member().endpoint, A_KEY).completions.create(
         model="a", prompt="one two", max_tokens=6, temperature=0).choices[0].text
     assert o.show("a").modelinfo["general.architecture"] == "llama"
+    # Ollama's penalty options are the daemon's fields of the same names (vramd/engine/penalties.py).
+    pen = {"repeat_penalty": 1.5, "repeat_last_n": 16, "presence_penalty": 1.5, "frequency_penalty": 1.0}
+    direct_b = oai(setup["b"].member().endpoint)
+    penalised = chat(direct_b, "b", 24, extra_body=pen)
+    assert penalised != chat(direct_b, "b", 24)           # they change this answer: a dropped one would show
+    assert o.chat(model="b", messages=[{"role": "user", "content": "hello there"}],
+                  options={"num_predict": 24, "temperature": 0, **pen}).message.content == penalised
     with pytest.raises(ollama.ResponseError) as e:
-        o.chat(model="a", messages=[{"role": "user", "content": "hi"}], options={"repeat_penalty": 1.1})
-    assert e.value.status_code == 400 and "repeat_penalty" in str(e.value)
+        o.chat(model="a", messages=[{"role": "user", "content": "hi"}], options={"mirostat": 2})
+    assert e.value.status_code == 400 and "mirostat" in str(e.value)
     assert o._client.get("/api/version").json()["version"]
 
 
@@ -172,9 +184,10 @@ def test_unknown_model_is_404_naming_the_known_ones(setup):
     c = oai(setup["gw"].url)
     with pytest.raises(openai.NotFoundError) as e:
         chat(c, "nope")
-    assert "nope" in str(e.value) and "a, a.gguf, b, b.gguf, gpt" in str(e.value)
+    assert "nope" in str(e.value) and "a, a.gguf, b, b.gguf, bee, gpt" in str(e.value)
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("nope")
+    assert get(setup["gw"].url + "/api/nope", GW_KEY)[0] == 404   # not Ollama's "/" (a prefix route)
     o = ollama.Client(host=setup["gw"].url, headers={"Authorization": f"Bearer {GW_KEY}"})
     with pytest.raises(ollama.ResponseError) as e:
         o.chat(model="nope", messages=[{"role": "user", "content": "hi"}])
@@ -331,3 +344,120 @@ def test_ollama_keep_alive_0_unloads_and_load_requests_load(setup):
     with pytest.raises(ollama.ResponseError) as e:
         o.chat(model="b", messages=[{"role": "user", "content": "hi"}], keep_alive="0x")
     assert e.value.status_code == 400 and "'keep_alive'" in str(e.value)
+
+
+def upstream_ports(gw, daemon) -> set:
+    """The gateway's own ports of its open connections to `daemon`'s endpoint."""
+    import psutil
+    port = int(daemon.member().endpoint.rsplit(":", 1)[1])
+    return {c.laddr.port for c in psutil.Process(gw.proc.pid).net_connections("tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED}
+
+
+def test_keep_alive_client_to_gateway_and_gateway_to_daemon(setup):
+    """One client connection carries several requests, streams among them (chunked); the gateway's
+    connection to the daemon is kept and reused, and one a client drops mid-stream is not."""
+    import http.client
+    gw, b = setup["gw"], setup["b"]
+    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    auth = {"Authorization": f"Bearer {GW_KEY}", "Content-Type": "application/json"}
+    ask = {"model": "b", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8,
+           "temperature": 0}
+    want = chat(oai(b.member().endpoint), "b")
+    conn.connect()
+    mine = conn.sock.getsockname()
+    seen = []
+    for i in range(3):
+        conn.request("POST", "/v1/chat/completions", json.dumps(ask), auth)
+        r = conn.getresponse()
+        assert r.status == 200 and not r.will_close
+        assert json.loads(r.read())["choices"][0]["message"]["content"] == want
+        conn.request("POST", "/v1/chat/completions", json.dumps({**ask, "stream": True}), auth)
+        r = conn.getresponse()
+        assert r.status == 200 and r.getheader("Transfer-Encoding") == "chunked" and not r.will_close
+        events = [json.loads(x[5:]) for x in r.read().decode().split("\n\n") if x.startswith("data: {")]
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == want
+        conn.request("POST", "/api/chat", json.dumps({"model": "b", "messages": ask["messages"],
+                                                      "options": {"num_predict": 8, "temperature": 0}}), auth)
+        r = conn.getresponse()
+        lines = [json.loads(x) for x in r.read().splitlines()]   # Ollama's NDJSON stream, chunked too
+        assert lines[-1]["done"] and "".join(x["message"]["content"] for x in lines) == want
+        conn.request("GET", "/v1/models", headers=auth)
+        assert conn.getresponse().read()
+        seen.append(upstream_ports(gw, b))
+    assert conn.sock is not None and conn.sock.getsockname() == mine    # never reconnected
+    conn.close()
+    # The gateway's connection to b stayed the same one from request to request (it was pooled), not
+    # a new one each time (none would be open between requests then).
+    assert len(seen[0]) == 1 and seen[0] == seen[1] == seen[2], seen
+    # A client that hangs up mid-stream: that upstream connection is closed, not pooled (b sees its
+    # client gone and stops generating).
+    c = http.client.HTTPConnection(host, int(port), timeout=60)
+    c.request("POST", "/v1/completions", json.dumps({"model": "b", "prompt": "one", "max_tokens": 200,
+                                                     "temperature": 0, "stream": True, "stop": []}), auth)
+    r = c.getresponse()
+    assert r.status == 200 and r.readline()
+    busy = upstream_ports(gw, b)
+    assert busy, "no connection to b while it streams"
+    c.close()
+    deadline = time.monotonic() + 30
+    while upstream_ports(gw, b) & busy:
+        assert time.monotonic() < deadline, "the broken-off stream's upstream connection stayed open"
+        time.sleep(0.05)
+
+
+def test_ollama_think_and_thinking_through_the_gateway(tmp_path, daemons):
+    """DeepSeek-R1's template (its generation prompt opens <think>, so a random model's whole answer
+    is reasoning): Ollama's `think` picks the daemon's split, `reasoning_content` comes back as
+    `thinking`, streamed or not, for /api/chat and /api/generate; and a tool-call history with
+    content null renders through R1's own tool-call format."""
+    from tests.engine.test_tool_templates import TEMPLATES
+    model = write_llama(tmp_path / "r1.gguf", arch="qwen3", n_embd=64, n_ff=128, n_layer=1, seed=12,
+                        chat_template=(TEMPLATES / "deepseek-r1-distill-qwen-32b.jinja").read_text())
+    d = daemons(tmp_path / "arena", model, "r1", ctx=1024, wait_ready=False)
+    d.wait_ready(120)
+    gw = GatewayProc(tmp_path / "arena")
+    try:
+        direct = oai(d.member().endpoint, "unused")
+        msgs = [{"role": "user", "content": "How many sacks came on Monday?"}]
+        args = dict(model="r1", messages=msgs, max_tokens=10, temperature=0)
+        raw = direct.chat.completions.create(extra_body={"reasoning_format": "none"}, **args).choices[0].message
+        split = direct.chat.completions.create(extra_body={"reasoning_format": "deepseek"}, **args).choices[0].message
+        assert split.reasoning_content and split.content == "" and raw.content.strip() == split.reasoning_content
+        o = ollama.Client(host=gw.url)
+        opts = {"num_predict": 10, "temperature": 0}
+        for think in (True, None):   # asked for, or the daemon's default (auto: R1's is a thinking template)
+            kw = {} if think is None else {"think": think}
+            r = o.chat(model="r1", messages=msgs, options=opts, **kw)
+            assert r.message.thinking == split.reasoning_content and r.message.content == "", think
+            parts = list(o.chat(model="r1", messages=msgs, options=opts, stream=True, **kw))
+            assert "".join(p.message.thinking or "" for p in parts) == split.reasoning_content
+            assert "".join(p.message.content for p in parts) == "" and parts[-1].done
+        r = o.chat(model="r1", messages=msgs, options=opts, think=False)   # no split: what it wrote is content
+        assert r.message.content == raw.content and not r.message.thinking
+        g = o.generate(model="r1", prompt=msgs[0]["content"], options=opts, think=True)
+        assert g.thinking == split.reasoning_content and g.response == ""
+        parts = list(o.generate(model="r1", prompt=msgs[0]["content"], options=opts, think=True, stream=True))
+        assert "".join(p.thinking or "" for p in parts) == split.reasoning_content
+        with pytest.raises(ollama.ResponseError) as e:
+            o.chat(model="r1", messages=msgs, think="high")
+        assert e.value.status_code == 400 and "think levels" in str(e.value)
+        # A tool-call history (Ollama's: the call without content), thinking included: R1's template renders
+        # the call in its own format, not a JSON text the template never wrote.
+        history = msgs + [{"role": "assistant", "content": "", "thinking": "I should look it up.",
+                           "tool_calls": [{"function": {"name": "sacks", "arguments": {"day": "Monday"}}}]},
+                          {"role": "tool", "tool_name": "sacks", "content": "12"}]
+        r = o.chat(model="r1", messages=history, options=opts, think=True)
+        # The same history as an OpenAI client sends it (content null, the tool message's call id):
+        # the same prompt, the same answer.  (What R1's template makes of it: tests/engine/test_tool_templates.py.)
+        same = direct.chat.completions.create(
+            model="r1", max_tokens=10, temperature=0, extra_body={"reasoning_format": "deepseek"},
+            messages=msgs + [{"role": "assistant", "content": None, "reasoning_content": "I should look it up.",
+                              "tool_calls": [{"id": "c1", "type": "function", "function": {
+                                  "name": "sacks", "arguments": '{"day": "Monday"}'}}]},
+                             {"role": "tool", "tool_call_id": "c1", "content": "12"}])
+        assert r.prompt_eval_count == same.usage.prompt_tokens
+        assert r.message.thinking == same.choices[0].message.reasoning_content
+    finally:
+        gw.stop()

@@ -1,9 +1,11 @@
 """The gateway's parts without daemons: its routing table over real member records, the Ollama
 mapping, its configuration, and its systemd unit checked by systemd-analyze."""
 
+import json
 import os
 import shutil
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -21,9 +23,9 @@ REAL_EXEC = "/usr/local/bin/vramd"
 
 # --- the routing table ------------------------------------------------------------
 
-def record(registry, name, model, pid, state="cold", port=9000):
+def record(registry, name, model, pid, state="cold", port=9000, aliases=()):
     registry.write(Member(name=name, pid=pid, start_time=process_start_time(pid) or 0.0, model=model, state=state,
-                          endpoint=f"http://127.0.0.1:{port}"))
+                          endpoint=f"http://127.0.0.1:{port}", aliases=list(aliases)))
 
 
 @pytest.fixture
@@ -81,6 +83,39 @@ def test_table_routes_names_files_aliases_and_knows_the_dead(tmp_path, children)
     assert table.resolve("twin").pid == e.pid
 
 
+def test_member_aliases_from_the_records_are_routed_and_listed(tmp_path, children):
+    registry = Registry(tmp_path)
+    a, b, c = children(), children(), children()
+    record(registry, "chat", "qwen.gguf", a.pid, "warm", aliases=("gpt-4o-mini", "qwen"))
+    record(registry, "task", "gemma.gguf", b.pid, aliases=("small", "qwen"))
+    # A record written before members had aliases (no such key) is read as one without any.
+    old = Member(name="old", pid=c.pid, start_time=process_start_time(c.pid), model="old.gguf",
+                 endpoint="http://127.0.0.1:9002").to_json()
+    del old["aliases"]
+    (tmp_path / f"{c.pid}.json").write_text(json.dumps(old))
+    assert registry.read(c.pid).aliases == []
+    table = Table(tmp_path, {"gpt": "gpt-4o-mini", "chat": "task"}, refresh_s=60)
+    assert table.resolve("gpt-4o-mini").name == "chat" and table.resolve("small:latest").name == "task"
+    assert table.resolve("gpt").name == "chat"             # the gateway's alias of a member's alias
+    assert table.resolve("chat").name == "task"            # the gateway's own aliases come first
+    with pytest.raises(Ambiguous, match="'qwen' is an alias of several members .chat, task."):
+        table.resolve("qwen")
+    assert "gpt-4o-mini" in table.known() and "small" in table.known() and "qwen" not in table.known()
+    assert [(n, t.name, alias) for n, t, alias in table.named()] == [
+        ("chat", "chat", False), ("old", "old", False), ("task", "task", False),
+        ("gpt-4o-mini", "chat", True), ("small", "task", True), ("gpt", "chat", True)]   # not qwen: no route
+    chat = table.resolve("gpt")
+    assert table.aliases_of(chat) == ["gpt-4o-mini", "qwen", "gpt"]
+    # A member that died is a 503 by its aliases too.
+    b.kill()
+    b.wait()
+    table.members(fresh=True)
+    with pytest.raises(MemberGone, match="member 'task'"):
+        table.resolve("small")
+    with pytest.raises(ValueError, match="aliases"):
+        Member.from_json({**old, "aliases": "gpt"})       # a malformed record: skipped by readers
+
+
 # --- the Ollama mapping -------------------------------------------------------------
 
 def test_ollama_options_are_mapped_or_refused_by_name():
@@ -92,7 +127,9 @@ def test_ollama_options_are_mapped_or_refused_by_name():
                     "top_p": 0.9, "seed": 7, "stop": ["x"], "min_p": 0.1, "max_tokens": 12, "stream": True,
                     "stream_options": {"include_usage": True}}
     assert "max_tokens" not in ollama.options({"options": {"num_predict": -1}})
-    for bad in ({"repeat_penalty": 1.1}, {"num_ctx": 4096}, {"mirostat": 2}, {"num_gpu": 1}):
+    penalties = {"repeat_penalty": 1.1, "repeat_last_n": 32, "presence_penalty": 0.5, "frequency_penalty": -0.2}
+    assert ollama.options({"options": {**penalties, "seed": None}}) == penalties   # the daemon's names too
+    for bad in ({"typical_p": 0.9}, {"num_ctx": 4096}, {"mirostat": 2}, {"num_gpu": 1}):
         with pytest.raises(UsageError, match=repr(next(iter(bad)))):
             ollama.options({"options": bad})
     with pytest.raises(UsageError, match="num_predict"):
@@ -111,6 +148,7 @@ def test_ollama_fields_map_onto_openai():
     assert body["response_format"] == {"type": "json_schema",
                                        "json_schema": {"name": "response", "schema": schema, "strict": True}}
     assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["stream"] is False
+    assert body["reasoning_format"] == "none"   # as Ollama's without think: whatever is written is content
     assert body["messages"][0]["content"][1]["image_url"]["url"] == "data:image/png;base64,iVBORw0KGgo="
     assert body["messages"][1]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
     assert body["messages"][1]["content"] is None and body["messages"][2]["name"] == "f"
@@ -120,9 +158,15 @@ def test_ollama_fields_map_onto_openai():
     path, body = ollama.generate_request({"model": "m", "prompt": "hi", "system": "be brief"})
     assert path == "/v1/chat/completions" and body["messages"][0] == {"role": "system", "content": "be brief"}
     for bad, word in (({"template": "{{ .Prompt }}"}, "template"), ({"context": [1, 2]}, "context"),
-                      ({"think": True}, "think")):
+                      ({"think": "high"}, "think levels"), ({"think": True, "raw": True}, "'think' needs the chat"),
+                      ({"think": False, "suffix": "x"}, "'think' needs the chat")):
         with pytest.raises(UsageError, match=word):
             ollama.generate_request({"model": "m", "prompt": "hi", **bad})
+    _, body = ollama.generate_request({"model": "m", "prompt": "hi", "think": True})
+    assert body["chat_template_kwargs"] == {"enable_thinking": True} and body["reasoning_format"] == "deepseek"
+    _, body = ollama.chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"},
+                                                              {"role": "assistant", "content": "4", "thinking": "2+2"}]})
+    assert "reasoning_format" not in body and body["messages"][1]["reasoning_content"] == "2+2"
     assert ollama.embed_request({"model": "m", "input": ["a", "b"], "truncate": True, "keep_alive": "5m"}) == \
         {"model": "m", "input": ["a", "b"], "encoding_format": "float"}
     assert ollama.embed_request({"model": "m", "input": "a", "dimensions": 64})["dimensions"] == 64   # the daemon's 400
@@ -139,8 +183,8 @@ def test_ollama_fields_map_onto_openai():
     assert ollama.load_request({"model": "m"}, "/api/generate")
     assert ollama.load_request({"model": "m", "messages": []}, "/api/chat")
     assert not ollama.load_request({"model": "m", "prompt": "", "suffix": "x"}, "/api/generate")
-    with pytest.raises(UsageError, match="repeat_penalty"):
-        ollama.load_request({"model": "m", "options": {"repeat_penalty": 1.1}}, "/api/generate")
+    with pytest.raises(UsageError, match="mirostat"):
+        ollama.load_request({"model": "m", "options": {"mirostat": 1}}, "/api/generate")
     assert ollama.tool_calls([{"function": {"name": "f", "arguments": '{"x": 1}'}}]) == \
         [{"function": {"name": "f", "arguments": {"x": 1}}}]
 
@@ -233,3 +277,81 @@ def test_gateway_unit_reads_the_system_arena_and_opens_no_device():
     assert unit_values("PrivateDevices") == ["yes"] and unit_values("DeviceAllow") == []
     assert unit_values("User") == ["vramd"] and unit_values("Group") == ["vramd"]
     assert unit_values("Type") == ["notify"] and unit_values("Restart") == ["on-failure"]
+
+
+# --- the connection pool --------------------------------------------------------------
+
+def echo_server(port=0):
+    """A real vramd HTTP server whose one route answers with the client's port."""
+    from vramd.server.http import HttpServer
+
+    import socket
+
+    def route(ex):
+        ex.body()
+        ex.reply(200, {"port": ex.h.client_address[1],
+                       "nodelay": ex.h.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)})
+    return HttpServer("127.0.0.1", port, {("POST", "/echo"): route}, on_error=lambda e: (500, {})).start()
+
+
+def through(up, pool_ports):
+    up.send("POST", "/echo", b"{}", {"Content-Type": "application/json"})
+    r = up.response()
+    got = json.loads(r.read())
+    # The server's sockets send at once (Nagle off): a kept-alive connection's reply body would
+    # otherwise wait for the client's delayed ACK of its head, ~40 ms.
+    assert got["nodelay"]
+    port = got["port"]
+    up.release()
+    pool_ports.append(port)
+    return port
+
+
+def test_pool_reuses_a_good_connection_and_drops_closed_idle_and_extra_ones(monkeypatch):
+    from vramd.gateway.pool import Pool
+    from vramd.server import http
+    from vramd.gateway.proxy import Upstream
+    server = echo_server()
+    t = Target("m", os.getpid(), "m.gguf", server.url, "warm", 0.0, 0.0, 0, 0)
+    pool, ports = Pool(max_idle=2, idle_s=60), []
+    try:
+        first = through(Upstream(t, 10, pool), ports)
+        assert through(Upstream(t, 10, pool), ports) == first and pool.reused == 1   # the same connection
+        # Two at once: the second request gets a fresh connection; both go back, at most max_idle kept.
+        u1, u2, u3 = Upstream(t, 10, pool), Upstream(t, 10, pool), Upstream(t, 10, pool)
+        for u in (u1, u2, u3):
+            u.send("POST", "/echo", b"{}", {})
+        for u in (u1, u2, u3):
+            u.response().read()
+            u.release()
+        assert pool.idle() == 2
+        # The member closes its kept-alive connections (its idle timeout, made short here): the pooled
+        # connections it closed are not used, the request goes on a fresh one.
+        monkeypatch.setattr(http, "IDLE_TIMEOUT", 0.1)
+        both = Upstream(t, 10, pool), Upstream(t, 10, pool)   # each pooled connection carries a request,
+        for u in both:                                       # so the server's next wait on it is the short one
+            u.send("POST", "/echo", b"{}", {})
+        for u in both:
+            ports.append(json.loads(u.response().read())["port"])
+            u.release()
+        assert pool.idle() == 2
+        time.sleep(0.4)
+        reused = pool.reused
+        fresh = through(Upstream(t, 10, pool), ports)
+        assert pool.reused == reused and fresh not in ports[:-1]
+        # An unreleased connection (a reply not read whole, a client gone) is closed, never pooled.
+        u = Upstream(t, 10, pool)
+        u.send("POST", "/echo", b"{}", {})
+        u.response()
+        u.close()
+        assert pool.idle() == 0
+        # Idle longer than idle_s: closed at the next use of the pool, not reused.
+        monkeypatch.setattr(http, "IDLE_TIMEOUT", 20.0)
+        through(Upstream(t, 10, pool), ports)
+        assert pool.idle() == 1
+        pool.idle_s = 0.05
+        time.sleep(0.1)
+        assert pool.get(("m", os.getpid(), server.url)) is None and pool.idle() == 0
+    finally:
+        pool.close()
+        server.close()

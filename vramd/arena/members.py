@@ -62,6 +62,7 @@ class Member:
     budget: int = 0            # device bytes the arena's members may hold together, as it sees it
     endpoint: str = ""         # http://host:port of a daemon's API, if any
     control: str = ""          # path of a daemon's control socket, if any
+    aliases: list = field(default_factory=list)   # a daemon's --alias names (its /v1/models entries beside its name)
     failpoints: str = ""       # VRAMD_FAILPOINTS armed in it ("NAME=ACTION@N,..."): fault injection, tests only
 
     def eviction_key(self) -> float:
@@ -110,6 +111,7 @@ class Member:
         m.budget = _int(data, "budget", 0)
         m.endpoint = _str(data, "endpoint", "")
         m.control = _str(data, "control", "")
+        m.aliases = _strs(data, "aliases")   # absent in records of daemons from before it: none
         m.failpoints = _str(data, "failpoints", "")
         return m
 
@@ -119,6 +121,13 @@ def _str(d: dict, key: str, default: str | None = None) -> str:
     if not isinstance(v, str):
         raise ValueError(f"{key} is not a string")
     return v
+
+
+def _strs(d: dict, key: str) -> list[str]:
+    v = d.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ValueError(f"{key} is not a list of strings")
+    return list(v)
 
 
 def _int(d: dict, key: str, default: int | None = None) -> int:

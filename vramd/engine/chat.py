@@ -287,7 +287,8 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
             raise UsageError(f"messages[{i}].role must be a non-empty string")
         content = message.get("content")
         if content is None:
-            content = ""
+            # An assistant turn of tool calls only keeps None: some templates render the calls only then.
+            content = None if message.get("tool_calls") else ""
         elif isinstance(content, list):
             for j, part in enumerate(content):
                 if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):

@@ -4,8 +4,13 @@ Owns `Capabilities` (found once per template by rendering probe messages,
 as llama.cpp's minja does: does the template use `tools`, render an
 assistant's `tool_calls`, a `tool` message; does it
 want tool-call arguments as objects; does it refuse call ids that are not 9
-characters, as Mistral's do) and `adapt(messages, extra, caps)`, minja's
+characters, as Mistral's do; does it take a tool-call turn's content null, as
+OpenAI sends it, or only "" (Qwen3's tests `'</think>' in message.content`,
+where DeepSeek-R1's renders the calls only for null: minja's
+requires_non_null_content) and `adapt(messages, extra, caps)`, minja's
 polyfills for what it lacks:
+
+- a null content becomes "" for a template that cannot take null;
 
 - tools a template does not describe go into the system message, as JSON;
 - an assistant's tool calls a template does not render become its content,
@@ -54,6 +59,7 @@ class Capabilities:
     tool_responses: bool = True
     object_arguments: bool = False
     nine_char_ids: bool = False
+    null_content: bool = True     # renders an assistant turn of calls only with content None
 
     @classmethod
     def probe(cls, render, source: str = "") -> "Capabilities":
@@ -67,22 +73,29 @@ class Capabilities:
         user = {"role": "user", "content": "vramd_user"}
         # A template that reads `tools` at all is left to do with them what it does.
         tools = "vramd_probe_tool" in out([user], tools=[_TOOL]) or re.search(r"\btools\b", source) is not None
-        text_args = out([user, {"role": "assistant", "content": None, "tool_calls": [_call(json.dumps(_ARGS))]}])
-        obj_args = out([user, {"role": "assistant", "content": None, "tool_calls": [_call(_ARGS)]}])
+
+        def calls(content):
+            return (out([user, {"role": "assistant", "content": content, "tool_calls": [_call(json.dumps(_ARGS))]}]),
+                    out([user, {"role": "assistant", "content": content, "tool_calls": [_call(_ARGS)]}]))
+        text_args, obj_args = calls(None)
+        null_content = "vramd_probe_call" in text_args or "vramd_probe_call" in obj_args
+        content = None if null_content else ""
+        if not null_content:
+            text_args, obj_args = calls("")
         tool_calls = "vramd_probe_call" in text_args or "vramd_probe_call" in obj_args
         # Arguments rendered with their quotes escaped ("{\"vramd_arg\"...") mean the template
         # dumps what it gets: it wants an object (Llama 3.1's `| tojson`).
         object_arguments = tool_calls and '"vramd_arg"' not in text_args and '"vramd_arg"' in obj_args
-        history = [user, {"role": "assistant", "content": None,
+        history = [user, {"role": "assistant", "content": content,
                           "tool_calls": [_call(_ARGS if object_arguments else json.dumps(_ARGS))]}] \
             if tool_calls else [user, {"role": "assistant", "content": "vramd_answer"}]
         tool_responses = "vramd_tool_said" in out(
             history + [{"role": "tool", "tool_call_id": _PROBE_ID, "name": "vramd_probe_call",
                         "content": "vramd_tool_said"}])
-        longer = [user, {"role": "assistant", "content": None,
+        longer = [user, {"role": "assistant", "content": content,
                          "tool_calls": [_call(_ARGS if object_arguments else json.dumps(_ARGS), "call_" + _PROBE_ID)]}]
         nine = tool_calls and "vramd_probe_call" not in out(longer)
-        return cls(tools, tool_calls, tool_responses, object_arguments, nine)
+        return cls(tools, tool_calls, tool_responses, object_arguments, nine, null_content or not tool_calls)
 
 
 def needs_adapting(messages: list[dict], extra: dict) -> bool:
@@ -101,6 +114,8 @@ def adapt(messages: list[dict], extra: dict, caps: Capabilities) -> list[dict]:
     if caps.nine_char_ids:
         out = [_nine_char_ids(m) for m in out]
     for m in out:
+        if m.get("content") is None and not caps.null_content:
+            m["content"] = ""
         if m.get("tool_calls"):
             if not caps.tool_calls:
                 calls = [{"name": c["function"]["name"], "arguments": _as_object(c["function"]["arguments"]),

@@ -12,6 +12,7 @@ restart would lose.
     config.py   flags and the TOML file, checked
     table.py    the routing table: members, aliases, states, dead members
     proxy.py    one request forwarded to a member, its reply streamed through
+    pool.py     kept-alive connections to the members, reused only when known good
     server.py   the routes (OpenAI's /v1/*, /health), the HTTP server, the process
     ollama.py   Ollama's /api/* request and option mapping onto OpenAI bodies
     ollama_routes.py  the /api/* routes and their replies

@@ -8,20 +8,36 @@ Pure functions, no I/O (ollama_routes.py does the HTTP):
   /v1/embeddings body (OpenAI's shape: `input` a string or a list of them).
   `load_request` tells a load request (no prompt, no messages) from a
   generation; embed_request and embeddings_request give None for one.
-- Options: temperature, top_p, top_k, min_p, seed, num_predict (-1 and -2,
-  "until the model stops / the context is full", are the daemon's default),
-  stop.  Any other option is a 400 naming it, never ignored: the sampler has
-  no penalties or mirostat, and load options (num_ctx, num_gpu, num_thread...)
-  are the daemon's flags, fixed when it starts.  Embeddings take no options.
+- Options: temperature, top_p, top_k, min_p, seed, stop, the penalties
+  (repeat_penalty and repeat_last_n, llama.cpp's as Ollama's are;
+  presence_penalty, frequency_penalty: the daemon's, vramd/engine/penalties.py,
+  under the same names), num_predict (-1 and -2, "until the model stops / the
+  context is full", are the daemon's default).  An option not given is the
+  daemon's default (penalties off), not Ollama's Modelfile defaults.  Any
+  other option is a 400 naming it, never ignored: the sampler has no mirostat
+  or typical_p, and load options (num_ctx, num_gpu, num_thread...) are the
+  daemon's flags, fixed when it starts.  Embeddings take no options.
 - Top-level fields: `format` ("json" or a JSON schema: OpenAI's
   response_format), `tools` and tool messages (OpenAI's tools; arguments as
   objects here, JSON text there), `images` (data: URIs), `system`, `raw`
   (/v1/completions, no template), `suffix` (/v1/completions' suffix),
-  `think: false` (the template's enable_thinking), `logprobs`/`top_logprobs`,
-  `keep_alive` (vramd/gateway/residency.py: 0 unloads the member after the
-  reply, any other value is what vramd does anyway).  `template`, a
-  non-empty `context`, `think` true and image-generation fields are refused
-  with a 400.  /api/embed's `truncate` and `dimensions`: see embed_request.
+  `think` (below), `logprobs`/`top_logprobs`, `keep_alive`
+  (vramd/gateway/residency.py: 0 unloads the member after the reply, any
+  other value is what vramd does anyway).  `template`, a non-empty `context`
+  and image-generation fields are refused with a 400.  /api/embed's
+  `truncate` and `dimensions`: see embed_request.
+- Thinking, as Ollama's server does it: `think` true asks the template to
+  think (its `enable_thinking`) and splits a leading <think> block off the
+  answer whatever the template (the daemon's reasoning_format "deepseek");
+  false asks it not to, and whatever the model still writes is `content`
+  (reasoning_format "none": Ollama parses no thinking then); absent, the
+  daemon's own --reasoning-format (auto: split for thinking templates, as
+  Ollama thinks by default with a thinking model).  The split-off text,
+  OpenAI's `reasoning_content`, is Ollama's `thinking`: `message.thinking`
+  (/api/chat) or `thinking` (/api/generate), streamed as it comes.  Ollama's
+  think levels ("low", "medium", "high": gpt-oss's reasoning effort) are a
+  400, and so is `think` with raw or suffix (no template to think in).  A
+  history message's `thinking` goes to the template as `reasoning_content`.
 """
 
 from __future__ import annotations
@@ -33,7 +49,8 @@ import time
 
 from vramd.errors import UsageError
 
-SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop")
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop",
+            "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
 OPTIONS = (*SAMPLING, "num_predict")
 COMMON = ("model", "stream", "options", "format", "keep_alive", "think", "logprobs", "top_logprobs")
 CHAT_FIELDS = (*COMMON, "messages", "tools")
@@ -43,7 +60,6 @@ EMBEDDINGS_FIELDS = ("model", "prompt", "options", "keep_alive")
 REFUSED_WHY = {
     "template": "vramd renders the model file's own chat template (or none with raw: true)",
     "context": "vramd returns no context; send the history with /api/chat",
-    "think": "thinking text is not separated from the answer here: only think: false is taken",
 }
 
 
@@ -85,10 +101,14 @@ def _common(body: dict, out: dict) -> dict:
     elif fmt not in (None, ""):
         raise UsageError(f"'format' must be \"json\" or a JSON schema object, got {fmt!r}")
     think = body.get("think")
-    if think is False:
-        out["chat_template_kwargs"] = {"enable_thinking": False}
-    elif think is not None:
-        raise UsageError(f"'think' {think!r}: {REFUSED_WHY['think']}")
+    if think is not None:
+        if not isinstance(think, bool):
+            raise UsageError(f"'think' {think!r}: think levels (gpt-oss's reasoning effort) are not supported "
+                             "by vramd: send true or false")
+        if "messages" not in out:
+            raise UsageError("'think' needs the chat template: not with raw or suffix")
+        out["chat_template_kwargs"] = {"enable_thinking": think}
+        out["reasoning_format"] = "deepseek" if think else "none"
     if body.get("logprobs"):
         out["logprobs"] = True
         if body.get("top_logprobs") is not None:
@@ -144,7 +164,26 @@ def _message(m, i: int) -> dict:
             out["content"] = None
     if m.get("tool_name"):
         out["name"] = m["tool_name"]
+    if m.get("thinking"):
+        if not isinstance(m["thinking"], str):
+            raise UsageError(f"{where}.thinking must be a string")
+        out["reasoning_content"] = m["thinking"]
     return out
+
+
+def _answered(messages: list[dict]) -> list[dict]:
+    """Each tool message with the `tool_call_id` of the call it answers, which OpenAI's tool messages
+    carry and Ollama's do not: the earliest call not yet answered, of its `tool_name` if it has one."""
+    pending: list[tuple[str, str]] = []   # (id, function name) of calls not answered yet
+    for i, m in enumerate(messages):
+        for c in m.get("tool_calls") or []:
+            pending.append((c["id"], c["function"]["name"]))
+        if m["role"] == "tool":
+            hit = next((p for p in pending if m.get("name") in (None, p[1])), None)
+            if hit is not None:
+                pending.remove(hit)
+            m["tool_call_id"] = hit[0] if hit else f"call_{i}"   # an answer to no call: its own id
+    return messages
 
 
 def chat_request(body: dict) -> tuple[str, dict]:
@@ -152,7 +191,7 @@ def chat_request(body: dict) -> tuple[str, dict]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise UsageError("'messages' must be a non-empty list")
-    out = {"model": body.get("model"), "messages": [_message(m, i) for i, m in enumerate(msgs)]}
+    out = {"model": body.get("model"), "messages": _answered([_message(m, i) for i, m in enumerate(msgs)])}
     tools = body.get("tools")
     if tools:
         if not isinstance(tools, list):

@@ -38,7 +38,7 @@ API_VERSION = "0.12.0"   # clients compare it with the least version they need: 
 
 def routes(gw) -> dict:
     r = OllamaRoutes(gw)
-    return {("GET", "/"): lambda ex: ex.reply(200, b"Ollama is running", "text/plain; charset=utf-8"),
+    return {("GET", "/"): root,
             ("GET", "/api/version"): lambda ex: ex.reply(200, {"version": API_VERSION}),
             ("GET", "/api/tags"): lambda ex: ex.reply(200, r.tags(ex)),
             ("GET", "/api/ps"): lambda ex: ex.reply(200, r.ps(ex)),
@@ -47,6 +47,18 @@ def routes(gw) -> dict:
             ("POST", "/api/generate"): r.wrap(lambda ex, body: r.generation(ex, body, "/api/generate", "response")),
             ("POST", "/api/embed"): r.wrap(lambda ex, body: r.embed(ex, body, legacy=False)),
             ("POST", "/api/embeddings"): r.wrap(lambda ex, body: r.embed(ex, body, legacy=True))}
+
+
+class NoRoute(VramdError):
+    http_status = 404
+
+
+def root(ex: Exchange) -> None:
+    """GET /: what Ollama clients probe.  A path ending in "/" is a prefix route in vramd/server/http.py:
+    any other GET path not routed lands here, and is the 404 it would be without this route."""
+    if ex.rest:
+        raise NoRoute(f"GET {ex.path}: no such route")
+    ex.reply(200, b"Ollama is running", "text/plain; charset=utf-8")
 
 
 class OllamaRoutes:
@@ -83,26 +95,12 @@ class OllamaRoutes:
                             "parameter_size": d.get("parameter_size", ""),
                             "quantization_level": d.get("quantization", "")}}
 
-    def _named(self):
-        """(name, member) for every member, then every alias whose member runs."""
-        members = self.gw.table.members(fresh=True)
-        out = [(t.name, t) for t in members]
-        names = {t.name for t in members}
-        for alias in sorted(self.gw.table.aliases):
-            try:
-                t = self.gw.table.resolve(alias)
-            except VramdError:
-                continue
-            if alias not in names:
-                out.append((alias, t))
-        return out
-
     def tags(self, ex: Exchange) -> dict:
-        return {"models": [self._model(ex, t, name) for name, t in self._named()]}
+        return {"models": [self._model(ex, t, name) for name, t, _alias in self.gw.table.named()]}
 
     def ps(self, ex: Exchange) -> dict:
         out = []
-        for name, t in self._named():
+        for name, t, _alias in self.gw.table.named():
             if t.device_bytes > 0:
                 m = self._model(ex, t, name)
                 d = self.details.of(t, None)
@@ -131,7 +129,7 @@ class OllamaRoutes:
         up, resp = self.gw.upstream(ex, t, path, json.dumps(payload).encode())
         if resp.status != 200:
             data = resp.read()
-            up.close()
+            up.release()
             try:
                 err = json.loads(data)["error"]
                 msg = err.get("message") if isinstance(err, dict) else str(err)
@@ -173,9 +171,11 @@ class OllamaRoutes:
             up, resp = self._call(ex, t, path, payload)
             try:
                 if payload["stream"]:
-                    Stream(ex, name, field, path == "/v1/completions").run(resp, t.name)
+                    Stream(ex, name, field, path == "/v1/completions").run(resp, t.name, up)
                 else:
-                    self._whole(ex, name, field, json.loads(resp.read()))
+                    r = json.loads(resp.read())
+                    up.release()
+                    self._whole(ex, name, field, r)
             finally:
                 up.close()
 
@@ -185,12 +185,16 @@ class OllamaRoutes:
         if "message" in choice:
             text = choice["message"].get("content") or ""
             calls = ollama.tool_calls(choice["message"].get("tool_calls"))
+            thinking = choice["message"].get("reasoning_content")   # vramd/server/reasoning.py's split
         else:
-            text, calls = choice.get("text") or "", None
+            text, calls, thinking = choice.get("text") or "", None, None
         if field == "message":
-            out["message"] = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+            out["message"] = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {}),
+                              **({"tool_calls": calls} if calls else {})}
         else:
             out["response"] = text
+            if thinking:
+                out["thinking"] = thinking
         lp = ollama.logprobs(choice.get("logprobs"))
         if lp is not None:
             out["logprobs"] = lp
@@ -216,6 +220,7 @@ class OllamaRoutes:
                 raise
             try:
                 r = json.loads(resp.read())
+                up.release()
             finally:
                 up.close()
             vectors = [d["embedding"] for d in sorted(r.get("data") or [], key=lambda d: d.get("index", 0))]

@@ -1,7 +1,9 @@
 """A daemon's server-sent events as Ollama's NDJSON stream (/api/chat, /api/generate on the gateway).
 
 One JSON object a line as each event arrives: text pieces (`message.content`
-or `response`) with their logprobs, the tool calls gathered from the
+or `response`) with their logprobs, thinking pieces (the daemon's
+`reasoning_content`: `message.thinking`, or `thinking` beside an empty
+`response`, as Ollama streams them), the tool calls gathered from the
 streamed deltas as one line once the stream ends (Ollama's shape: arguments
 as objects), and last the `"done": true` line with the finish reason, the
 token counts and the durations (`prompt_eval_duration`: until the first
@@ -39,9 +41,14 @@ class Stream:
     def line(self, obj: dict) -> None:
         self.ex.send((json.dumps(obj) + "\n").encode())
 
-    def piece(self, text: str, extra: dict | None = None) -> dict:
+    def piece(self, text: str, extra: dict | None = None, thinking: str = "") -> dict:
         out = {"model": self.name, "created_at": ollama.now_iso()}
-        out[self.field] = {"role": "assistant", "content": text} if self.field == "message" else text
+        if self.field == "message":
+            out["message"] = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
+        else:
+            out["response"] = text
+            if thinking:
+                out["thinking"] = thinking
         out.update(extra or {})
         return out
 
@@ -50,23 +57,26 @@ class Stream:
             self.usage = c["usage"]
         for ch in c.get("choices") or []:
             self.finish = ch.get("finish_reason") or self.finish
+            thinking = ""
             if self.completion:
                 text = ch.get("text") or ""
             else:
                 delta = ch.get("delta") or {}
                 text = delta.get("content") or ""
+                thinking = delta.get("reasoning_content") or ""
                 for tc in delta.get("tool_calls") or []:
                     acc = self.calls.setdefault(tc.get("index", 0), {"function": {"name": "", "arguments": ""}})
                     fn = tc.get("function") or {}
                     acc["function"]["name"] += fn.get("name") or ""
                     acc["function"]["arguments"] += fn.get("arguments") or ""
             lp = ollama.logprobs(ch.get("logprobs"))
-            if text or lp:
+            if text or thinking or lp:
                 if self.first is None:
                     self.first = time.monotonic()
-                self.line(self.piece(text, {"done": False, **({"logprobs": lp} if lp else {})}))
+                self.line(self.piece(text, {"done": False, **({"logprobs": lp} if lp else {})}, thinking))
 
-    def run(self, resp, member: str) -> None:
+    def run(self, resp, member: str, up) -> None:
+        """`up`: the proxy.Upstream, released once the member's stream was read to its end."""
         self.ex.start_stream("application/x-ndjson", 200, {"X-Vramd-Member": member})
         done = False
         while True:
@@ -86,6 +96,8 @@ class Stream:
                 raise UpstreamError(f"member '{member}' sent an event the gateway cannot read: {e}", 502) from None
         if not done:
             raise UpstreamError(f"member '{member}' ended its stream before the end", 502)
+        resp.read()    # the stream's last chunk, right behind [DONE]: then the connection can be reused
+        up.release()
         calls = ollama.tool_calls([self.calls[i] for i in sorted(self.calls)])
         if calls:
             self.line({"model": self.name, "created_at": ollama.now_iso(),

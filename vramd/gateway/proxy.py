@@ -1,16 +1,19 @@
 """One request forwarded to a member's HTTP endpoint, and its reply streamed back unbuffered.
 
-A fresh connection per request (the daemons close theirs after each reply:
-HTTP/1.0), the body forwarded as it came, with the member's own API key
-(configured per member) or else the client's `Authorization` header.  While
-the daemon is silent (waiting for the GPU, a long prefill) the gateway watches
-the client: a client that hangs up closes the upstream connection, so the
-daemon sees its client gone as it would without the gateway.
+HTTP/1.1 to the daemons, over kept-alive connections from vramd/gateway/pool.py
+(a connection goes back to the pool once its reply was read whole; when and
+why a pooled one is reused: that module's header).  The body is forwarded as
+it came, with the member's own API key (configured per member) or else the
+client's `Authorization` header.  While the daemon is silent (waiting for the
+GPU, a long prefill) the gateway watches the client: a client that hangs up
+closes the upstream connection (never pooled then), so the daemon sees its
+client gone as it would without the gateway.
 
 A reply with a Content-Length is relayed as one; one without (server-sent
-events) is relayed chunk by chunk as each arrives (`read1`: whatever the
-socket has, never waiting for more), with `Connection: close` as the daemon
-sends it.
+events, chunked from an HTTP/1.1 daemon) is relayed chunk by chunk as each
+arrives (`read1`: whatever the socket has, never waiting for more), chunked
+again to an HTTP/1.1 client (vramd/server/exchange.py), whose connection
+stays open for its next request.
 
 Failures of the member itself are the gateway's own errors: 502 when nothing
 listens at its endpoint or it hung up without a reply, 504 when it stayed
@@ -26,6 +29,7 @@ import time
 from urllib.parse import urlsplit
 
 from vramd.errors import VramdError
+from vramd.gateway.pool import Pool
 from vramd.gateway.table import Target
 from vramd.server.http import ClientGone, Exchange
 
@@ -51,11 +55,14 @@ def address(endpoint: str) -> tuple[str, int]:
 
 
 class Upstream:
-    """One request to one member; `response()` waits for its head, watching the client meanwhile."""
+    """One request to one member; `response()` waits for its head, watching the client meanwhile;
+    `release()` once the reply was read whole (the connection back to the pool), `close()` always."""
 
-    def __init__(self, target: Target, timeout: float):
-        self.target, self.timeout = target, timeout
+    def __init__(self, target: Target, timeout: float, pool: Pool | None = None):
+        self.target, self.timeout, self.pool = target, timeout, pool
+        self.key = (target.name, target.pid, target.endpoint)
         self.conn: http.client.HTTPConnection | None = None
+        self.resp: http.client.HTTPResponse | None = None
 
     def _fail(self, e: OSError) -> Unreachable:
         why = "nothing listens there (stopping, or restarted on another port?)" \
@@ -65,6 +72,18 @@ class Upstream:
 
     def send(self, method: str, path: str, body: bytes | None, headers: dict) -> None:
         host, port = address(self.target.endpoint)
+        pooled = self.pool.get(self.key) if self.pool is not None else None
+        if pooled is not None:
+            try:
+                pooled.timeout = self.timeout
+                pooled.sock.settimeout(self.timeout)
+                pooled.request(method, path, body=body, headers=headers)
+                self.conn = pooled
+                return
+            except (OSError, http.client.HTTPException):
+                # The member closed it before any of the request reached it (the write itself
+                # failed): nothing of it was acted on, so it goes once more on a fresh connection.
+                pooled.close()
         self.conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
         try:
             self.conn.connect()
@@ -89,7 +108,8 @@ class Upstream:
                     break
                 if client_gone():
                     raise ClientGone("the client went away while the member worked")
-            return self.conn.getresponse()
+            self.resp = self.conn.getresponse()
+            return self.resp
         except (ClientGone, UpstreamTimeout):
             self.close()
             raise
@@ -104,9 +124,23 @@ class Upstream:
                                   "without a reply (it may have died: see its log)") from None
             raise self._fail(e if isinstance(e, OSError) else OSError(str(e))) from None
 
+    def release(self) -> None:
+        """The reply was read whole: the connection back to the pool, unless the member closes it."""
+        conn, resp, self.conn = self.conn, self.resp, None
+        if conn is None:
+            return
+        if self.pool is not None and resp is not None and resp.isclosed() and not resp.will_close \
+                and conn.sock is not None:
+            self.pool.put(self.key, conn)
+        else:
+            conn.close()
+
     def close(self) -> None:
+        """Done with it whatever happened: a connection not released is closed (the member sees
+        its client gone, as a reply broken off or not taken must be)."""
         if self.conn is not None:
             self.conn.close()
+            self.conn = None
 
 
 def auth_header(ex: Exchange, target: Target, member_keys: dict[str, str]) -> dict:
@@ -125,6 +159,7 @@ def relay(ex: Exchange, up: Upstream, resp: http.client.HTTPResponse) -> None:
     try:
         if resp.getheader("Content-Length") is not None:
             data = resp.read()
+            up.release()
             ex.reply(resp.status, data, ctype, headers)
             return
         headers = {k: v for k, v in headers.items() if k.lower() != "cache-control"}   # the stream sets its own
@@ -132,6 +167,7 @@ def relay(ex: Exchange, up: Upstream, resp: http.client.HTTPResponse) -> None:
         while True:
             chunk = resp.read1(1 << 16)
             if not chunk:
+                up.release()
                 return
             ex.send(chunk)
     except (http.client.HTTPException, OSError) as e:

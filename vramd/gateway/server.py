@@ -24,6 +24,7 @@ import signal
 from vramd.errors import UsageError
 from vramd.gateway import ollama_routes, proxy
 from vramd.gateway.config import GatewayConfig
+from vramd.gateway.pool import Pool
 from vramd.gateway.table import Table, Target
 from vramd.server.bodies import json_object
 from vramd.server.http import Exchange, HttpServer, json_route
@@ -38,21 +39,6 @@ def error_body(e: BaseException) -> tuple[int, dict]:
     return status, {"error": {"message": str(e), "type": kind, "param": None, "code": None}}
 
 
-class Routes(dict):
-    """Exact (method, path) routes, then prefix routes: what the HTTP handler's lookup sees."""
-
-    def __init__(self, exact: dict, prefixes: list[tuple[str, str, object]]):
-        super().__init__(exact)
-        self.prefixes = prefixes
-
-    def get(self, key, default=None):
-        hit = super().get(key)
-        if hit is not None:
-            return hit
-        method, path = key
-        return next((fn for m, p, fn in self.prefixes if m == method and path.startswith(p)), default)
-
-
 def read_json(ex: Exchange) -> tuple[bytes, dict]:
     raw = ex.body()
     return raw, json_object(raw)
@@ -62,13 +48,16 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig, members_dir):
         self.cfg = cfg
         self.table = Table(members_dir, cfg.aliases)
-        exact = {
+        self.pool = Pool()   # kept-alive connections to the members (vramd/gateway/pool.py)
+        routes = {
             ("GET", "/health"): json_route(lambda: (200, {"status": "ok", "members": len(self.table.members())})),
             ("GET", "/v1/models"): json_route(lambda: (200, self.models_list())),
+            # Prefix routes (a path ending in "/": vramd/server/http.py routes every path below it).
+            ("GET", "/v1/models/"): self.model_route,
+            ("POST", "/v1/"): self.forward_route,
             **ollama_routes.routes(self),
         }
-        prefixes = [("GET", "/v1/models/", self.model_route), ("POST", "/v1/", self.forward_route)]
-        self.http = HttpServer(cfg.host, cfg.port, Routes(exact, prefixes), on_error=error_body,
+        self.http = HttpServer(cfg.host, cfg.port, routes, on_error=error_body,
                                api_key=cfg.api_key, max_request_bytes=cfg.max_request_bytes,
                                request_timeout=cfg.request_timeout)
 
@@ -89,8 +78,8 @@ class Gateway:
         raw, body = read_json(ex)
         t = self.target(body.get("model"))
         ex.fields["member"] = t.name
-        if body.get("model") not in (None, t.name, t.model):
-            # An alias (or name:latest): the daemon knows only its own names.
+        if body.get("model") not in (None, t.name, t.model, *t.aliases):
+            # The gateway's alias (or name:latest): the daemon knows only its own names.
             body["model"] = t.name
             raw = json.dumps(body).encode()
         up, resp = self.upstream(ex, t, ex.h.path, raw)
@@ -99,7 +88,7 @@ class Gateway:
     def upstream(self, ex: Exchange, t: Target, path: str, body: bytes):
         """POST `body` to `path` of member `t`: the connection and the reply's head.  A member that
         does not answer may have died since the table was read: then that is the error (503)."""
-        up = proxy.Upstream(t, self.cfg.upstream_timeout)
+        up = proxy.Upstream(t, self.cfg.upstream_timeout, self.pool)
         headers = {"Content-Type": "application/json", **proxy.auth_header(ex, t, self.cfg.member_keys)}
         try:
             up.send("POST", path, body, headers)
@@ -113,7 +102,7 @@ class Gateway:
 
     def entry(self, t: Target, alias: str | None = None) -> dict:
         out = {"id": alias or t.name, "object": "model", "created": int(t.started), "owned_by": "vramd",
-               "aliases": [] if alias else self.table.aliases_of(t.name, t.model),
+               "aliases": [] if alias else self.table.aliases_of(t),
                "status": {"value": t.state},
                "vramd": {"member": t.name, "file": t.model, "pid": t.pid, "endpoint": t.endpoint,
                          "device_bytes": t.device_bytes, "since": t.since}}
@@ -122,23 +111,15 @@ class Gateway:
         return out
 
     def models_list(self) -> dict:
-        members = self.table.members(fresh=True)   # a listing is read fresh: UIs show it as it is now
-        data = [self.entry(t) for t in members]
-        by_name = {t.name: t for t in members}
-        for alias in sorted(self.table.aliases):
-            try:
-                t = self.table.resolve(alias)
-            except Exception:
-                continue   # its member is not running: the alias has nowhere to go
-            if alias not in by_name:
-                data.append(self.entry(t, alias))
-        return {"object": "list", "data": data}
+        # Read fresh (Table.named): UIs show the list as it is now.
+        return {"object": "list", "data": [self.entry(t, name if alias else None)
+                                           for name, t, alias in self.table.named()]}
 
     def model_route(self, ex: Exchange) -> None:
-        from urllib.parse import unquote
-        name = unquote(ex.path.removeprefix("/v1/models/"))
-        t = self.table.resolve(name)
-        alias = name if name in self.table.aliases and name != t.name else None
+        """GET /v1/models/{id}: ex.rest is the id, URL-decoded (a prefix route of vramd/server/http.py)."""
+        t = self.table.resolve(ex.rest)
+        name = ex.rest.removesuffix(":latest")
+        alias = name if name != t.name and (name in self.table.aliases or name in t.aliases) else None
         ex.reply(200, self.entry(t, alias))
 
     # -- the process ----------------------------------------------------------------
@@ -164,5 +145,6 @@ class Gateway:
             select.select([wake_r], [], [], 1.0)
         log.info("gateway: signal %d, stopping", got[0])
         self.http.close()
+        self.pool.close()
         return 0
 

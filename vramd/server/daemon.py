@@ -281,6 +281,7 @@ class Daemon:
                                on_start=lambda ex: self.metrics.request_started("api"),
                                on_finish=self._http_finished, cors_origins=cfg.cors_origins)
         self.participant.member.endpoint = self.http.url
+        member.aliases = self.listed_names()[1:]   # the gateway routes and lists them too (vramd/gateway/table.py)
 
     def _check_projector(self, mf, engine_cfg) -> None:
         """The --mmproj file against the model, from the files alone (before the device)."""

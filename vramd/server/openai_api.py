@@ -286,13 +286,20 @@ def _messages(m) -> tuple[list[dict], list[bytes]]:
                 else:
                     raise UsageError(f"messages[{i}].content[{j}]: only 'text' and 'image_url' parts are supported")
             content = "".join(texts)
-        if content is None:
+        fields = structured.message_fields(msg, i)
+        if content in (None, "") and fields.get("tool_calls"):
+            # An assistant turn of calls only has no content: None, as llama.cpp gives templates, since
+            # some render the calls only then (DeepSeek-R1's: `content is none`).
+            content = None
+        elif content is None:
             content = ""
-        if not isinstance(content, str):
+        elif not isinstance(content, str):
             raise UsageError(f"messages[{i}].content must be a string or a list of content parts")
         # developer is OpenAI's newer name for system: rendered as one, as llama.cpp's server does
         role = "system" if msg["role"] == "developer" else msg["role"]
-        out.append({"role": role, "content": content, **structured.message_fields(msg, i)})
+        if role == "assistant" and isinstance(msg.get("reasoning_content"), str):
+            fields["reasoning_content"] = msg["reasoning_content"]   # templates that keep a tool loop's thinking
+        out.append({"role": role, "content": content, **fields})
     if len(images) > MAX_IMAGES:
         raise UsageError(f"{len(images)} images in one request: at most {MAX_IMAGES}")
     return out, images

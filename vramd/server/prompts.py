@@ -70,7 +70,7 @@ def _ids(engine, req: GenerationRequest, has_encoder: bool) -> tuple[list[int] |
         return engine.fim.fit(engine.tokenizer, req.prompt, req.suffix, ctx), None
     if req.kind == "chat" and engine.template is not None:
         for i, m in enumerate(req.messages):
-            check_length(m["content"], ctx, piece_chars, f"content of messages[{i}]")
+            check_length(m["content"] or "", ctx, piece_chars, f"content of messages[{i}]")
         text = engine.template.render(req.messages, add_generation_prompt=True,
                                       **req.template_kwargs)   # its refusals: 400
         if not cuts or req.images:
