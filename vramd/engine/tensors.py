@@ -96,6 +96,7 @@ class TensorTable:
     def __init__(self, spec, mf, weights: dict, host: dict | None = None):
         self.spec, self.file, self.weights, self.host = spec, mf, weights, host or {}
         self.info = {t.name: t for t in mf.tensors}
+        self.views: dict = {}      # filled after the check, which checks the fused tensors whole
         self._check()
         self.views = fused_views(spec)
 
