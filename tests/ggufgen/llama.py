@@ -29,7 +29,9 @@ Architectures ("arch" here is a style; general.architecture is what is written)
     phi3     general.architecture "phi3" (src/models/phi3.cpp): NeoX RoPE, q/k/v
              fused into attn_qkv.weight (fused_qkv=True, the default; False writes
              attn_q/k/v) and gate and up fused into ffn_up.weight (2 n_ff rows, gate
-             first: always), no biases, SentencePiece vocabulary, ChatML template;
+             first: always), no biases, SentencePiece vocabulary ending in Phi-3's
+             control tokens (vocab.PHI3_TOKENS: llama.cpp needs "<|endoftext|>"),
+             ChatML template;
              longrope=True writes rope_factors_long / rope_factors_short.weight
              (LongRoPE_LONG / _SHORT below).
   Every default can be overridden (n_head_kv, with_bias, vocab, rope_freq_base...).
