@@ -44,6 +44,16 @@ qwen3 from the reference), TOL about 1.5x that:
   Q5_K    0.309  (0.47)   0.788  (1.2)   0.286  (0.43)
   Q6_K    0.293  (0.45)   0.829  (1.25)  0.447  (0.7)
 
+The long-tail cases (cases.py) take their family's group: gemma2, phi3,
+mistral3, qwen2-yarn, llama-yarn "plain", qwen3-yarn "qknorm".  Measured
+maxima (2026-12, same build and machine; vramd within 3e-3 of the reference):
+
+  type    gemma2  phi3    mistral3  qwen3-yarn  qwen2-yarn  llama-yarn
+  F32     0.0046  0.0073  0.0045    0.0111      0.0067      0.0041
+  F16     0.0052  0.0043  0.0052    0.0103
+  Q8_0    0.155   0.154   0.179     0.397
+  Q4_K    0.353   0.394   0.278     0.511
+
  * MoE steps whose routing is a near-tie are left out: a step whose numpy
    reference route (any layer) has a k-th/(k+1)-th router-logit margin below
    ROUTE_TIE = 0.1 can legitimately pick other experts in llama.cpp, whose
