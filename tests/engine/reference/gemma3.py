@@ -132,7 +132,7 @@ class Gemma3Reference:
         self.window = int(key("attention.sliding_window", 4096 if gemma2 else 0) or 0)
         pattern = 2 if gemma2 else SWA_PATTERN
         self.swa_layers = [self.window > 0 and i % pattern < pattern - 1 for i in range(self.n_layer)]
-        self.swa_rope = (self.freq_base, self.freq_scale) if gemma2 else (SWA_FREQ_BASE, 1.0)
+        self.swa_rope = (self.freq_base, self.freq_scale) if gemma2 else None   # None: SWA_FREQ_BASE, scale 1
         divisor = self.n_embd // self.n_head if self.n_layer == (46 if gemma2 else 62) else self.head_dim
         self.attn_scale = 1.0 / math.sqrt(divisor)
         self.cap = float(key("final_logit_softcapping", 30.0 if gemma2 else 0.0) or 0.0)
@@ -195,12 +195,13 @@ class Gemma3Reference:
         kv, ids, positions = start_forward(self, tokens, kv, pos0)
         n, hd = len(ids), self.head_dim
         theta_global = rope_angles(positions, self.n_rot, self.freq_base, self.freq_scale, yarn=self.yarn)
-        theta_swa = rope_angles(positions, self.n_rot, *self.swa_rope, yarn=self.yarn)
+        swa_rope = self.swa_rope or (SWA_FREQ_BASE, 1.0)
+        theta_swa = rope_angles(positions, self.n_rot, *swa_rope, yarn=self.yarn)
         x = self.token_embd[ids].astype(self.dtype) * math.sqrt(self.n_embd)
         for il, L in enumerate(self.layers):
             swa = self.swa_layers[il]
             theta = theta_swa if swa else theta_global
-            mag = self.rope_magnitude(self.swa_rope[1] if swa else self.freq_scale)
+            mag = self.rope_magnitude(swa_rope[1] if swa else self.freq_scale)
             h = rms_norm(x, L["attn_norm"], self.eps)
             q = (h @ L["attn_q"].T).reshape(n, self.n_head, hd)
             k = (h @ L["attn_k"].T).reshape(n, self.n_head_kv, hd)
