@@ -5,7 +5,8 @@
 // [n_tokens], the position of each query; out: f32 [n_tokens, n_heads *
 // head_dim].  Query t at position pos[t] sees cache rows 0 .. pos[t] (rows
 // pos[t] - window + 1 .. pos[t] when window > 0); head h reads KV head
-// h / (n_heads / n_kv_heads).  softmax(scale * q.k) in f32.
+// h / (n_heads / n_kv_heads).  softmax(scale * q.k) in f32 (the score soft-capped
+// first when softcap > 0).
 //
 // One work group per (head, token).  Keys go in tiles of WG, one key per
 // thread for the score; the softmax is online (running max and sum, the
@@ -39,6 +40,7 @@ layout(push_constant) uniform Params {
     uint ctx;         // cache rows: keys at or beyond are never read
     uint window;      // 0: full causal; else a sliding window of that many keys
     float scale;
+    float softcap;    // > 0: each score s becomes softcap * tanh(s / softcap) (gemma2; tanh as softcap.comp writes it)
 } p;
 
 const float NEG = -1.0e30;  // finite: exp(NEG - m) is 0 without inf arithmetic
@@ -107,7 +109,7 @@ void main() {
                 vec2 kk = unpackHalf2x16(kc[kw + (d >> 1)]);
                 dot += qs[d] * kk.x + qs[d + 1u] * kk.y;
             }
-            s = dot;
+            s = p.softcap > 0.0 ? p.softcap * (1.0 - 2.0 / (exp(2.0 * dot / p.softcap) + 1.0)) : dot;
         }
         float m_new = max(m, reduce_max(s, lid));
         float pj = j < n_keys ? exp(s - m_new) : 0.0;

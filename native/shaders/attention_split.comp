@@ -47,6 +47,7 @@ layout(push_constant) uniform Params {
     uint chunk;       // keys per range at most (the full context's cut)
     uint n_splits;
     float scale;
+    float softcap;    // > 0: each score s becomes softcap * tanh(s / softcap) (gemma2; tanh as softcap.comp writes it)
 } p;
 
 const float NEG = -1.0e30;
@@ -112,6 +113,7 @@ void main() {
             for (uint i = 0u; i < TPK; i++) {
                 sc += red[lid * TPK + i];
             }
+            sc = p.softcap > 0.0 ? p.softcap * (1.0 - 2.0 / (exp(2.0 * sc / p.softcap) + 1.0)) : sc;
             score[lid] = base + lid < hi ? sc : NEG;
         }
         barrier();

@@ -7,6 +7,15 @@
 // Normal ordering rotates (x[2i], x[2i+1]); NeoX rotates (x[i], x[i + n_rot/2]).
 // Dimensions from n_rot on are left alone.  theta is reduced to [-pi, pi)
 // before cos/sin: a GPU's sin/cos are only accurate there.
+//
+// Scalings, as ggml's rope_yarn: with ext_factor != 0 (YaRN) pair i mixes the
+// interpolated angle (times freq_scale) with the extrapolated one (without),
+// mix = ext_factor * (1 - clamp((i - corr_lo) / max(0.001, corr_hi - corr_lo), 0, 1));
+// the rotated pair is multiplied by mscale (YaRN's and LongRoPE's magnitude,
+// computed on the host: vramd/engine/arch/spec.py RopeScaling).  temp_scale
+// > 0 (q only; llama 4 / mistral3 attention temperature, n_rot = head_dim)
+// also multiplies it by 1 + temp_scale * ln(floor((pos + temp_offset) /
+// temp_floor) + 1).
 #version 450
 layout(local_size_x = 256) in;
 
@@ -27,6 +36,13 @@ layout(push_constant) uniform Params {
     float freq_scale;
     uint has_ff;      // 1: divide theta by ff[ff_off + i]
     uint ff_off;
+    float ext_factor;
+    float corr_lo;
+    float corr_hi;
+    float mscale;
+    float temp_scale;
+    float temp_floor;
+    float temp_offset;
 } p;
 
 const float TWO_PI = 6.283185307179586;
@@ -45,9 +61,20 @@ void main() {
     if (p.has_ff != 0u) {
         inv_freq /= ff[p.ff_off + k];
     }
-    float theta = float(pos[p.pos_off + t]) * p.freq_scale * inv_freq;
+    float fpos = float(pos[p.pos_off + t]);
+    float scale = p.freq_scale;
+    if (p.ext_factor != 0.0) {
+        float y = (float(k) - p.corr_lo) / max(0.001, p.corr_hi - p.corr_lo);
+        float mix = (1.0 - min(1.0, max(0.0, y))) * p.ext_factor;
+        scale = p.freq_scale * (1.0 - mix) + mix;
+    }
+    float theta = fpos * scale * inv_freq;
     theta -= TWO_PI * floor(theta / TWO_PI + 0.5);
-    float c = cos(theta), s = sin(theta);
+    float m = p.mscale;
+    if (p.temp_scale != 0.0) {
+        m *= 1.0 + p.temp_scale * log(floor((fpos + p.temp_offset) / p.temp_floor) + 1.0);
+    }
+    float c = cos(theta) * m, s = sin(theta) * m;
     uint base = p.x_off + t * p.t_stride + h * p.head_dim;
     uint a = base + (p.neox != 0u ? k : 2u * k);
     uint b = a + (p.neox != 0u ? half_rot : 1u);

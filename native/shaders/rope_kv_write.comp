@@ -8,8 +8,9 @@
 // The rotation is rope.comp's, to the bit: pair i < n_rot / 2 at theta = pos
 // * freq_scale * freq_base^(-2i / n_rot) (/ freq_factors[i]), reduced to
 // [-pi, pi); normal ordering pairs (2i, 2i+1), NeoX (i, i + n_rot/2);
-// dimensions from n_rot on are copied.  Positions outside 0 .. ctx-1 are
-// skipped (kv_write.comp).
+// dimensions from n_rot on are copied; the YaRN mix and the magnitude
+// mscale as rope.comp's (no temperature: it scales q only).  Positions
+// outside 0 .. ctx-1 are skipped (kv_write.comp).
 #version 450
 layout(local_size_x = 256) in;
 
@@ -33,6 +34,10 @@ layout(push_constant) uniform Params {
     uint ff_off;
     uint dst_off;     // word offset of cache[0, 0] in binding 3; rows are n_heads * head_dim / 2 words
     uint ctx;
+    float ext_factor;
+    float corr_lo;
+    float corr_hi;
+    float mscale;
 } p;
 
 const float TWO_PI = 6.283185307179586;
@@ -61,9 +66,15 @@ float rotated(uint base, uint d, float fpos) {
     if (p.has_ff != 0u) {
         inv_freq /= ff[p.ff_off + k];
     }
-    float theta = fpos * p.freq_scale * inv_freq;
+    float scale = p.freq_scale;
+    if (p.ext_factor != 0.0) {
+        float y = (float(k) - p.corr_lo) / max(0.001, p.corr_hi - p.corr_lo);
+        float mix = (1.0 - min(1.0, max(0.0, y))) * p.ext_factor;
+        scale = p.freq_scale * (1.0 - mix) + mix;
+    }
+    float theta = fpos * scale * inv_freq;
     theta -= TWO_PI * floor(theta / TWO_PI + 0.5);
-    float c = cos(theta), s = sin(theta);
+    float c = cos(theta) * p.mscale, s = sin(theta) * p.mscale;
     float x0 = x[a], x1 = x[b];
     return first ? x0 * c - x1 * s : x0 * s + x1 * c;
 }

@@ -2,7 +2,7 @@
 unsupported setting is refused the same way for every architecture.
 
 Two bugs of the per-architecture configs this replaced, as regressions: the
-MoE config accepted `rope.scaling.type = "yarn"` (and applied it as linear)
+MoE config accepted `rope.scaling.type = "yarn"` (and applied it as linear, before YaRN was computed)
 and 4 heads over 3 KV heads, where the llama one refused both.  Now every
 architecture reads its metadata through one reader (arch/hparams.py), and
 each refusal is one line naming the file and the key.
@@ -30,6 +30,9 @@ WRITERS = {
     "qwen3moe": (lambda p, **kw: write_moe(p, arch="qwen3moe", **kw), "qwen3moe"),
     "qwen2moe": (lambda p, **kw: write_moe(p, arch="qwen2moe", **kw), "qwen2moe"),
     "mixtral": (lambda p, **kw: write_moe(p, arch="mixtral", **kw), "llama"),
+    "gemma2": (lambda p, **kw: write_gemma3(p, arch="gemma2", **kw), "gemma2"),
+    "phi3": (lambda p, **kw: write_llama(p, arch="phi3", **kw), "phi3"),
+    "mistral3": (lambda p, **kw: write_llama(p, arch="mistral3", **kw), "mistral3"),
 }
 
 
@@ -52,18 +55,22 @@ def test_every_architecture_has_a_spec_with_its_conventions(tmp_path):
         "qwen3moe": ("qwen3moe", True, True, False, "silu", True),
         "qwen2moe": ("qwen2moe", True, False, False, "silu", True),
         "mixtral": ("mixtral", False, False, False, "silu", True),
+        "gemma2": ("gemma2", True, False, True, "gelu", False),
+        "phi3": ("phi3", True, False, False, "silu", False),
+        "mistral3": ("mistral3", False, False, False, "silu", False),
     }
-    assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe"}
+    assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gemma2", "phi3",
+                                  "mistral3"}
 
 
 @pytest.mark.parametrize("name", list(WRITERS))
 def test_an_unknown_rope_scaling_is_refused_for_every_architecture(tmp_path, name):
     path, arch = _file(tmp_path, name)
-    bad = GGUFImage.from_file(path).set_kv(f"{arch}.rope.scaling.type", V.STRING, "yarn").write(tmp_path / "y.gguf")
+    bad = GGUFImage.from_file(path).set_kv(f"{arch}.rope.scaling.type", V.STRING, "dynamic").write(tmp_path / "y.gguf")
     with pytest.raises(ModelError) as e:
         spec_for(validate_gguf(bad))
     msg = str(e.value)
-    assert msg.startswith(str(bad)) and f"{arch}.rope.scaling.type = 'yarn' is not supported" in msg
+    assert msg.startswith(str(bad)) and f"{arch}.rope.scaling.type = 'dynamic' is not supported" in msg
     assert "\n" not in msg
 
 
@@ -134,3 +141,69 @@ def test_rope_frequency_factors_are_read_only_where_llama_cpp_reads_them(tmp_pat
     assert spec_for(validate_gguf(_file(tmp_path, "mixtral")[0])).rope_factors
     for name in ("qwen2", "gemma3", "qwen3moe", "qwen2moe"):
         assert not spec_for(validate_gguf(_file(tmp_path, name)[0])).rope_factors
+
+
+def test_gemma2_caps_slides_every_other_layer_and_takes_llama_cpps_defaults(tmp_path):
+    s = spec_for(validate_gguf(write_gemma3(tmp_path / "g.gguf", arch="gemma2", n_layer=4, window=8,
+                                            attn_softcap=3.0, softcap=15.0)))
+    assert [layer.window for layer in s.layers] == [8, 0, 8, 0] and s.attn_softcap == 3.0 and s.final_softcap == 15.0
+    assert {(layer.rope_base, layer.rope_scale) for layer in s.layers} == {(1e6, 1.0)}   # no gemma3-style SWA base
+    assert not s.qk_norm and s.post_norms and s.scale == 1 / 8            # 1/sqrt(key_length 64)
+    d = spec_for(validate_gguf(write_gemma3(tmp_path / "d.gguf", arch="gemma2", n_layer=3, window=0)))   # no keys
+    assert (d.attn_softcap, d.final_softcap) == (50.0, 30.0) and [layer.window for layer in d.layers] == [4096, 0, 4096]
+    bad = GGUFImage.from_file(tmp_path / "g.gguf").set_kv("gemma2.attn_logit_softcapping", V.FLOAT32, 0.0)
+    with pytest.raises(ModelError, match=r"gemma2.attn_logit_softcapping = 0.0 is not a number > 0"):
+        spec_for(validate_gguf(bad.write(tmp_path / "z.gguf")))
+
+
+def test_phi3_fused_tensors_are_views_and_longrope_picks_by_context(tmp_path):
+    from vramd.engine.tensors import fused_views, required
+    path = write_llama(tmp_path / "p.gguf", arch="phi3", n_rot=16, longrope=True, orig_ctx=32, rope_attn_factor=1.2,
+                       sliding_window=8)
+    s = spec_for(validate_gguf(path))
+    assert s.fused_qkv and s.fused_up and s.n_rot == 16 and s.longrope_ctx == 32 and not any(l.window for l in s.layers)
+    assert s.rope_params(0)["mscale"] == pytest.approx(1.2) and s.rope_params(0)["ext_factor"] == 0.0
+    assert (s.rope_factors_name(64), s.rope_factors_name(32)) == ("rope_factors_long.weight", "rope_factors_short.weight")
+    mats, _ = required(s)
+    assert mats["blk.0.attn_qkv.weight"] == (128, 384) and mats["blk.0.ffn_up.weight"] == (128, 512)
+    assert "blk.0.attn_q.weight" not in mats and "blk.0.ffn_gate.weight" not in mats
+    views = fused_views(s)
+    assert views["blk.0.attn_v.weight"] == ("blk.0.attn_qkv.weight", 256, 128)
+    assert views["blk.0.ffn_gate.weight"] == ("blk.0.ffn_up.weight", 0, 256)
+    assert views["blk.0.ffn_up.weight"] == ("blk.0.ffn_up.weight", 256, 256)
+    split = spec_for(validate_gguf(write_llama(tmp_path / "u.gguf", arch="phi3", fused_qkv=False)))
+    assert not split.fused_qkv and split.fused_up and split.longrope_ctx == 0
+
+
+def test_yarn_is_computed_for_every_architecture_as_llama_cpp_derives_it(tmp_path):
+    """ext_factor 1, the ramp from the original context and beta 32/1, and the magnitude
+    (1 + 0.1 ln factor) on the scaled layers only (gemma3's sliding ones keep scale 1)."""
+    import math
+    for name in ("llama", "qwen2", "qwen3moe", "gemma3"):
+        path, arch = _file(tmp_path, name)
+        img = (GGUFImage.from_file(path).set_kv(f"{arch}.rope.scaling.type", V.STRING, "yarn")
+               .set_kv(f"{arch}.rope.scaling.factor", V.FLOAT32, 4.0)
+               .set_kv(f"{arch}.rope.scaling.original_context_length", V.UINT32, 64))
+        s = spec_for(validate_gguf(img.write(tmp_path / f"{name}-y.gguf")))
+        r = s.rope_scaling
+        assert (r.ext_factor, r.beta_fast, r.beta_slow, r.n_ctx_orig) == (1.0, 32.0, 1.0, 64), name
+        scaled = [i for i, layer in enumerate(s.layers) if layer.rope_scale == 0.25]
+        assert scaled and s.rope_params(scaled[0])["mscale"] == pytest.approx(1 + 0.1 * math.log(4)), name
+        lo, hi = s.rope_params(scaled[0])["corr_dims"]
+        assert 0 <= lo <= hi <= s.n_rot - 1
+        for i, layer in enumerate(s.layers):
+            if layer.rope_scale == 1.0:
+                assert s.rope_params(i)["mscale"] == pytest.approx(1.0)
+
+
+def test_mistral3_reads_yarn_betas_log_multiplier_and_temperature(tmp_path):
+    path = write_llama(tmp_path / "m.gguf", arch="mistral3", rope_scaling="yarn", rope_scaling_factor=16.0,
+                       orig_ctx=16384, yarn_beta_fast=16.0, yarn_beta_slow=0.5, yarn_log_mul=1.0, attn_temp_scale=0.1)
+    s = spec_for(validate_gguf(path))
+    assert (s.rope_scaling.beta_fast, s.rope_scaling.beta_slow) == (16.0, 0.5)
+    assert s.rope_params(0)["mscale"] == pytest.approx(1.0)    # log multiplier 1: mscale(16, 1) / mscale(16, 1)
+    assert (s.attn_temp_scale, s.attn_temp_floor, s.attn_temp_offset) == (pytest.approx(0.1), 16384, 0.0)
+    # the same keys on a llama file are not read (llama.cpp's llama loader does not)
+    q = spec_for(validate_gguf(write_llama(tmp_path / "l.gguf", arch="llama", rope_scaling="yarn",
+                                           rope_scaling_factor=16.0, orig_ctx=16384, yarn_beta_fast=16.0)))
+    assert q.rope_scaling.beta_fast == 32.0 and q.attn_temp_scale == 0.0

@@ -59,5 +59,5 @@ def start_writer(path: Path, spec, n_ff: int | None) -> gguf.GGUFWriter:
     writer.add_head_count_kv(spec.n_head_kv)
     writer.add_layer_norm_rms_eps(spec.eps)
     writer.add_rope_freq_base(spec.rope_freq_base)
-    writer.add_rope_dimension_count(spec.head_dim)
+    writer.add_rope_dimension_count(getattr(spec, "rot", spec.head_dim))
     return writer

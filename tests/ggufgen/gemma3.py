@@ -1,4 +1,10 @@
-"""Synthetic gemma3 GGUF models for the engine's tests.
+"""Synthetic gemma3 and gemma2 GGUF models for the engine's tests.
+
+arch="gemma2" writes general.architecture "gemma2" (src/models/gemma2-iswa.cpp):
+no attn_q_norm / attn_k_norm (attn_q, attn_k then N(0, (1.5/sqrt(n_embd))^2), as
+llama.py's, so that q.k is selective), attn_softcap written as
+attn_logit_softcapping and softcap as final_logit_softcapping (None: no key,
+llama.cpp's defaults 50 and 30 apply), the window on even layers (pattern 2).
 
 Owns: `write_gemma3` (and `Gemma3Spec`, `make_gemma3_weights`), which writes a
 small, deterministic model with general.architecture "gemma3": QK-norm,
@@ -52,6 +58,7 @@ from tests.ggufgen.vocab import write_vocab
 
 @dataclass(frozen=True)
 class Gemma3Spec:
+    arch: str = "gemma3"                     # or "gemma2"
     n_vocab: int = 512
     n_embd: int = 128
     n_head: int = 4
@@ -68,8 +75,13 @@ class Gemma3Spec:
     eps: float = 1e-6
     seed: int = 0
     pooling_type: int | None = None          # gemma3.pooling_type (llama.py's LlamaSpec says what it is)
+    attn_softcap: float | None = None        # gemma2: attn_logit_softcapping
+    rope_scaling: str | None = None          # "yarn": with rope_scaling_factor and orig_ctx
+    orig_ctx: int | None = None
 
     def check(self) -> "Gemma3Spec":
+        if self.arch not in ("gemma3", "gemma2"):
+            raise ValueError(f"arch {self.arch!r}")
         if self.weight_type not in WEIGHT_TYPES:
             raise ValueError(f"weight_type {self.weight_type!r}")
         if self.n_head % self.n_head_kv or self.head_dim % 2:
@@ -91,11 +103,13 @@ def make_gemma3_weights(spec: Gemma3Spec) -> dict[str, np.ndarray]:
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = gain_(p + "attn_norm.weight", e)
-        w[p + "attn_q.weight"] = normal_(p + "attn_q.weight", (spec.n_head * hd, e), 1 / np.sqrt(e))
-        w[p + "attn_k.weight"] = normal_(p + "attn_k.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
+        qk_std = (1.0 if spec.arch == "gemma3" else 1.5) / np.sqrt(e)
+        w[p + "attn_q.weight"] = normal_(p + "attn_q.weight", (spec.n_head * hd, e), qk_std)
+        w[p + "attn_k.weight"] = normal_(p + "attn_k.weight", (spec.n_head_kv * hd, e), qk_std)
         w[p + "attn_v.weight"] = normal_(p + "attn_v.weight", (spec.n_head_kv * hd, e), 1 / np.sqrt(e))
-        w[p + "attn_q_norm.weight"] = gain_(p + "attn_q_norm.weight", hd, 1.5)
-        w[p + "attn_k_norm.weight"] = gain_(p + "attn_k_norm.weight", hd, 1.5)
+        if spec.arch == "gemma3":
+            w[p + "attn_q_norm.weight"] = gain_(p + "attn_q_norm.weight", hd, 1.5)
+            w[p + "attn_k_norm.weight"] = gain_(p + "attn_k_norm.weight", hd, 1.5)
         w[p + "attn_output.weight"] = normal_(p + "attn_output.weight", (e, spec.n_head * hd),
                                              1 / np.sqrt(spec.n_head * hd))
         w[p + "post_attention_norm.weight"] = gain_(p + "post_attention_norm.weight", e)
@@ -123,8 +137,8 @@ def write_gemma3_weights(path: str | Path, spec: Gemma3Spec, weights: dict[str, 
     spec = spec.check()
     path = Path(path)
     qtype = WEIGHT_TYPES[spec.weight_type]
-    writer = gguf.GGUFWriter(str(path), "gemma3")
-    writer.add_name(f"synthetic-gemma3-{spec.weight_type}-{spec.seed}")
+    writer = gguf.GGUFWriter(str(path), spec.arch)
+    writer.add_name(f"synthetic-{spec.arch}-{spec.weight_type}-{spec.seed}")
     writer.add_file_type(FILE_TYPES[qtype])
     writer.add_context_length(4096)
     writer.add_embedding_length(spec.n_embd)
@@ -139,10 +153,14 @@ def write_gemma3_weights(path: str | Path, spec: Gemma3Spec, weights: dict[str, 
     if spec.window:
         writer.add_sliding_window(spec.window)
     if spec.rope_scaling_factor is not None:
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_type(gguf.RopeScalingType(spec.rope_scaling or "linear"))
         writer.add_rope_scaling_factor(spec.rope_scaling_factor)
+    if spec.orig_ctx is not None:
+        writer.add_rope_scaling_orig_ctx_len(spec.orig_ctx)
     if spec.softcap is not None:
         writer.add_final_logit_softcapping(spec.softcap)
+    if spec.attn_softcap is not None:
+        writer.add_attn_logit_softcapping(spec.attn_softcap)
     if spec.pooling_type is not None:
         writer.add_pooling_type(gguf.PoolingType(spec.pooling_type))
     write_vocab(writer, LlamaSpec(n_vocab=spec.n_vocab, vocab="spm", chat_template="").resolve())

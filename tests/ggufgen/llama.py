@@ -23,7 +23,26 @@ Architectures ("arch" here is a style; general.architecture is what is written)
              value_length always written (key_length= sets a head_dim other than
              n_embd / n_head, as Qwen3's 128), BPE vocabulary with Qwen3's own
              chat template (vocab.QWEN3_TEMPLATE).
+    mistral3 general.architecture "mistral3" (src/models/mistral3.cpp): llama's graph
+             and tensors, GQA n_head / 4, rope base 1e6, SentencePiece vocabulary,
+             Mistral template; YaRN and attention temperature where asked (below).
+    phi3     general.architecture "phi3" (src/models/phi3.cpp): NeoX RoPE, q/k/v
+             fused into attn_qkv.weight (fused_qkv=True, the default; False writes
+             attn_q/k/v) and gate and up fused into ffn_up.weight (2 n_ff rows, gate
+             first: always), no biases, SentencePiece vocabulary ending in Phi-3's
+             control tokens (vocab.PHI3_TOKENS: llama.cpp needs "<|endoftext|>"),
+             ChatML template;
+             longrope=True writes rope_factors_long / rope_factors_short.weight
+             (LongRoPE_LONG / _SHORT below).
   Every default can be overridden (n_head_kv, with_bias, vocab, rope_freq_base...).
+  RoPE options, for every style: n_rot (rope.dimension_count below head_dim: partial
+  rotary), rope_scaling ("yarn", "longrope" or "linear" with rope_scaling_factor; None:
+  linear when a factor is given), orig_ctx (rope.scaling.original_context_length),
+  rope_attn_factor (rope.scaling.attn_factor), yarn_beta_fast / yarn_beta_slow /
+  yarn_log_mul (rope.scaling.yarn_*), attn_temp_scale (attention.temperature_scale),
+  sliding_window (attention.sliding_window, which phi3 ignores).  The fused tensors are
+  the unfused ones' values stacked (the same random streams), so a fused and an unfused
+  file of one spec compute the same function.
 
 Weights (all from numpy's default_rng, one stream per tensor seeded by
 (seed, crc32(name)), so changing one option leaves every other tensor as it was):
@@ -68,7 +87,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-from tests.ggufgen.common import TIED_EMBD, gain, normal, output_head, start_writer
+from tests.ggufgen.common import TIED_EMBD, gain, normal, output_head, rng, start_writer
 from tests.ggufgen.quant import WEIGHT_TYPES, write_tensors
 from tests.ggufgen.vocab import CHATML_TEMPLATE, LLAMA2_TEMPLATE, MISTRAL_TEMPLATE, QWEN3_TEMPLATE, write_vocab
 
@@ -79,7 +98,12 @@ _STYLES = {
     "mistral": ("llama", lambda h: max(1, h // 4), 1e6, 1e-5, "spm", False, MISTRAL_TEMPLATE),
     "qwen2": ("qwen2", lambda h: max(1, h // 2), 1e6, 1e-6, "bpe", True, CHATML_TEMPLATE),
     "qwen3": ("qwen3", lambda h: max(1, h // 2), 1e6, 1e-6, "bpe", False, QWEN3_TEMPLATE),
+    "mistral3": ("mistral3", lambda h: max(1, h // 4), 1e6, 1e-5, "spm", False, MISTRAL_TEMPLATE),
+    "phi3": ("phi3", lambda h: h, 10000.0, 1e-5, "spm", False, CHATML_TEMPLATE),
 }
+# LongRoPE factors (phi3's rope_factors_*): both slow the rotation, the long ones much more,
+# as Phi-3-128k's (short ~1-1.1, long up to tens), so that the choice between them matters.
+LONGROPE_SHORT, LONGROPE_LONG = (1.0, 1.2), (1.0, 24.0)
 QK_NORM_GAIN = 1.5   # qwen3's attn_q_norm / attn_k_norm: see the module header
 
 
@@ -109,6 +133,17 @@ class LlamaSpec:
     pooling_type: int | None = None            # <arch>.pooling_type (llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last)
     fim: str | None = None                     # FIM tokens and how they are named (vocab.py), None: none
     tool_tokens: bool = False                  # <tool_call> and </tool_call> as tokens of their own (vocab.py)
+    n_rot: int | None = None                   # rope.dimension_count; None: head_dim
+    rope_scaling: str | None = None            # rope.scaling.type; None: "linear" when a factor is set
+    orig_ctx: int | None = None                # rope.scaling.original_context_length
+    rope_attn_factor: float | None = None      # rope.scaling.attn_factor
+    yarn_beta_fast: float | None = None
+    yarn_beta_slow: float | None = None
+    yarn_log_mul: float | None = None
+    attn_temp_scale: float | None = None       # attention.temperature_scale (mistral3)
+    sliding_window: int | None = None          # attention.sliding_window
+    fused_qkv: bool = True                     # phi3 only: attn_qkv.weight
+    longrope: bool = False                     # phi3 only: rope_factors_long/short.weight
 
     def resolve(self) -> "LlamaSpec":
         if self.arch not in _STYLES:
@@ -131,6 +166,8 @@ class LlamaSpec:
             raise ValueError(f"vocab {spec.vocab!r}: expected 'spm' or 'bpe'")
         if spec.key_length is None and spec.n_embd % spec.n_head or spec.head_dim % 2:
             raise ValueError(f"n_embd {spec.n_embd} must split into {spec.n_head} heads of even size")
+        if spec.n_rot is not None and (spec.n_rot % 2 or not 0 < spec.n_rot <= spec.head_dim):
+            raise ValueError(f"n_rot {spec.n_rot} must be even and at most head_dim {spec.head_dim}")
         if spec.n_head % spec.n_head_kv:
             raise ValueError(f"n_head {spec.n_head} is not a multiple of n_head_kv {spec.n_head_kv}")
         block = gguf.GGML_QUANT_SIZES[WEIGHT_TYPES[spec.weight_type]][0]
@@ -150,6 +187,10 @@ class LlamaSpec:
     @property
     def qk_norm(self) -> bool:
         return self.arch == "qwen3"
+
+    @property
+    def rot(self) -> int:
+        return self.n_rot or self.head_dim
 
 
 # --- weights -------------------------------------------------------------------------
@@ -182,7 +223,33 @@ def make_weights(spec: LlamaSpec) -> dict[str, np.ndarray]:
         w[p + "ffn_gate.weight"] = normal(spec, p + "ffn_gate.weight", (f, e), 1 / np.sqrt(e))
         w[p + "ffn_up.weight"] = normal(spec, p + "ffn_up.weight", (f, e), 1 / np.sqrt(e))
         w[p + "ffn_down.weight"] = normal(spec, p + "ffn_down.weight", (e, f), 1 / np.sqrt(f))
+    if spec.arch == "phi3":
+        w = _fuse_phi3(spec, w)
     return w | output_head(spec, e)
+
+
+def _fuse_phi3(spec: LlamaSpec, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """phi3's tensors from the unfused ones: attn_qkv (rows q, k, v) unless fused_qkv is
+    False, ffn_up = [gate; up] (2 n_ff rows), and the LongRoPE factors first if asked."""
+    out: dict[str, np.ndarray] = {}
+    if spec.longrope:
+        half = spec.rot // 2
+        for name, (lo, hi) in (("rope_factors_long.weight", LONGROPE_LONG),
+                               ("rope_factors_short.weight", LONGROPE_SHORT)):
+            ramp = np.exp(np.linspace(np.log(lo), np.log(hi), half))
+            out[name] = (ramp * (1.0 + 0.02 * rng(spec.seed, name).standard_normal(half))).astype(np.float32)
+    for name, value in w.items():
+        block, short = name.rsplit(".", 2)[0] + ".", name.split(".")[-2]   # "blk.3.", "attn_q"
+        if short in ("attn_k", "attn_v") and spec.fused_qkv or short == "ffn_gate":
+            continue
+        if short == "attn_q" and spec.fused_qkv:
+            out[block + "attn_qkv.weight"] = np.concatenate([value, w[block + "attn_k.weight"],
+                                                            w[block + "attn_v.weight"]])
+        elif short == "ffn_up":
+            out[name] = np.concatenate([w[block + "ffn_gate.weight"], value])
+        else:
+            out[name] = value
+    return out
 
 
 def write_weights(path: str | Path, spec: LlamaSpec, weights: dict[str, np.ndarray]) -> Path:
@@ -196,15 +263,30 @@ def write_weights(path: str | Path, spec: LlamaSpec, weights: dict[str, np.ndarr
     if spec.qk_norm or spec.key_length is not None:     # Qwen3 conversions always write them
         writer.add_key_length(spec.head_dim)
         writer.add_value_length(spec.head_dim)
-    if spec.rope_scaling_factor is not None:
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(spec.rope_scaling_factor)
+    write_rope_keys(writer, spec)
     if spec.pooling_type is not None:
         writer.add_pooling_type(gguf.PoolingType(spec.pooling_type))
     writer.add_vocab_size(spec.n_vocab)
     write_vocab(writer, spec)
     write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
     return path
+
+
+def write_rope_keys(writer: gguf.GGUFWriter, spec) -> None:
+    """The RoPE-scaling, temperature and window keys LlamaSpec's options ask for."""
+    if spec.rope_scaling is not None or spec.rope_scaling_factor is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType(spec.rope_scaling or "linear"))
+    if spec.rope_scaling_factor is not None:
+        writer.add_rope_scaling_factor(spec.rope_scaling_factor)
+    for value, add in ((spec.orig_ctx, writer.add_rope_scaling_orig_ctx_len),
+                       (spec.rope_attn_factor, writer.add_rope_scaling_attn_factors),
+                       (spec.yarn_beta_fast, writer.add_rope_scaling_yarn_beta_fast),
+                       (spec.yarn_beta_slow, writer.add_rope_scaling_yarn_beta_slow),
+                       (spec.yarn_log_mul, writer.add_rope_scaling_yarn_log_mul),
+                       (spec.attn_temp_scale, writer.add_attn_temperature_scale),
+                       (spec.sliding_window, writer.add_sliding_window)):
+        if value is not None:
+            add(value)
 
 
 def write_llama(path: str | Path, *, arch: str = "llama", n_vocab: int = 512, n_embd: int = 128,
@@ -214,7 +296,7 @@ def write_llama(path: str | Path, *, arch: str = "llama", n_vocab: int = 512, n_
     """Write a synthetic model to `path` and return the path.  Same arguments,
     same bytes.  `more` takes LlamaSpec's other fields (rope_freq_base,
     rope_scaling_factor, eps, context_length, bpe_pre, chat_template, key_length,
-    pooling_type, fim)."""
+    pooling_type, fim, and the RoPE options of the module header)."""
     spec = LlamaSpec(arch=arch, n_vocab=n_vocab, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                      n_layer=n_layer, n_ff=n_ff, weight_type=weight_type, tied_output=tied_output,
                      with_bias=with_bias, vocab=vocab, seed=seed, **more)

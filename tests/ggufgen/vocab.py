@@ -114,25 +114,33 @@ class Vocab:
     special: dict[str, int] = field(default_factory=dict)
 
 
+# Control tokens a style's vocabulary ends with: llama.cpp's phi3 vocabulary loader looks up
+# "<|endoftext|>" (a file without it fails to load, "_Map_base::at"); Phi-3's chat tokens.
+PHI3_TOKENS = ("<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>")
+
+
 @functools.lru_cache(maxsize=None)
-def make_vocab(kind: str, n_vocab: int, fim: bool = False, tool_tokens: bool = False) -> Vocab:
+def make_vocab(kind: str, n_vocab: int, fim: bool = False, extra: tuple[str, ...] = (),
+               tool_tokens: bool = False) -> Vocab:
     """A vocabulary of exactly n_vocab tokens learned from CORPUS (with fim, its
-    last three are FIM_TOKENS[kind], in `special` by name).  Cached (training
-    takes ~0.2 s and every file of a size has the same one): treat it as read-only."""
+    last three are FIM_TOKENS[kind], then the `extra` control tokens, all in
+    `special` by name).  Cached (training takes ~0.2 s and every file of a size
+    has the same one): treat it as read-only."""
     if kind not in FIM_TOKENS:
         raise ValueError(f"vocab {kind!r}: expected 'spm' or 'bpe'")
     if tool_tokens:    # Qwen's <tool_call> and </tool_call>: USER_DEFINED, text that is one token
-        v = make_vocab(kind, n_vocab - 2, fim)
+        v = make_vocab(kind, n_vocab - 2, fim, extra)
         return Vocab(v.model, v.tokens + list(TOOL_TOKENS), v.types + [USER_DEFINED] * 2,
                      None if v.scores is None else v.scores + [0.0] * 2, v.merges, v.bos, v.eos, v.unk,
                      dict(v.special) | {t: n_vocab - 2 + i for i, t in enumerate(TOOL_TOKENS)})
-    if not fim:
+    names = (FIM_TOKENS[kind] if fim else ()) + tuple(extra)
+    if not names:
         return _spm_vocab(n_vocab) if kind == "spm" else _bpe_vocab(n_vocab)
-    v = make_vocab(kind, n_vocab - 3)
-    names = FIM_TOKENS[kind]
-    special = dict(v.special) | {t: n_vocab - 3 + i for i, t in enumerate(names)}
-    return Vocab(v.model, v.tokens + list(names), v.types + [CONTROL] * 3,
-                 None if v.scores is None else v.scores + [0.0] * 3, v.merges, v.bos, v.eos, v.unk, special)
+    k = len(names)
+    v = make_vocab(kind, n_vocab - k)
+    special = dict(v.special) | {t: n_vocab - k + i for i, t in enumerate(names)}
+    return Vocab(v.model, v.tokens + list(names), v.types + [CONTROL] * k,
+                 None if v.scores is None else v.scores + [0.0] * k, v.merges, v.bos, v.eos, v.unk, special)
 
 
 def _train_bpe(words: Counter, n_tokens: int, have: set[str]) -> list[tuple[str, str]]:
@@ -287,7 +295,8 @@ def write_vocab(writer: gguf.GGUFWriter, spec) -> None:
     fim = getattr(spec, "fim", None)
     if fim is not None and fim not in FIM_STYLES:
         raise ValueError(f"fim {fim!r}: expected one of {', '.join(FIM_STYLES)} or None")
-    v = make_vocab(spec.vocab, spec.n_vocab, fim is not None, getattr(spec, "tool_tokens", False))
+    v = make_vocab(spec.vocab, spec.n_vocab, fim is not None, PHI3_TOKENS if getattr(spec, "arch", "") == "phi3" else (),
+                   getattr(spec, "tool_tokens", False))
     writer.add_tokenizer_model(v.model)
     if v.model == "gpt2":
         writer.add_tokenizer_pre(spec.bpe_pre)

@@ -57,15 +57,16 @@ def attention(m, i: int, n: int) -> None:
         with ops.parallel():
             ops.rms_norm(a["q"], t.vector(p + "attn_q_norm.weight"), a["q"], s.eps, n * s.n_head, hd)
             ops.rms_norm(a["k"], t.vector(p + "attn_k_norm.weight"), a["k"], s.eps, n * s.n_head_kv, hd)
-    rope = dict(n_rot=s.n_rot, neox=s.neox, freq_base=layer.rope_base, freq_scale=layer.rope_scale,
-                freq_factors=t.vector("rope_freqs.weight") if s.rope_factors else None)
+    factors = s.rope_factors_name(kv.ctx)
+    rope = dict(s.rope_params(i), freq_factors=t.vector(factors) if factors else None)
+    temperature = (s.attn_temp_scale, s.attn_temp_floor, s.attn_temp_offset) if s.attn_temp_scale else None
     with ops.parallel():   # q rotates in place, k rotated into the cache, v to the cache as it is
-        ops.rope(a["q"], a["pos"], n, s.n_head, hd, **rope)
+        ops.rope(a["q"], a["pos"], n, s.n_head, hd, temperature=temperature, **rope)
         ops.rope_kv_write(a["k"], kv.k(i), a["pos"], n, s.n_head_kv, hd, kv.ctx, **rope)
         ops.kv_write(a["v"], kv.v(i), a["pos"], n, s.kv_width, kv.ctx)
     # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
     ops.attention(a["q"], kv.k(i), kv.v(i), a["pos"], a["att"], n, s.n_head, s.n_head_kv, hd, kv.ctx, s.scale,
-                  window=layer.window, tmp=a[m.att_tmp])
+                  window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap)
     linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)
     if s.post_norms:
         ops.rms_norm(a["h"], t.vector(p + "post_attention_norm.weight"), a["h"], s.eps, n, E)

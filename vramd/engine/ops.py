@@ -59,10 +59,10 @@ WEIGHT_TYPES.update({3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 2
                      13: ("q5_k", 256, 176), 14: ("q6_k", 256, 210)})
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
-_KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 48),
-            "kv_write": (3, 32), "attention": (5, 60), "silu_mul": (3, 16), "add": (3, 20),
-            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 56), "attention_merge": (2, 20),
-            "rope_kv_write": (4, 56), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36)}
+_KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
+            "kv_write": (3, 32), "attention": (5, 64), "silu_mul": (3, 16), "add": (3, 20),
+            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (2, 20),
+            "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36)}
 
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
@@ -506,34 +506,48 @@ class Ops:
 
     def rope(self, x, pos, n_tokens: int, n_heads: int, head_dim: int, *, n_rot: int | None = None,
              neox: bool = False, freq_base: float = 10000.0, freq_scale: float = 1.0, freq_factors=None,
-             t_stride: int | None = None) -> None:
+             t_stride: int | None = None, ext_factor: float = 0.0, corr_dims=(0.0, 0.0), mscale: float = 1.0,
+             temperature=None) -> None:
         """Rotates x in place: f32 [n_tokens, n_heads, head_dim], token rows
         t_stride floats apart (default n_heads * head_dim), by the positions
         pos: int32 [n_tokens].  theta(p, i) = freq_scale * p *
         freq_base^(-2i/n_rot) / freq_factors[i] (freq_factors: f32
         [n_rot/2] or None).  neox=False rotates (x[2i], x[2i+1]) (llama);
-        neox=True rotates (x[i], x[i + n_rot/2]) (qwen2, gemma)."""
+        neox=True rotates (x[i], x[i + n_rot/2]) (qwen2, gemma).
+        ext_factor != 0: YaRN's mix of interpolated and extrapolated angles
+        over the pairs corr_dims = (lo, hi); mscale multiplies the rotated
+        pairs (arch/spec.py RopeScaling says what these are).  temperature =
+        (scale, floor, offset): the pairs are also multiplied by 1 + scale *
+        ln(floor((p + offset) / floor) + 1) (q of llama 4 / mistral3; needs
+        n_rot = head_dim)."""
         n_rot = head_dim if n_rot is None else int(n_rot)
         t_stride = n_heads * head_dim if t_stride is None else int(t_stride)
         if n_rot % 2 or not 0 < n_rot <= head_dim:
             raise ModelError(f"rope over {n_rot} of {head_dim} dimensions: needs an even count <= head_dim")
+        t_scale, t_floor, t_offset = temperature or (0.0, 1.0, 0.0)
+        if t_scale and (n_rot != head_dim or not t_floor > 0):
+            raise ModelError(f"attention temperature over {n_rot} of {head_dim} rotated dimensions "
+                             f"(floor {t_floor}): needs every dimension rotated and a positive floor")
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * t_stride + n_heads * head_dim), "rope x")
         pv, po = self._bind(pos, 4 * n_tokens, "rope positions")
         if freq_factors is not None:
             fv, fo = self._bind(freq_factors, 4 * (n_rot // 2), "rope freq_factors")
         else:
             fv, fo = pv, 0  # bound but never read
-        push = struct.pack("<8I2f2I", n_tokens, n_heads, head_dim, n_rot, int(bool(neox)), xo, t_stride, po,
-                           freq_base, freq_scale, int(freq_factors is not None), fo)
+        push = struct.pack("<8I2f2I7f", n_tokens, n_heads, head_dim, n_rot, int(bool(neox)), xo, t_stride, po,
+                           freq_base, freq_scale, int(freq_factors is not None), fo, ext_factor, corr_dims[0],
+                           corr_dims[1], mscale, t_scale, t_floor, t_offset)
         self._dispatch(self._kernel("rope"), [xv, pv, fv], push,
                        self._groups1d(n_tokens * n_heads * (n_rot // 2), self.max_groups))
 
     def rope_kv_write(self, x, cache, pos, n_tokens: int, n_heads: int, head_dim: int, ctx: int, *,
                       n_rot: int | None = None, neox: bool = False, freq_base: float = 10000.0,
-                      freq_scale: float = 1.0, freq_factors=None, t_stride: int | None = None) -> None:
+                      freq_scale: float = 1.0, freq_factors=None, t_stride: int | None = None,
+                      ext_factor: float = 0.0, corr_dims=(0.0, 0.0), mscale: float = 1.0) -> None:
         """cache[pos[t], :] = f16(rope(x[t, :])): `rope` then `kv_write` in one
         dispatch, with x left unrotated (the attention reads K from the cache
-        only).  Arguments as rope's; cache: f16 [ctx, n_heads * head_dim]."""
+        only).  Arguments as rope's (no temperature: it scales q only);
+        cache: f16 [ctx, n_heads * head_dim]."""
         n_rot = head_dim if n_rot is None else int(n_rot)
         width = n_heads * head_dim
         t_stride = width if t_stride is None else int(t_stride)
@@ -546,8 +560,9 @@ class Ops:
         else:
             fv, fo = pv, 0  # bound but never read
         cv, co = self._bind(cache, 2 * ctx * width, "rope_kv_write cache")
-        push = struct.pack("<8I2f4I", n_tokens, n_heads, head_dim, n_rot, int(bool(neox)), xo, t_stride, po,
-                           freq_base, freq_scale, int(freq_factors is not None), fo, co, ctx)
+        push = struct.pack("<8I2f4I4f", n_tokens, n_heads, head_dim, n_rot, int(bool(neox)), xo, t_stride, po,
+                           freq_base, freq_scale, int(freq_factors is not None), fo, co, ctx, ext_factor,
+                           corr_dims[0], corr_dims[1], mscale)
         self._dispatch(self._kernel("rope_kv_write"), [xv, pv, fv, cv], push,
                        self._groups1d(n_tokens * width // 2, self.max_groups))
 
@@ -570,10 +585,11 @@ class Ops:
 
     def attention(self, q, k_cache, v_cache, pos, out, n_tokens: int, n_heads: int, n_kv_heads: int,
                   head_dim: int, ctx: int, scale: float, *, window: int = 0, q_stride: int | None = None,
-                  o_stride: int | None = None, tmp=None) -> None:
+                  o_stride: int | None = None, tmp=None, softcap: float = 0.0) -> None:
         """out[t, h*hd:(h+1)*hd] = softmax_j(scale * q[t, h] . K[j, kvh]) V[j, kvh]
         over cache rows j <= pos[t] (and j > pos[t] - window when window > 0),
-        kvh = h // (n_heads // n_kv_heads).
+        kvh = h // (n_heads // n_kv_heads); softcap > 0 caps each score s
+        (after the scale) to softcap * tanh(s / softcap) first (gemma2).
 
         q: f32 [n_tokens, n_heads, head_dim] (token rows q_stride floats
         apart, default n_heads*head_dim); k_cache, v_cache: f16 [ctx,
@@ -597,14 +613,15 @@ class Ops:
         pv, po = self._bind(pos, 4 * n_tokens, "attention positions")
         ov, oo = self._bind(out, 4 * ((n_tokens - 1) * o_stride + n_heads * head_dim), "attention out")
         if n_tokens == 1 and tmp is not None and self._attention_split(qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp,
-                                                                     n_heads, n_kv_heads, head_dim, ctx, scale, window):
+                                                                     n_heads, n_kv_heads, head_dim, ctx, scale, window,
+                                                                     softcap):
             return
-        push = struct.pack("<14If", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
-                           po, oo, o_stride, ctx, int(window), scale)
+        push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
+                           po, oo, o_stride, ctx, int(window), scale, softcap)
         self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov], push, (n_heads, n_tokens, 1))
 
     def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,
-                         scale, window) -> bool:
+                         scale, window, softcap=0.0) -> bool:
         """One query token (decode): its keys in ranges, a work group per (head,
         range) (attention_split.comp), then a merge per head
         (attention_merge.comp), with the partial states in `tmp` (f32 scratch
@@ -618,8 +635,8 @@ class Ops:
             return False
         chunk = -(-keys // n_splits)
         tv, to = self._bind(tmp, 4 * n_heads * n_splits * stride, "attention partials")
-        push = struct.pack("<13If", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
-                           ctx, int(window), chunk, n_splits, scale)
+        push = struct.pack("<13I2f", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
+                           ctx, int(window), chunk, n_splits, scale, softcap)
         self._dispatch(self._kernel("attention_split"), [qv, kv, vv, pv, tv], push, (n_heads, n_splits, 1))
         self._dispatch(self._kernel("attention_merge"), [tv, ov], struct.pack("<5I", head_dim, n_splits, to, oo, 0),
                        (n_heads, 1, 1))

@@ -5,7 +5,10 @@ reads exists with the shape the metadata implies (norms F32, matrices in a
 type the kernels run, optional biases and RoPE frequency factors F32 of the
 right length), then hands out `Weight`s (matrices), vectors and expert stacks
 by name.  A missing or misshapen tensor is one ModelError naming the file,
-the tensor and the architecture, before anything runs.  Shapes are GGUF's
+the tensor and the architecture, before anything runs.  A fused tensor
+(phi3's attn_qkv, its ffn_up of gate and up rows) is checked as one and
+handed out as row views under the unfused names (attn_q, ffn_gate, ...):
+offsets into the one weight, no copy, so the layer math does not know.  Shapes are GGUF's
 (ne[0] first): a matrix that maps n_in to n_out is (n_in, n_out).
 """
 
@@ -28,15 +31,21 @@ def required(spec) -> tuple[dict, dict]:
     for i, layer in enumerate(spec.layers):
         p = f"blk.{i}."
         vecs.update({p + "attn_norm.weight": E, p + "ffn_norm.weight": E})
-        mats.update({p + "attn_q.weight": (E, Q), p + "attn_k.weight": (E, KV), p + "attn_v.weight": (E, KV),
-                     p + "attn_output.weight": (Q, E)})
+        if spec.fused_qkv:
+            mats[p + "attn_qkv.weight"] = (E, Q + 2 * KV)
+        else:
+            mats.update({p + "attn_q.weight": (E, Q), p + "attn_k.weight": (E, KV), p + "attn_v.weight": (E, KV)})
+        mats[p + "attn_output.weight"] = (Q, E)
         if spec.qk_norm:
             vecs.update({p + "attn_q_norm.weight": hd, p + "attn_k_norm.weight": hd})
         if spec.post_norms:
             vecs.update({p + "post_attention_norm.weight": E, p + "post_ffw_norm.weight": E})
         if not layer.moe:
             F = spec.n_ff
-            mats.update({p + "ffn_gate.weight": (E, F), p + "ffn_up.weight": (E, F), p + "ffn_down.weight": (F, E)})
+            if spec.fused_up:
+                mats.update({p + "ffn_up.weight": (E, 2 * F), p + "ffn_down.weight": (F, E)})
+            else:
+                mats.update({p + "ffn_gate.weight": (E, F), p + "ffn_up.weight": (E, F), p + "ffn_down.weight": (F, E)})
             continue
         m = spec.moe
         mats.update({p + "ffn_gate_inp.weight": (E, m.n_expert),
@@ -53,13 +62,31 @@ def required(spec) -> tuple[dict, dict]:
 def optional(spec) -> dict:
     """{vector name: length} the forward pass reads where the file has them: biases, RoPE factors."""
     vecs = {"rope_freqs.weight": spec.n_rot // 2} if spec.rope_factors else {}
+    if spec.longrope_ctx:
+        vecs.update({"rope_factors_long.weight": spec.n_rot // 2, "rope_factors_short.weight": spec.n_rot // 2})
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         vecs.update({p + "attn_q.bias": spec.q_width, p + "attn_k.bias": spec.kv_width,
                      p + "attn_v.bias": spec.kv_width, p + "attn_output.bias": spec.n_embd})
-        if spec.n_ff and not spec.layers[i].moe:
+        if spec.n_ff and not spec.layers[i].moe and not spec.fused_up:
             vecs.update({p + "ffn_gate.bias": spec.n_ff, p + "ffn_up.bias": spec.n_ff, p + "ffn_down.bias": spec.n_embd})
     return vecs
+
+
+def fused_views(spec) -> dict[str, tuple[str, int, int]]:
+    """{unfused name: (fused tensor, first row, rows)} for the spec's fused tensors."""
+    views = {}
+    Q, KV, F = spec.q_width, spec.kv_width, spec.n_ff
+    for i, layer in enumerate(spec.layers):
+        p = f"blk.{i}."
+        if spec.fused_qkv:
+            qkv = p + "attn_qkv.weight"
+            views.update({p + "attn_q.weight": (qkv, 0, Q), p + "attn_k.weight": (qkv, Q, KV),
+                          p + "attn_v.weight": (qkv, Q + KV, KV)})
+        if spec.fused_up and not layer.moe:
+            up = p + "ffn_up.weight"
+            views.update({p + "ffn_gate.weight": (up, 0, F), p + "ffn_up.weight": (up, F, F)})
+    return views
 
 
 class TensorTable:
@@ -69,7 +96,9 @@ class TensorTable:
     def __init__(self, spec, mf, weights: dict, host: dict | None = None):
         self.spec, self.file, self.weights, self.host = spec, mf, weights, host or {}
         self.info = {t.name: t for t in mf.tensors}
+        self.views: dict = {}      # filled after the check, which checks the fused tensors whole
         self._check()
+        self.views = fused_views(spec)
 
     def _fail(self, problem: str) -> ModelError:
         return ModelError(f"{self.file.path}: {problem}")
@@ -97,10 +126,16 @@ class TensorTable:
     # -- by name -----------------------------------------------------------------
 
     def has(self, name: str) -> bool:
-        return name in self.info
+        return name in self.info or name in self.views
 
     def matrix(self, name: str) -> Weight:
-        """A matrix (or embedding table) on the device: rows = ne[1] * ne[2]..., cols = ne[0]."""
+        """A matrix (or embedding table) on the device: rows = ne[1] * ne[2]..., cols = ne[0];
+        a part of a fused tensor as a view of its rows."""
+        if name in self.views:
+            source, r0, rows = self.views[name]
+            t = self.info[source]
+            rb = row_bytes(t.type, t.shape[0])
+            return Weight(view(self.weights[source], r0 * rb, rows * rb), t.type, rows, t.shape[0])
         t = self.info[name]
         rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
         return Weight(self.weights[name], t.type, rows, t.shape[0])

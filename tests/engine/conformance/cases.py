@@ -1,7 +1,7 @@
 """The conformance suite's models: one small synthetic GGUF per (architecture, weight type).
 
-Owns `ARCHS`, `TYPES`, `cases()` (every pair) and `write_case(arch,
-weight_type, path)`.  Every architecture uses rows of 256 (n_embd, n_ff, the
+Owns `ARCHS`, `TYPES`, `TYPES_OF` (the types each case is run in), `cases()`
+(every pair) and `write_case(arch, weight_type, path)`.  Every architecture uses rows of 256 (n_embd, n_ff, the
 experts' n_ff, n_head * head_dim), so that every type, the 256-value K-quant
 blocks included, is written from the same float values: the files of one
 architecture differ only by their weight type (the float weights are made
@@ -16,6 +16,22 @@ output for qwen3 and gemma3, q/k/v biases for qwen2 and qwen2moe, a shared
 expert for qwen2moe, 8 experts of which 2 are used, and for gemma3 a sliding
 window of 8 positions over 7 layers (layer 5 global), which the suite's
 prompts cross.
+
+The long tail (issue 17), in F32, F16, Q8_0 and Q4_K each:
+  gemma2      4 layers (0 and 2 slide over 8 positions), attention scores capped
+              at 3 and logits at 15 (small caps, so that both bite), no QK-norm
+  phi3        fused attn_qkv and gate/up, partial rotary (32 of head_dim 64),
+              LongRoPE factors with an original context of 32 (both engines' contexts
+              exceed it: the long factors) and attn_factor 1.19, a sliding_window key
+              (ignored by llama.cpp, so by vramd)
+  mistral3    YaRN factor 4 over an original context of 16 (the suite's 28 positions
+              go past it), beta_fast 32 / beta_slow 0.5 and yarn_log_multiplier 1 read
+              from the file (Ministral's), attention temperature 0.1 (q scaled from
+              position 16 on)
+  qwen3-yarn  qwen3 with YaRN factor 4 over an original context of 16, base 1e4 (the
+              ramp covers pairs 0..7 of 64): what Qwen3's long-context GGUFs declare
+and in F32 only, the other YaRN-declaring families: qwen2-yarn, llama-yarn (the
+same scaling on qwen2's and llama's case).
 """
 
 from __future__ import annotations
@@ -24,8 +40,14 @@ import functools
 from dataclasses import replace
 from pathlib import Path
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
+         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
+TYPES_OF = {a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:]}
+# gguf general.architecture of each case (the reference and the tolerance group go by it)
+GGUF_ARCH = {a: a.split("-")[0] for a in ARCHS} | {"mixtral": "llama"}
+_YARN = dict(rope_scaling="yarn", rope_scaling_factor=4.0, orig_ctx=16)
 
 _DENSE = dict(n_embd=256, n_ff=512, n_head=4, n_layer=2, n_vocab=512, seed=7)
 _MOE = dict(n_embd=256, n_ff_exp=256, n_ff_shexp=256, n_head=4, n_head_kv=2, n_layer=2, n_expert=8,
@@ -33,18 +55,32 @@ _MOE = dict(n_embd=256, n_ff_exp=256, n_ff_shexp=256, n_head=4, n_head_kv=2, n_l
 
 
 def cases() -> list[tuple[str, str]]:
-    return [(a, t) for a in ARCHS for t in TYPES]
+    return [(a, t) for a in ARCHS for t in TYPES_OF[a]]
 
 
 def _spec(arch: str):
     """The architecture's spec in F32 (the weight type is set per file) and its writer."""
     from tests.ggufgen import gemma3, llama, moe
 
+    dense = llama.make_weights, llama.write_weights
     if arch in ("llama", "qwen2"):
-        return llama.LlamaSpec(arch=arch, weight_type="F32", **_DENSE), llama.make_weights, llama.write_weights
-    if arch == "qwen3":
-        return (llama.LlamaSpec(arch=arch, weight_type="F32", key_length=128, tied_output=True, n_head_kv=2,
-                                 **_DENSE), llama.make_weights, llama.write_weights)
+        return (llama.LlamaSpec(arch=arch, weight_type="F32", **_DENSE), *dense)
+    if arch in ("llama-yarn", "qwen2-yarn"):
+        return (llama.LlamaSpec(arch=arch.split("-")[0], weight_type="F32", **_YARN, **_DENSE), *dense)
+    if arch in ("qwen3", "qwen3-yarn"):
+        yarn = dict(_YARN, rope_freq_base=1e4) if arch == "qwen3-yarn" else {}
+        return (llama.LlamaSpec(arch="qwen3", weight_type="F32", key_length=128, tied_output=True, n_head_kv=2,
+                                **yarn, **_DENSE), *dense)
+    if arch == "phi3":
+        return (llama.LlamaSpec(arch=arch, weight_type="F32", n_rot=32, longrope=True, orig_ctx=32, n_head_kv=2,
+                                rope_attn_factor=1.19, sliding_window=8, **_DENSE), *dense)
+    if arch == "mistral3":
+        return (llama.LlamaSpec(arch=arch, weight_type="F32", yarn_beta_fast=32.0, yarn_beta_slow=0.5,
+                                yarn_log_mul=1.0, attn_temp_scale=0.1, rope_freq_base=1e4, **_YARN, **_DENSE), *dense)
+    if arch == "gemma2":
+        return (gemma3.Gemma3Spec(arch=arch, weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=2,
+                                  head_dim=64, n_layer=4, window=8, attn_softcap=3.0, softcap=15.0, seed=5),
+                gemma3.make_gemma3_weights, gemma3.write_gemma3_weights)
     if arch == "gemma3":
         return (gemma3.Gemma3Spec(weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
                                          head_dim=64, n_layer=7, window=8, seed=5),

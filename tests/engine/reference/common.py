@@ -14,6 +14,7 @@ specification these pieces serve (layouts, RoPE, precision).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -46,21 +47,46 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope_angles(positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float,
-                freq_factors: np.ndarray | None = None) -> np.ndarray:
-    """theta[n, i] for each position n and pair i < n_rot/2, in float64."""
+                freq_factors: np.ndarray | None = None, yarn: "Yarn | None" = None) -> np.ndarray:
+    """theta[n, i] for each position n and pair i < n_rot/2, in float64.  With `yarn`
+    (ggml's rope_yarn): pair i takes (1 - mix_i) of the interpolated angle (times
+    freq_scale) and mix_i of the extrapolated one (without), mix_i = ext_factor *
+    (1 - clip((i - lo) / max(0.001, hi - lo), 0, 1)), [lo, hi] = yarn.corr_dims(...)."""
     i = np.arange(n_rot // 2, dtype=np.float64)
     inv_freq = freq_base ** (-2.0 * i / n_rot)
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.astype(np.float64)
-    return freq_scale * np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    extrap = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    if yarn is None:
+        return freq_scale * extrap
+    lo, hi = yarn.corr_dims(n_rot, freq_base)
+    mix = yarn.ext_factor * (1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0))
+    return freq_scale * extrap * (1.0 - mix) + extrap * mix
 
 
-def rope(x: np.ndarray, theta: np.ndarray, ordering: str) -> np.ndarray:
-    """Rotate x [n_tokens, n_heads, head_dim] by theta [n_tokens, n_rot/2] in `ordering`."""
+class Yarn:
+    """YaRN as llama.cpp runs it: ext_factor 1, the correction range from the original
+    context and beta_fast / beta_slow (ggml_rope_yarn_corr_dims: the pairs that turn
+    fewer than beta_fast and more than beta_slow times over n_ctx_orig)."""
+
+    def __init__(self, n_ctx_orig: int, beta_fast: float = 32.0, beta_slow: float = 1.0, ext_factor: float = 1.0):
+        self.n_ctx_orig, self.beta_fast, self.beta_slow, self.ext_factor = n_ctx_orig, beta_fast, beta_slow, ext_factor
+
+    def corr_dims(self, n_rot: int, base: float) -> tuple[float, float]:
+        def pair(turns: float) -> float:   # the pair index whose wavelength is n_ctx_orig / turns
+            return n_rot * math.log(self.n_ctx_orig / (turns * 2.0 * math.pi)) / (2.0 * math.log(base))
+        return max(0.0, math.floor(pair(self.beta_fast))), min(n_rot - 1.0, math.ceil(pair(self.beta_slow)))
+
+
+def rope(x: np.ndarray, theta: np.ndarray, ordering: str, magnitude: float = 1.0) -> np.ndarray:
+    """Rotate x [n_tokens, n_heads, head_dim] by theta [n_tokens, n_rot/2] in `ordering`,
+    the rotated pairs multiplied by `magnitude` (YaRN's / LongRoPE's mscale; a scalar or
+    one per token)."""
     n_rot = 2 * theta.shape[1]
     out = x.copy()
-    cos = np.cos(theta)[:, None, :].astype(x.dtype)
-    sin = np.sin(theta)[:, None, :].astype(x.dtype)
+    mag = np.broadcast_to(np.asarray(magnitude, dtype=np.float64), (theta.shape[0],))[:, None, None]
+    cos = (np.cos(theta)[:, None, :] * mag).astype(x.dtype)
+    sin = (np.sin(theta)[:, None, :] * mag).astype(x.dtype)
     if ordering == "normal":
         a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
         out[..., 0:n_rot:2] = a * cos - b * sin
@@ -149,19 +175,50 @@ def read_attention(m, key: Callable[..., Any], md: dict, path) -> None:
         raise ValueError(f"{path}: rope.dimension_count {m.n_rot} does not fit "
                          f"head_dim {m.head_dim_k}")
     m.freq_base = float(key("rope.freq_base", 10000.0))
-    scaling = key("rope.scaling.type", "linear")
-    factor = key("rope.scaling.factor", None)
-    if factor is None:
-        factor = key("rope.scale_linear", 0.0)
-    if scaling == "none":
-        m.freq_scale = 1.0
-    elif scaling == "linear":
-        m.freq_scale = 1.0 if float(factor) == 0.0 else 1.0 / float(factor)
-    else:
-        raise ValueError(f"{path}: RoPE scaling {scaling!r} is not implemented by the reference")
+    read_rope_scaling(m, key, path)
     m.n_ctx_train = key("context_length", None)
     m.bos = md.get("tokenizer.ggml.bos_token_id")
     m.eos = md.get("tokenizer.ggml.eos_token_id")
+
+
+def read_rope_scaling(m, key: Callable[..., Any], path, yarn_keys: bool = False) -> None:
+    """Set m.freq_scale, m.yarn (a Yarn or None), m.n_ctx_orig and m.rope_magnitude(freq_scale)
+    from A.rope.scaling.* as llama.cpp's context reads them: "none" never scales; "linear",
+    "yarn" and "longrope" take freq_scale = 1/factor (absent or 0: 1); "yarn" adds the mix
+    (beta_fast 32, beta_slow 1 unless the architecture reads A.rope.scaling.yarn_beta_*:
+    yarn_keys) and cos/sin are multiplied by A.rope.scaling.attn_factor (default 1) times,
+    for YaRN, 1 + 0.1 ln(1 / freq_scale) of the layer -- with A.rope.scaling.yarn_log_multiplier
+    L (yarn_keys only) the factor-level part becomes mscale(f, 1) / mscale(f, L),
+    mscale(f, m) = 1 + 0.1 m ln f (1 for f <= 1)."""
+    scaling = key("rope.scaling.type", "linear")
+    if scaling not in ("none", "linear", "yarn", "longrope"):
+        raise ValueError(f"{path}: RoPE scaling {scaling!r} is not implemented by the reference")
+    factor = key("rope.scaling.factor", None)
+    if factor is None:
+        factor = key("rope.scale_linear", 0.0)
+    factor = float(factor)
+    m.freq_scale = 1.0 if scaling == "none" or factor == 0.0 else 1.0 / factor
+    m.n_ctx_orig = int(key("rope.scaling.original_context_length", key("context_length", 0)))
+    attn = float(key("rope.scaling.attn_factor", 1.0))
+    m.yarn = None
+    if scaling == "yarn":
+        fast = float(key("rope.scaling.yarn_beta_fast", 32.0)) if yarn_keys else 32.0
+        slow = float(key("rope.scaling.yarn_beta_slow", 1.0)) if yarn_keys else 1.0
+        log_mul = float(key("rope.scaling.yarn_log_multiplier", 0.0)) if yarn_keys else 0.0
+        m.yarn = Yarn(m.n_ctx_orig, fast, slow)
+        f = 1.0 / m.freq_scale
+
+        def mscale(mul: float) -> float:
+            return 1.0 if f <= 1.0 else 1.0 + 0.1 * mul * math.log(f)
+        if log_mul:   # the kernel's own (1 + 0.1 ln f) is cancelled, this ratio stands instead
+            attn = attn * mscale(1.0) / mscale(log_mul) / (1.0 + 0.1 * math.log(f))
+        else:
+            attn = attn * mscale(1.0) / (1.0 + 0.1 * math.log(f))
+
+    def magnitude(freq_scale: float) -> float:
+        return attn * (1.0 + 0.1 * math.log(1.0 / freq_scale)) if m.yarn is not None else attn
+
+    m.rope_magnitude = magnitude
 
 
 class Tensors:

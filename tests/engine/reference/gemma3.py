@@ -1,4 +1,4 @@
-"""The numpy reference forward pass of gemma3: the specification vramd/engine/arch/gemma3.py is checked against.
+"""The numpy reference forward pass of gemma3 and gemma2: the specification vramd/engine/arch/gemma3.py is checked against.
 
 Owns: `Gemma3Reference` (a gemma3 GGUF file -> dequantized weights -> logits;
 `.forward(tokens, kv, pos0)`, `.new_kv(dtype)`, `.greedy()`, `.greedy_logits()`),
@@ -27,6 +27,15 @@ Not in any key, assumed as llama.cpp does for gemma3:
   sliding pattern      layer l slides iff window > 0 and l % 6 < 5 (every 6th layer global)
   sliding-layer RoPE   base 10000, freq_scale 1
   attention scale      1/sqrt(key_length); for 62 layers (the 27B) 1/sqrt(n_embd // n_head)
+
+gemma2 (src/models/gemma2-iswa.cpp, llama-model.cpp's LLM_ARCH_GEMMA2)
+-----------------------------------------------------------------------
+  no attn_q_norm / attn_k_norm; sliding pattern 2 (layer l slides iff l % 2 == 0)
+  with A.attention.sliding_window default 4096 and the global RoPE on every layer;
+  the scores s_i (after the scale) soft-capped: s_i = c tanh(s_i / c), c =
+  A.attn_logit_softcapping (default 50); the logits always capped with
+  A.final_logit_softcapping (default 30); the 27B is the 46-layer one.
+  RoPE scaling for both: common.read_rope_scaling (none, linear, yarn).
 
 The computation, per token t at position p
 ------------------------------------------
@@ -71,8 +80,8 @@ from typing import Sequence
 
 import numpy as np
 
-from tests.engine.reference.common import (ReferenceKV, dequantize_tensor, metadata_key, rms_norm, rope, rope_angles,
-                                           start_forward, top2_margin)
+from tests.engine.reference.common import (ReferenceKV, dequantize_tensor, metadata_key, read_rope_scaling, rms_norm,
+                                           rope, rope_angles, start_forward, top2_margin)
 from vramd.model.gguf_check import validate_gguf
 
 __all__ = ["Gemma3Reference", "gelu", "softcap", "top2_margin"]
@@ -103,10 +112,11 @@ class Gemma3Reference:
         self.file = mf = validate_gguf(path)
         self.dtype = np.dtype(dtype)
         md = mf.metadata
-        if mf.architecture != "gemma3":
-            raise ValueError(f"{path}: architecture {mf.architecture!r} is not gemma3")
-
-        key = metadata_key(md, "gemma3", path)
+        self.arch = mf.architecture
+        if self.arch not in ("gemma3", "gemma2"):
+            raise ValueError(f"{path}: architecture {mf.architecture!r} is not gemma3 or gemma2")
+        gemma2 = self.arch == "gemma2"
+        key = metadata_key(md, self.arch, path)
 
         self.n_layer = int(key("block_count", required=True))
         self.n_embd = int(key("embedding_length", required=True))
@@ -118,21 +128,16 @@ class Gemma3Reference:
         self.eps = float(key("attention.layer_norm_rms_epsilon", required=True))
         self.n_rot = int(key("rope.dimension_count", self.head_dim))
         self.freq_base = float(key("rope.freq_base", 10000.0))
-        scaling = key("rope.scaling.type", "linear")
-        factor = key("rope.scaling.factor", None)
-        if factor is None:
-            factor = key("rope.scale_linear", 0.0)
-        if scaling == "none" or float(factor) == 0.0:
-            self.freq_scale = 1.0
-        elif scaling == "linear":
-            self.freq_scale = 1.0 / float(factor)
-        else:
-            raise ValueError(f"{path}: RoPE scaling {scaling!r} is not implemented by the reference")
-        self.window = int(key("attention.sliding_window", 0) or 0)
-        self.swa_layers = [self.window > 0 and i % SWA_PATTERN < SWA_PATTERN - 1 for i in range(self.n_layer)]
-        divisor = self.n_embd // self.n_head if self.n_layer == 62 else self.head_dim
+        read_rope_scaling(self, key, path)
+        self.window = int(key("attention.sliding_window", 4096 if gemma2 else 0) or 0)
+        pattern = 2 if gemma2 else SWA_PATTERN
+        self.swa_layers = [self.window > 0 and i % pattern < pattern - 1 for i in range(self.n_layer)]
+        self.swa_rope = (self.freq_base, self.freq_scale) if gemma2 else None   # None: SWA_FREQ_BASE, scale 1
+        divisor = self.n_embd // self.n_head if self.n_layer == (46 if gemma2 else 62) else self.head_dim
         self.attn_scale = 1.0 / math.sqrt(divisor)
-        self.cap = float(key("final_logit_softcapping", 0.0) or 0.0)
+        self.cap = float(key("final_logit_softcapping", 30.0 if gemma2 else 0.0) or 0.0)
+        self.attn_cap = float(key("attn_logit_softcapping", 50.0)) if gemma2 else 0.0
+        self.qk_norm = not gemma2
         self.bos = md.get("tokenizer.ggml.bos_token_id")
         self.eos = md.get("tokenizer.ggml.eos_token_id")
         self._load(str(path), key("feed_forward_length", None))
@@ -158,7 +163,8 @@ class Gemma3Reference:
         self.layers = []
         for i in range(self.n_layer):
             p = f"blk.{i}."
-            layer = {m: take(f"{p}{m}.weight") for m in _MATRICES + _NORMS}
+            layer = {m: take(f"{p}{m}.weight") for m in _MATRICES + _NORMS
+                     if self.qk_norm or m not in ("attn_q_norm", "attn_k_norm")}
             self.layers.append(layer)
         self.n_ff = self.layers[0]["ffn_gate"].shape[0]
         if n_ff_key is not None and int(n_ff_key) != self.n_ff:
@@ -170,7 +176,7 @@ class Gemma3Reference:
                   "ffn_norm": (e,), "post_ffw_norm": (e,)}
         for i, layer in enumerate(self.layers):
             for m, s in shapes.items():
-                if layer[m].shape != s:
+                if m in layer and layer[m].shape != s:
                     raise ValueError(f"{path}: blk.{i}.{m} has shape {layer[m].shape}, expected {s}")
         unknown = sorted(set(infos) - known)
         if unknown:
@@ -188,20 +194,23 @@ class Gemma3Reference:
         means len(kv); a smaller pos0 drops the positions from it on)."""
         kv, ids, positions = start_forward(self, tokens, kv, pos0)
         n, hd = len(ids), self.head_dim
-        theta_global = rope_angles(positions, self.n_rot, self.freq_base, self.freq_scale)
-        theta_swa = rope_angles(positions, self.n_rot, SWA_FREQ_BASE, 1.0)
+        theta_global = rope_angles(positions, self.n_rot, self.freq_base, self.freq_scale, yarn=self.yarn)
+        swa_rope = self.swa_rope or (SWA_FREQ_BASE, 1.0)
+        theta_swa = rope_angles(positions, self.n_rot, *swa_rope, yarn=self.yarn)
         x = self.token_embd[ids].astype(self.dtype) * math.sqrt(self.n_embd)
         for il, L in enumerate(self.layers):
             swa = self.swa_layers[il]
             theta = theta_swa if swa else theta_global
+            mag = self.rope_magnitude(swa_rope[1] if swa else self.freq_scale)
             h = rms_norm(x, L["attn_norm"], self.eps)
             q = (h @ L["attn_q"].T).reshape(n, self.n_head, hd)
             k = (h @ L["attn_k"].T).reshape(n, self.n_head_kv, hd)
             v = (h @ L["attn_v"].T).reshape(n, self.n_head_kv, hd)
-            q = rms_norm(q, L["attn_q_norm"], self.eps)     # over the last axis: per head
-            k = rms_norm(k, L["attn_k_norm"], self.eps)
-            q = rope(q, theta, "neox")
-            k = rope(k, theta, "neox")
+            if self.qk_norm:
+                q = rms_norm(q, L["attn_q_norm"], self.eps)     # over the last axis: per head
+                k = rms_norm(k, L["attn_k_norm"], self.eps)
+            q = rope(q, theta, "neox", mag)
+            k = rope(k, theta, "neox", mag)
             kv.k[il] = np.concatenate([kv.k[il], k.astype(kv.dtype)])
             kv.v[il] = np.concatenate([kv.v[il], v.astype(kv.dtype)])
             o = self._attention(q, kv.k[il].astype(self.dtype), kv.v[il].astype(self.dtype), positions,
@@ -228,6 +237,8 @@ class Gemma3Reference:
         for h in range(self.n_head):
             g = h // group
             s = (q[:, h, :] @ k[:, g, :].T) * self.attn_scale
+            if self.attn_cap > 0:
+                s = softcap(s, self.attn_cap)
             s = np.where(visible, s, -np.inf)
             s = s - s.max(axis=1, keepdims=True)
             w = np.exp(s)

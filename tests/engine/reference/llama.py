@@ -11,9 +11,26 @@ by reading.  Nothing here is imported by vramd itself; it lives in the tests.
 What it computes is what llama.cpp computes for `general.architecture` "llama"
 (Llama 2/3, and Mistral, whose GGUF conversions are written as "llama") and
 "qwen2", and "qwen3" (src/models/qwen3.cpp: qwen2's graph without biases and
-with QK-norm, below), from the GGUF as stored.  Any other architecture, any
-tensor it does not know and any RoPE scaling other than none/linear is
-refused with a ValueError rather than computed wrongly.
+with QK-norm, below), "mistral3" (llama's graph; YaRN keys and attention
+temperature, below) and "phi3" (NeoX; fused attn_qkv and gate/up, LongRoPE,
+below), from the GGUF as stored.  Any other architecture, any tensor it does
+not know and any RoPE scaling other than none/linear/yarn/longrope is refused
+with a ValueError rather than computed wrongly.
+
+RoPE scalings (common.read_rope_scaling, as llama.cpp's context reads them)
+  "linear"   freq_scale = 1 / A.rope.scaling.factor
+  "yarn"     the same freq_scale, and per pair i the mix of interpolated and
+             extrapolated angles of common.rope_angles; cos/sin times
+             A.rope.scaling.attn_factor * (1 + 0.1 ln factor); the original
+             context A.rope.scaling.original_context_length (else context_length)
+             and beta 32 / 1 set the mix's range (mistral3 reads
+             A.rope.scaling.yarn_beta_fast / _slow / _log_multiplier too)
+  phi3       LongRoPE: rope_factors_long.weight when the context the model runs
+             with (n_ctx=, default the trained one) exceeds the original one, else
+             rope_factors_short.weight, as rope_freqs; cos/sin times
+             A.rope.scaling.attn_factor
+  mistral3   A.attention.temperature_scale s: q (after RoPE) times
+             1 + s ln(floor(p / n_ctx_orig) + 1)
 
 Metadata keys read (`A` = the value of general.architecture)
 -------------------------------------------------------------
@@ -144,11 +161,11 @@ from typing import Sequence
 import numpy as np
 
 from tests.engine.reference.common import (ReferenceKV, Tensors, dequantize_tensor, metadata_key, read_attention,
-                                           rms_norm, rope, rope_angles, silu, start_forward)
+                                           read_rope_scaling, rms_norm, rope, rope_angles, silu, start_forward)
 from vramd.model.gguf_check import validate_gguf
 
 # llama.cpp's rope type per architecture (llama_model_rope_type).
-ROPE_ORDERING = {"llama": "normal", "qwen2": "neox", "qwen3": "neox"}
+ROPE_ORDERING = {"llama": "normal", "qwen2": "neox", "qwen3": "neox", "mistral3": "normal", "phi3": "neox"}
 # Architectures whose q and k heads are RMS-normalized before RoPE (attn_q_norm /
 # attn_k_norm, required there and refused elsewhere).
 QK_NORM_ARCHS = ("qwen3",)
@@ -182,7 +199,7 @@ class ReferenceModel:
     head_dim_v, n_ff, n_rot, eps, freq_base, freq_scale, n_ctx_train, bos, eos,
     tied_output.  `.tensors` maps every tensor name to its float32 values."""
 
-    def __init__(self, path: str | os.PathLike[str], dtype: type = np.float64):
+    def __init__(self, path: str | os.PathLike[str], dtype: type = np.float64, n_ctx: int | None = None):
         self.file = validate_gguf(path)
         self.dtype = np.dtype(dtype)
         md = self.file.metadata
@@ -196,9 +213,35 @@ class ReferenceModel:
         key = metadata_key(md, a, path)
 
         read_attention(self, key, md, path)
+        self.attn_temp_scale = 0.0
+        if self.arch == "mistral3":
+            read_rope_scaling(self, key, path, yarn_keys=True)
+            self.attn_temp_scale = float(key("attention.temperature_scale", 0.0))
+        # the context the model runs with: picks phi3's LongRoPE factors (default: as llama.cpp, the trained one)
+        self.n_ctx = int(n_ctx or self.n_ctx_train or 0)
 
         self.tensors = {t.name: dequantize_tensor(self.file, t) for t in self.file.tensors}
+        if self.arch == "phi3":
+            self._unfuse_phi3()
         self._load_weights(str(path), key("feed_forward_length", None))
+
+    def _unfuse_phi3(self) -> None:
+        """phi3's fused tensors as the llama names: attn_qkv -> attn_q, attn_k, attn_v (rows
+        in that order), ffn_up [2 n_ff] -> ffn_gate (first half), ffn_up (second half);
+        LongRoPE's rope_factors_long when the context exceeds the original one, else
+        rope_factors_short, as rope_freqs (the other is dropped)."""
+        t, q, kv = self.tensors, self.n_head * self.head_dim_k, self.n_head_kv * self.head_dim_k
+        for name in [n for n in t if n.endswith("attn_qkv.weight")]:
+            b, w = name[:-len("attn_qkv.weight")], t.pop(name)
+            t[b + "attn_q.weight"], t[b + "attn_k.weight"], t[b + "attn_v.weight"] = w[:q], w[q:q + kv], w[q + kv:]
+        for name in [n for n in t if n.endswith("ffn_up.weight")]:
+            b, w = name[:-len("ffn_up.weight")], t[name]
+            half = w.shape[0] // 2
+            t[b + "ffn_gate.weight"], t[name] = w[:half], w[half:]
+        long, short = t.pop("rope_factors_long.weight", None), t.pop("rope_factors_short.weight", None)
+        chosen = long if self.n_ctx > self.n_ctx_orig else short
+        if chosen is not None:
+            t["rope_freqs.weight"] = chosen
 
     def _load_weights(self, path: str, n_ff_key) -> None:
         tensors = Tensors(self.tensors, path, self.dtype)
@@ -266,7 +309,12 @@ class ReferenceModel:
         kv, ids, positions = start_forward(self, tokens, kv, pos0)
         n = len(ids)
         theta = rope_angles(positions, self.n_rot, self.freq_base, self.freq_scale,
-                            self.freq_factors)
+                            self.freq_factors, self.yarn)
+        magnitude = self.rope_magnitude(self.freq_scale)
+        q_magnitude = magnitude
+        if self.attn_temp_scale:   # llama 4 / mistral3: q scaled per position (floor = the original context)
+            q_magnitude = magnitude * (1.0 + self.attn_temp_scale
+                                       * np.log(np.floor(positions / self.n_ctx_orig) + 1.0))
         x = self.token_embd[ids]                              # [n, n_embd]
         for il, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, self.eps)
@@ -276,8 +324,8 @@ class ReferenceModel:
             if layer.attn_q_norm is not None:       # per head, over head_dim, before RoPE
                 q = rms_norm(q, layer.attn_q_norm, self.eps)
                 k = rms_norm(k, layer.attn_k_norm, self.eps)
-            q = rope(q, theta, self.rope_ordering)
-            k = rope(k, theta, self.rope_ordering)
+            q = rope(q, theta, self.rope_ordering, q_magnitude)
+            k = rope(k, theta, self.rope_ordering, magnitude)
             kv.k[il] = np.concatenate([kv.k[il], k.astype(kv.dtype)])
             kv.v[il] = np.concatenate([kv.v[il], v.astype(kv.dtype)])
             attn = self._attention(q, kv.k[il].astype(self.dtype), kv.v[il].astype(self.dtype),

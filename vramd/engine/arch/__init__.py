@@ -23,6 +23,9 @@ BUILDERS = {
     "qwen2": (llama.qwen2, None),
     "qwen3": (llama.qwen3, None),
     "gemma3": (gemma3.gemma3, None),
+    "gemma2": (gemma3.gemma2, None),
+    "phi3": (llama.phi3, None),
+    "mistral3": (llama.mistral3, None),
     "qwen3moe": (None, moe.qwen3moe),
     "qwen2moe": (None, moe.qwen2moe),
 }

@@ -1,4 +1,4 @@
-"""gemma3 (Gemma 3 270M / 1B / 4B / 12B / 27B text), as llama.cpp defines it.
+"""The Gemma family: gemma3 (Gemma 3 270M / 1B / 4B / 12B / 27B text) and gemma2, as llama.cpp defines them.
 
 What llama.cpp computes for general.architecture "gemma3" (its
 src/models/gemma3.cpp graph and llama-model.cpp hparams):
@@ -42,6 +42,18 @@ Conventions, as found:
   * Final logit soft-capping: A.final_logit_softcapping when present and > 0
     (Gemma 3 checkpoints do not set it; llama.cpp's current gemma3 graph
     applies it only without a sliding window; a file with both is capped here).
+
+gemma2 (src/models/gemma2-iswa.cpp; llama-model.cpp's LLM_ARCH_GEMMA2) is the
+same graph without QK-norm, and:
+  * attention logits soft-capped: s = cap * tanh(s / cap) after the scale,
+    before the mask and softmax; cap = A.attn_logit_softcapping, default 50
+    (llama.cpp's hparams.attn_soft_cap is always on for gemma2);
+  * final logits always soft-capped: A.final_logit_softcapping, default 30;
+  * sliding window A.attention.sliding_window (default 4096), pattern 2:
+    layer l slides iff l % 2 == 0; sliding layers keep the global RoPE base
+    and scale (no gemma3-style 10000);
+  * the same query scale rule: 1/sqrt(key_length), for 46 layers (the 27B)
+    1/sqrt(n_embd / n_head).
 """
 
 from __future__ import annotations
@@ -54,19 +66,36 @@ from vramd.engine.arch.spec import ArchSpec, LayerSpec
 SWA_PATTERN = 6            # llama.cpp: hparams.set_swa_pattern(6) for gemma3
 SWA_FREQ_BASE = 10000.0    # llama.cpp: rope_freq_base_train_swa for gemma3
 SWA_FREQ_SCALE = 1.0
+GEMMA2_SWA_PATTERN = 2     # set_swa_pattern(2)
+GEMMA2_WINDOW = 4096       # n_swa when the key is absent
+GEMMA2_ATTN_SOFTCAP, GEMMA2_FINAL_SOFTCAP = 50.0, 30.0   # llama-hparams.h defaults
+
+
+def gemma(hp: Hparams, *, pattern: int, window: int, swa_rope: tuple | None, wide_layers: int, **fields) -> ArchSpec:
+    """The Gemma graph: every `pattern`-th layer global, the others sliding over `window`
+    (0: none) with RoPE (base, scale) `swa_rope` (None: the global one); embeddings times
+    sqrt(n_embd), post-norms, GELU; the query scale of the `wide_layers`-layer 27B differs."""
+    g = hp.common()
+    base, scale = hp.get("rope.freq_base", 10000.0, kind=float), hp.rope_freq_scale()
+    swa = LayerSpec(*(swa_rope or (base, scale)), window)
+    layers = tuple(swa if window and i % pattern < pattern - 1 else LayerSpec(base, scale) for i in range(g["n_layer"]))
+    wide = g["n_layer"] == wide_layers
+    return ArchSpec(family=hp.arch, n_ff=hp.get("feed_forward_length"), neox=True, post_norms=True,
+                    embed_scale=math.sqrt(g["n_embd"]), activation="gelu",
+                    attn_scale=1.0 / math.sqrt(g["n_embd"] // g["n_head"] if wide else g["head_dim"]),
+                    layers=layers, **fields, **g)
 
 
 def gemma3(hp: Hparams) -> ArchSpec:
-    g = hp.common()
-    window = hp.size("attention.sliding_window")
     softcap = hp.get("final_logit_softcapping", 0.0, kind=float)
     if softcap < 0:
         raise hp.fail(f"{hp.arch}.final_logit_softcapping = {softcap} is negative")
-    base, scale = hp.get("rope.freq_base", 10000.0, kind=float), hp.rope_freq_scale()
-    layers = tuple(LayerSpec(SWA_FREQ_BASE, SWA_FREQ_SCALE, window) if window and i % SWA_PATTERN < SWA_PATTERN - 1
-                   else LayerSpec(base, scale) for i in range(g["n_layer"]))
-    wide = g["n_layer"] == 62   # the 27B
-    return ArchSpec(family="gemma3", n_ff=hp.get("feed_forward_length"), neox=True, qk_norm=True, post_norms=True,
-                    embed_scale=math.sqrt(g["n_embd"]), activation="gelu", final_softcap=softcap,
-                    attn_scale=1.0 / math.sqrt(g["n_embd"] // g["n_head"] if wide else g["head_dim"]),
-                    layers=layers, **g)
+    return gemma(hp, pattern=SWA_PATTERN, window=hp.size("attention.sliding_window"),
+                 swa_rope=(SWA_FREQ_BASE, SWA_FREQ_SCALE), wide_layers=62, qk_norm=True, final_softcap=softcap)
+
+
+def gemma2(hp: Hparams) -> ArchSpec:
+    window = hp.size("attention.sliding_window") if hp.has("attention.sliding_window") else GEMMA2_WINDOW
+    return gemma(hp, pattern=GEMMA2_SWA_PATTERN, window=window, swa_rope=None, wide_layers=46,
+                 attn_softcap=hp.positive("attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP),
+                 final_softcap=hp.positive("final_logit_softcapping", GEMMA2_FINAL_SOFTCAP))

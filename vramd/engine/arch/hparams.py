@@ -4,7 +4,8 @@ Owns: `Hparams` (`<architecture>.<key>` read and checked: missing, of the
 wrong kind, an integer outside 1..MAX_HPARAM or a number that is not finite
 is a ModelError naming the file and the key), the checks every architecture
 shares (heads a multiple of KV heads, key length = value length, RoPE
-scaling), and `common()`, the geometry every transformer spec starts from.
+scaling: none, linear, YaRN, LongRoPE's magnitude), and `common()`, the
+geometry every transformer spec starts from (rope_scaling included).
 
 Every architecture reads its metadata through here, so an unsupported
 setting is refused the same way everywhere: the MoE forward pass used to
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from vramd.engine.arch.spec import RopeScaling
 from vramd.errors import ModelError
 
 # Upper bound of every integer hyper-parameter: far above real models (the
@@ -27,8 +29,9 @@ MAX_BY_KEY = {"block_count": 1 << 12, "attention.head_count": 1 << 12}
 # Keys no architecture runs without (beyond general.architecture): gguf_check
 # refuses a file that lacks them before anything else reads it.
 REQUIRED_KEYS = ("block_count", "embedding_length", "attention.head_count")
-# RoPE scalings the kernels compute; "none" and "linear" only (YaRN, LongRoPE: issue 17).
-ROPE_SCALINGS = ("none", "linear")
+# RoPE scalings the kernels compute (llama.cpp's rope.scaling.type names).  "longrope" is
+# frequency factors (phi3's rope_factors_long/short) and a magnitude, no YaRN mix.
+ROPE_SCALINGS = ("none", "linear", "yarn", "longrope")
 
 
 def shown(value) -> str:
@@ -81,23 +84,63 @@ class Hparams:
             raise self.fail(f"token_embd.weight has shape {list(shape)}, expected [n_embd, n_vocab]")
         return shape[1]
 
-    def rope_freq_scale(self) -> float:
-        """freq_scale for the RoPE scaling the file declares: 1/factor for
-        "linear" (the factor from rope.scaling.factor, or the older
-        rope.scale_linear), 1 for "none" or no scaling; any other type is
-        refused, naming the key."""
+    def rope_scaling_type(self) -> str:
         scaling = self.md.get(f"{self.arch}.rope.scaling.type", "linear")
         if scaling not in ROPE_SCALINGS:
             raise self.fail(f"{self.arch}.rope.scaling.type = {shown(scaling)} is not supported "
                             f"({', '.join(ROPE_SCALINGS)})")
+        return scaling
+
+    def positive(self, key: str, default: float) -> float:
+        """A finite number > 0, `default` when absent."""
+        v = self.get(key, default, kind=float)
+        if not v > 0:
+            raise self.fail(f"{self.arch}.{key} = {shown(v)} is not a number > 0")
+        return v
+
+    def rope_freq_scale(self) -> float:
+        """freq_scale for the RoPE scaling the file declares, as llama.cpp: 1/factor
+        (rope.scaling.factor, or the older rope.scale_linear; absent or 0: 1) for
+        every type but "none", which never scales; an unknown type is refused."""
+        scaling = self.rope_scaling_type()
         for key in ("rope.scaling.factor", "rope.scale_linear"):
             v = self.md.get(f"{self.arch}.{key}")
             if v is None:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise self.fail(f"{self.arch}.{key} = {shown(v)} is not a finite number >= 0")
-            return 1.0 / float(v) if v and scaling == "linear" else 1.0
+            return 1.0 / float(v) if v and scaling != "none" else 1.0
         return 1.0
+
+    def n_ctx_orig(self) -> int:
+        """rope.scaling.original_context_length, else context_length (llama.cpp's n_ctx_orig_yarn)."""
+        for key in ("rope.scaling.original_context_length", "context_length"):
+            if self.has(key):
+                return self.get(key)
+        raise self.fail(f"missing {self.arch}.rope.scaling.original_context_length (and context_length)")
+
+    def rope_scaling(self, *, yarn_keys: bool = False) -> RopeScaling:
+        """The YaRN / magnitude part of the file's RoPE (arch/spec.py RopeScaling), as
+        llama.cpp's context derives it: ext_factor 1 for "yarn", else 0; the magnitude
+        from rope.scaling.attn_factor (default 1) and, for YaRN, the factor f = 1 /
+        freq_scale: the kernel's (1 + 0.1 ln f) stays unless yarn_log_mul is set, which
+        turns it into mscale(f, 1) / mscale(f, log_mul).  yarn_keys: the architecture's
+        llama.cpp loader also reads rope.scaling.yarn_beta_fast / _slow / _log_mul (mistral3)."""
+        scaling, attn = self.rope_scaling_type(), self.positive("rope.scaling.attn_factor", 1.0)
+        if scaling != "yarn":
+            return RopeScaling(attn_factor=attn)
+        f = 1.0 / self.rope_freq_scale()
+        fast, slow, log_mul = 32.0, 1.0, 0.0
+        if yarn_keys:
+            fast = self.positive("rope.scaling.yarn_beta_fast", fast)
+            slow = self.positive("rope.scaling.yarn_beta_slow", slow)
+            log_mul = self.get("rope.scaling.yarn_log_multiplier", 0.0, kind=float)
+
+        def mscale(m: float) -> float:
+            return 1.0 if f <= 1.0 else 0.1 * m * math.log(f) + 1.0
+        derived = mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)
+        return RopeScaling(ext_factor=1.0, attn_factor=attn * derived / (1.0 + 0.1 * math.log(f)),
+                           beta_fast=fast, beta_slow=slow, n_ctx_orig=self.n_ctx_orig())
 
     def common(self) -> dict:
         """The geometry every transformer spec has, checked the same way for all."""
@@ -115,6 +158,7 @@ class Hparams:
         if n_rot % 2 or n_rot > head_k:
             raise self.fail(f"{self.arch}.rope.dimension_count {n_rot} does not fit head_dim {head_k}")
         return dict(arch=self.arch, n_layer=self.get("block_count"), n_embd=n_embd, n_head=n_head,
+                    rope_scaling=self.rope_scaling(),
                     n_head_kv=n_head_kv, head_dim=head_k, n_vocab=self.n_vocab(),
                     eps=self.get("attention.layer_norm_rms_epsilon", kind=float), n_rot=n_rot,
                     tied_output="output.weight" not in self.tensor_names)

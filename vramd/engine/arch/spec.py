@@ -11,7 +11,38 @@ differ in a convention differ in one field here, not in a copied forward pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """What scales the rotary angles beyond freq_scale, as ggml's rope takes it
+    (ggml-cpu's rope_yarn / ggml_rope_yarn_corr_dims; llama.cpp's cparams):
+
+      theta_extrap = p * base^(-2k/n_rot) / factor[k]     theta_interp = freq_scale * theta_extrap
+      ext_factor != 0 (YaRN): theta = theta_interp (1 - mix_k) + theta_extrap mix_k,
+          mix_k = ext_factor * (1 - clamp((k - lo) / max(0.001, hi - lo), 0, 1)),
+          [lo, hi] = corr_dims(base): the pairs whose wavelength lies between
+          n_ctx_orig / beta_fast and n_ctx_orig / beta_slow
+      cos and sin multiplied by mscale: attn_factor, and under YaRN also
+          (1 + 0.1 ln(1 / freq_scale)) (the kernel's own YaRN magnitude)
+
+    attn_factor is llama.cpp's cparams.yarn_attn_factor (the arch module
+    derives it from rope.scaling.attn_factor and, for YaRN, the factor).
+    LongRoPE (phi3) is frequency factors with ext_factor 0 and attn_factor."""
+
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0
+
+    def corr_dims(self, n_rot: int, base: float) -> tuple[float, float]:
+        """ggml_rope_yarn_corr_dims: the first and last pair index of the ramp."""
+        def dim(beta: float) -> float:
+            return n_rot * math.log(self.n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+        lo, hi = math.floor(dim(self.beta_fast)), math.ceil(dim(self.beta_slow))
+        return float(max(0, lo)), float(min(n_rot - 1, hi))
 
 
 @dataclass(frozen=True)
@@ -54,6 +85,14 @@ class ArchSpec:
     attn_scale: float = 0.0    # softmax scale; 0: 1/sqrt(head_dim)
     activation: str = "silu"   # the gated FFN's: "silu" or "gelu" (tanh approximation)
     final_softcap: float = 0.0  # logits = cap * tanh(logits / cap) when > 0
+    attn_softcap: float = 0.0   # attention scores s = cap * tanh(s / cap) when > 0 (gemma2)
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)   # YaRN, LongRoPE's magnitude
+    longrope_ctx: int = 0       # > 0: rope_factors_long/short.weight, long when the context exceeds this (phi3)
+    attn_temp_scale: float = 0.0  # > 0: q *= 1 + scale * ln(floor((p + offset) / floor_) + 1) (mistral3, llama 4)
+    attn_temp_floor: int = 0
+    attn_temp_offset: float = 0.0
+    fused_qkv: bool = False     # attn_qkv.weight holds q, k, v rows (phi3): the table hands out row views
+    fused_up: bool = False      # ffn_up.weight holds gate then up rows, 2 n_ff (phi3)
     moe: MoESpec | None = None
     batch: int = 256           # tokens per prefill chunk
     # Capabilities the daemon asks about instead of sniffing the code:
@@ -70,3 +109,22 @@ class ArchSpec:
     @property
     def scale(self) -> float:
         return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def rope_factors_name(self, ctx: int) -> str | None:
+        """The frequency-factor tensor the RoPE of a model loaded with `ctx` reads, if any:
+        rope_freqs.weight (llama 3), or LongRoPE's long factors when ctx exceeds the
+        original context (llama.cpp's get_rope_factors), else its short ones."""
+        if self.longrope_ctx:
+            return "rope_factors_long.weight" if ctx > self.longrope_ctx else "rope_factors_short.weight"
+        return "rope_freqs.weight" if self.rope_factors else None
+
+    def rope_params(self, i: int) -> dict:
+        """Layer i's RoPE as Ops.rope takes it (ordering, base, scale, YaRN ramp, magnitude)."""
+        layer, r = self.layers[i], self.rope_scaling
+        lo = hi = 0.0
+        mscale = r.attn_factor
+        if r.ext_factor != 0.0:
+            lo, hi = r.corr_dims(self.n_rot, layer.rope_base)
+            mscale *= 1.0 + 0.1 * math.log(1.0 / layer.rope_scale)
+        return dict(n_rot=self.n_rot, neox=self.neox, freq_base=layer.rope_base, freq_scale=layer.rope_scale,
+                    ext_factor=r.ext_factor, corr_dims=(lo, hi), mscale=mscale)

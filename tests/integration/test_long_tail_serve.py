@@ -1,0 +1,47 @@
+"""`vramd serve` on the long-tail architectures (issue 17): gemma2 and phi3, through the `openai` client.
+
+Each file is the conformance suite's (tests/engine/conformance/cases.py, Q8_0):
+gemma2 with its attention and final soft-capping and sliding layers, phi3
+with fused q/k/v and gate/up and LongRoPE (the daemon's --ctx 64 exceeds its
+original context of 32: the long factors).  A greedy completion of a
+token-id prompt must be the numpy reference's greedy continuation (decoded
+by the file's own tokenizer), and a chat request goes through the file's
+template (phi3: ChatML) or the engine's Gemma one (gemma2 carries none).
+"""
+
+import numpy as np
+import openai
+import pytest
+
+from tests.engine.conformance.cases import write_case
+
+PROMPT = [1, 17, 42, 99, 3, 250, 8, 64, 5, 77, 31, 2]
+N = 6
+
+
+def reference_text(path, ctx: int) -> str:
+    from tests.engine.reference.gemma3 import Gemma3Reference
+    from tests.engine.reference.llama import ReferenceModel
+    from vramd.engine.tokenizer import Tokenizer
+    from vramd.model.gguf_check import validate_gguf
+    mf = validate_gguf(path)
+    ref = Gemma3Reference(path) if mf.architecture == "gemma2" else ReferenceModel(path, n_ctx=ctx)
+    ids, logits = ref.greedy_logits(PROMPT, N, kv_dtype=np.float16)
+    assert min(np.partition(row, -2)[-1] - np.partition(row, -2)[-2] for row in logits) > 0.05, "a near-tie"
+    tok = Tokenizer.from_metadata(mf.metadata)
+    whole, prompt = tok.decode(PROMPT + ids), tok.decode(PROMPT)   # as a continuation (SPM's leading space kept)
+    assert whole.startswith(prompt)
+    return whole[len(prompt):]
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "phi3"])
+def test_a_long_tail_model_serves_the_openai_client(arena, tmp_path, daemons, arch):
+    from .conftest import CTX
+    path = write_case(arch, "Q8_0", tmp_path / f"{arch}.gguf")
+    d = daemons(arena, path, arch)
+    c = openai.OpenAI(base_url=d.member().endpoint + "/v1", api_key="unused", max_retries=0, timeout=120)
+    r = c.completions.create(model=d.name, prompt=PROMPT, max_tokens=N, temperature=0)
+    assert r.choices[0].text == reference_text(path, CTX)
+    chat = c.chat.completions.create(model=d.name, messages=[{"role": "user", "content": "the river ran"}],
+                                     max_tokens=4, temperature=0)
+    assert chat.choices[0].finish_reason in ("length", "stop") and chat.usage.completion_tokens >= 1
