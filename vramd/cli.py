@@ -405,7 +405,14 @@ def wake(arena_path, allow_shared_arena, name, timeout):
 @click.option("--alias", "aliases", multiple=True, metavar="NAME=MODEL",
               help="Another name for a member (its name or file name); repeatable.")
 @click.option("--member-key-file", "member_key_files", multiple=True, metavar="MEMBER=PATH",
-              help="The API key of a daemon that has one (else the client's Authorization is sent); repeatable.")
+              help="The API key of a daemon that has one (else the client's Authorization is sent); repeatable. "
+                   "Needs a gateway key (--api-key/--api-key-file) or --allow-open.")
+@click.option("--allow-open", is_flag=True, default=None,
+              help="Serve member keys (--member-key-file) without a gateway key: anyone who reaches the "
+                   "gateway may use those daemons.")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="Let browser pages from ORIGIN (https://host[:port], or * for any) call the gateway: CORS "
+                   "headers and preflight answers; without it, none (repeatable).")
 @click.option("--request-timeout", type=float, default=None,
               help="Seconds a client may take to send a request, or to take a reply [30].")
 @click.option("--upstream-timeout", type=float, default=None,
@@ -424,6 +431,7 @@ def gateway(arena_path, allow_shared_arena, config_file, **flags):
                          "give it the key, or unset it")
     flags["aliases"] = gw_config.pairs(flags["aliases"], "--alias")
     flags["member_key_files"] = gw_config.pairs(flags["member_key_files"], "--member-key-file")
+    flags["cors_origins"] = list(flags["cors_origins"]) or None   # () when not given: the file's list stays
     if flags.get("max_request_bytes") is not None:
         flags["max_request_bytes"] = parse_size(flags["max_request_bytes"], "--max-request-bytes")
     flags["arena"] = str(arena_path) if arena_path else None

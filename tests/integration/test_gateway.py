@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +28,7 @@ import pytest
 
 from tests.ggufgen.llama import write_llama
 
-from .conftest import DaemonProc, daemon_env
+from .conftest import DaemonProc, daemon_env, gpu_held_elsewhere
 
 GW_KEY = "gateway-key-123"
 A_KEY = "daemon-a-key-456"
@@ -461,3 +462,105 @@ def test_ollama_think_and_thinking_through_the_gateway(tmp_path, daemons):
         assert r.message.thinking == same.choices[0].message.reasoning_content
     finally:
         gw.stop()
+
+
+def test_a_late_error_of_a_daemon_is_an_error_through_every_streamed_route(tmp_path, daemons):
+    """The daemon's headers go out at once, so the GPU not had within --wake-timeout comes after them,
+    as an SSE error event: through the gateway, Ollama's clients get Ollama's mid-stream error line
+    (the `ollama` client raises with the message), the openai SDK the event (it raises), never an
+    empty answer that says it is done."""
+    arena = tmp_path / "arena"
+    d = daemons(arena, write_llama(tmp_path / "w.gguf", seed=23, n_vocab=384, vocab="spm"), "w",
+                "--wake-timeout", "3", ctx=256)
+    gw = GatewayProc(arena)
+    try:
+        o, c = ollama.Client(host=gw.url), oai(gw.url, "unused")
+        msgs = [{"role": "user", "content": "hi"}]
+        d.ask("yield")
+        with gpu_held_elsewhere(arena, 40):
+            with pytest.raises(ollama.ResponseError, match="for the GPU"):
+                list(o.chat(model="w", messages=msgs, stream=True, options={"num_predict": 2}))
+            with pytest.raises(ollama.ResponseError, match="for the GPU"):
+                list(o.generate(model="w", prompt="hi", stream=True, options={"num_predict": 2}))
+            with pytest.raises(ollama.ResponseError, match="for the GPU"):
+                list(o.generate(model="w", prompt="hi", raw=True, stream=True, options={"num_predict": 2}))
+            with pytest.raises(openai.APIError, match="for the GPU"):
+                list(c.chat.completions.create(model="w", messages=msgs, max_tokens=2, stream=True))
+            # The NDJSON itself: the error is the last line, no "done" line before it.
+            req = urllib.request.Request(gw.url + "/api/chat", data=json.dumps(
+                {"model": "w", "messages": msgs, "options": {"num_predict": 2}}).encode())
+            with urllib.request.urlopen(req, timeout=60) as r:
+                lines = [json.loads(x) for x in r.read().splitlines() if x.strip()]
+            assert r.status == 200 and lines and "for the GPU" in lines[-1]["error"], lines
+            assert not any(x.get("done") for x in lines), lines
+        parts = list(o.chat(model="w", messages=msgs, stream=True, options={"num_predict": 2}))
+        assert parts[-1].done and parts[-1].eval_count == 2   # fine again once the GPU is free
+        assert any(re.search(r"status=200 .*error_status=503", x) for x in gw.lines), "\n".join(gw.lines)
+    finally:
+        gw.stop()
+
+
+def raw_request(url, request: bytes) -> bytes:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(request)
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_a_path_no_daemon_could_have_is_a_404_naming_it(setup):
+    gw, b = setup["gw"], setup["b"]
+    body = json.dumps({"model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    before = upstream_ports(gw, b)
+    for path in (b"/v1/chat/completions\x7f", "/v1/chat/completions\u00e9".encode(), b"/v1/chat/completions\x01"):
+        out = raw_request(gw.url, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                          b"Authorization: Bearer " + GW_KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        head, _, reply = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 404"), out
+        assert "no such route" in json.loads(reply)["error"]["message"], out
+    assert upstream_ports(gw, b) <= before, "a refused request left a connection to the daemon open"
+    assert not any("Traceback" in x for x in gw.lines), "\n".join(gw.lines)
+    assert chat(oai(gw.url), "b")   # and the gateway serves on
+
+
+def test_cors_on_the_gateway_for_allowed_origins_only(setup):
+    ok, other = "http://ui.example:8080", "http://evil.example"
+    gw = GatewayProc(setup["arena"], "--api-key", GW_KEY, "--cors-origin", ok)
+    try:
+        def ask(method, path, headers, data=None):
+            req = urllib.request.Request(gw.url + path, method=method, headers=headers, data=data)
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return r.status, r.headers, r.read()
+            except urllib.error.HTTPError as e:
+                return e.code, e.headers, e.read()
+        pre = {"Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "authorization, content-type"}
+        status, h, _ = ask("OPTIONS", "/v1/chat/completions", {"Origin": ok, **pre})   # no key: a preflight has none
+        assert status == 204 and h["Access-Control-Allow-Origin"] == ok, h
+        assert "POST" in h["Access-Control-Allow-Methods"] and h["Access-Control-Allow-Headers"] == pre[
+            "Access-Control-Request-Headers"]
+        status, h, _ = ask("OPTIONS", "/v1/chat/completions", {"Origin": other, **pre})
+        assert status == 204 and h["Access-Control-Allow-Origin"] is None
+        # The real requests: a stream, a reply, an error, Ollama's routes: allowed origin only.
+        body = json.dumps({"model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                           "stream": True}).encode()
+        key = {"Authorization": f"Bearer {GW_KEY}", "Content-Type": "application/json"}
+        for origin, want in ((ok, ok), (other, None)):
+            status, h, data = ask("POST", "/v1/chat/completions", {"Origin": origin, **key}, body)
+            assert status == 200 and b"[DONE]" in data and h["Access-Control-Allow-Origin"] == want, h
+            status, h, _ = ask("GET", "/api/tags", {"Origin": origin, **key})
+            assert status == 200 and h["Access-Control-Allow-Origin"] == want
+            status, h, _ = ask("GET", "/v1/models", {"Origin": origin})   # no key: 401, still readable
+            assert status == 401 and h["Access-Control-Allow-Origin"] == want
+        # Without --cors-origin (the module's gateway): none.
+        req = urllib.request.Request(setup["gw"].url + "/v1/chat/completions", method="OPTIONS",
+                                     headers={"Origin": ok, **pre})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] is None
+    finally:
+        assert gw.stop() == 0

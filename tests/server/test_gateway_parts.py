@@ -229,7 +229,7 @@ def test_config_file_and_flags(tmp_path):
     key.chmod(0o600)
     f = tmp_path / "gateway.toml"
     f.write_text(f'port = 9999\n[aliases]\n"gpt-4o" = "chat"\n[member_key_files]\nchat = "{key}"\n')
-    cfg = config.build(f, {"aliases": {"small": "task"}, "host": None})
+    cfg = config.build(f, {"aliases": {"small": "task"}, "host": None, "api_key": "gw-key"})
     assert cfg.port == 9999 and cfg.aliases == {"gpt-4o": "chat", "small": "task"}
     assert cfg.member_keys == {"chat": "k-123"}
     f.write_text("prot = 1\n")
@@ -241,7 +241,47 @@ def test_config_file_and_flags(tmp_path):
         config.pairs(("chat",), "--alias")
     key.chmod(0o644)
     with pytest.raises(UsageError, match="open to other users"):
+        config.build(None, {"member_key_files": {"chat": str(key)}, "api_key": "gw-key"})
+
+
+def test_member_keys_without_a_gateway_key_are_refused_unless_meant(tmp_path):
+    """A gateway without a key would give anyone who reaches it the members' keys."""
+    key = tmp_path / "chat.key"
+    key.write_text("k-123\n")
+    key.chmod(0o600)
+    with pytest.raises(UsageError, match=r"member keys \(chat\) but no API key for the gateway.*--allow-open"):
         config.build(None, {"member_key_files": {"chat": str(key)}})
+    f = tmp_path / "gateway.toml"
+    f.write_text(f'[member_key_files]\nchat = "{key}"\n')
+    with pytest.raises(UsageError, match="api_key_file"):
+        config.build(f, {})
+    assert config.build(None, {"member_key_files": {"chat": str(key)}, "allow_open": True}).member_keys
+    f.write_text(f'allow_open = true\n[member_key_files]\nchat = "{key}"\n')
+    assert config.build(f, {}).allow_open
+    gw_key = tmp_path / "gw.key"
+    gw_key.write_text("gw-456\n")
+    gw_key.chmod(0o600)
+    f.write_text(f'api_key_file = "{gw_key}"\n[member_key_files]\nchat = "{key}"\n')
+    assert config.build(f, {}).api_key == "gw-456"
+    assert config.build(None, {}).api_key is None   # no member keys: an open gateway is fine
+    # The command: exit 2, one line, before anything is served.
+    r = subprocess.run([sys.executable, "-m", "vramd.cli", "gateway", "--arena", str(tmp_path / "arena"),
+                        "--port", "0", "--member-key-file", f"chat={key}"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       env={k: v for k, v in os.environ.items() if k != "VRAMD_GATEWAY_API_KEY"})
+    assert r.returncode == 2 and "--allow-open" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_cors_origins_from_flags_and_the_file_and_their_check(tmp_path):
+    f = tmp_path / "gateway.toml"
+    f.write_text('cors_origins = ["http://localhost:8080"]\n')
+    assert config.build(f, {}).cors_origins == ["http://localhost:8080"]
+    assert config.build(f, {"cors_origins": ["*"]}).cors_origins == ["*"]   # the flag wins
+    f.write_text('cors_origins = "https://ui.example:3000"\n')
+    assert config.build(f, {}).cors_origins == ["https://ui.example:3000"]
+    with pytest.raises(UsageError, match="cors origin 'http://x/'"):
+        config.build(None, {"cors_origins": ["http://x/"]})
 
 
 # --- the systemd unit -------------------------------------------------------------------
@@ -305,6 +345,27 @@ def through(up, pool_ports):
     up.release()
     pool_ports.append(port)
     return port
+
+
+def test_a_path_http_client_cannot_send_is_refused_and_leaves_no_connection_open():
+    from vramd.gateway.pool import Pool
+    from vramd.gateway.proxy import BadPath, Upstream
+    server = echo_server()
+    t = Target("m", os.getpid(), "m.gguf", server.url, "warm", 0.0, 0.0, 0, 0)
+    pool, ports = Pool(max_idle=2, idle_s=60), []
+    try:
+        first = through(Upstream(t, 10, pool), ports)
+        for path in ("/echo\x7f", "/echo\x00", "/ec ho", "/echo\u00e9", "/echo\ud800"):
+            u = Upstream(t, 10, pool)
+            with pytest.raises(BadPath, match="no such route") as e:
+                u.send("POST", path, b"{}", {})
+            assert e.value.http_status == 404 and repr(path) in str(e.value)
+            assert u.conn is None
+        # The pooled connection was not spent on them: the next good request reuses it.
+        assert pool.idle() == 1 and through(Upstream(t, 10, pool), ports) == first
+    finally:
+        pool.close()
+        server.close()
 
 
 def test_pool_reuses_a_good_connection_and_drops_closed_idle_and_extra_ones(monkeypatch):

@@ -5,6 +5,7 @@
     api_key_file = "/etc/vramd/gateway.key"   # or api_key = "..." (a file other users cannot read)
     request_timeout = 30            # seconds a client may take to send a request (or to take a reply)
     upstream_timeout = 900          # seconds a daemon may stay silent (waiting for the GPU, prefill)
+    cors_origins = ["http://localhost:8080"]   # browser pages that may call it (--cors-origin; "*": any)
     [aliases]                       # extra model names, each routed to a member (its name or file name)
     "gpt-4o-mini" = "chat"
     [member_key_files]              # the API key of a daemon started with one (read at start)
@@ -12,6 +13,9 @@
 
 A member with no key here is sent the client's own `Authorization` header,
 so one key shared by the gateway and its daemons needs no per-member entry.
+Member keys without a key of the gateway's own would let anyone who reaches
+the gateway use them: that is refused unless `allow_open = true`
+(`--allow-open`) says it is meant.
 Flags override the file (`--alias` and `--member-key-file` add to its tables).
 Every problem is a UsageError naming the file or flag and the key.
 """
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vramd.errors import UsageError
-from vramd.server.config import check_http_keys, check_value, read_api_key_file, read_toml
+from vramd.server.config import check_cors_origins, check_http_keys, check_value, read_api_key_file, read_toml
 
 DEFAULT_PORT = 11434
 MAX_NAME = 256
@@ -39,6 +43,8 @@ class GatewayConfig:
     aliases: dict[str, str] = field(default_factory=dict)
     member_key_files: dict[str, str] = field(default_factory=dict)
     member_keys: dict[str, str] = field(default_factory=dict, repr=False)   # read from member_key_files
+    allow_open: bool = False   # member keys behind a gateway without a key: meant, not a slip
+    cors_origins: list[str] = field(default_factory=list)   # "*" or origins (vramd/server/cors.py)
     request_timeout: float = 30.0
     upstream_timeout: float = 900.0
     max_request_bytes: int = 32 << 20
@@ -58,13 +64,19 @@ class GatewayConfig:
             if target in self.aliases:
                 raise UsageError(f"{where}: alias {alias!r} names alias {target!r}: name a member or its file")
         check_http_keys(self, where)   # request limits, logs, the API key: as the daemon's
+        check_cors_origins(self.cors_origins, where)
         self.member_keys = {name: read_api_key_file(Path(path)) for name, path in self.member_key_files.items()}
+        if self.member_keys and self.api_key is None and not self.allow_open:
+            raise UsageError(f"{where}: member keys ({', '.join(sorted(self.member_keys))}) but no API key for the "
+                             "gateway: anyone who reaches it would use them; configure --api-key/api_key_file "
+                             "for the gateway, or pass --allow-open (allow_open = true) if that is meant")
         return self
 
 
 _SCALARS = {"arena": "str", "allow_shared_arena": "bool", "host": "str", "port": "int", "api_key": "str",
             "api_key_file": "str", "request_timeout": "float", "upstream_timeout": "float",
-            "max_request_bytes": "size", "log_level": "str", "log_format": "str"}
+            "max_request_bytes": "size", "log_level": "str", "log_format": "str", "allow_open": "bool",
+            "cors_origins": "strs"}
 _TABLES = ("aliases", "member_key_files")
 
 

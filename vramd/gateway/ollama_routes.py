@@ -76,8 +76,9 @@ class OllamaRoutes:
                 _raw, body = read_json(ex)
                 fn(ex, body)
             except VramdError as e:
-                if ex.streaming:
+                if ex.streaming:   # the status line said 200: the error is the stream's last line
                     ex.error = str(e)
+                    ex.fields["error_status"] = getattr(e, "http_status", 500)
                     ex.send((json.dumps({"error": str(e)}) + "\n").encode())
                     return
                 ex.reply(getattr(e, "http_status", 500), {"error": str(e)})

@@ -9,6 +9,11 @@ as objects), and last the `"done": true` line with the finish reason, the
 token counts and the durations (`prompt_eval_duration`: until the first
 piece).  A stream the daemon breaks off, or an event the gateway cannot
 read, is an UpstreamError (502): its line `{"error": ...}` ends the stream.
+So does the daemon's own late error: its headers went out at once, so a
+failure after them (the GPU not free within --wake-timeout, any error on
+its loop) comes as an event `{"error": {...}}` before `[DONE]`, and is
+Ollama's mid-stream error line (what Ollama's own server sends; the
+`ollama` client raises ResponseError with its message), never a "done".
 """
 
 from __future__ import annotations
@@ -27,6 +32,20 @@ class UpstreamError(VramdError):
     def __init__(self, message: str, status: int):
         super().__init__(message)
         self.http_status = status
+
+
+# The status a daemon's late error would have had (vramd/server/openai_api.py's error_body, by its
+# "type"): the stream's status line said 200, the gateway's log says this.
+STATUS_OF_TYPE = {"invalid_request_error": 400, "not_found_error": 404, "service_unavailable": 503}
+
+
+def late_error(err, name: str) -> UpstreamError:
+    """A daemon's error event (OpenAI's shape, or a bare string) as the UpstreamError it stands for."""
+    if isinstance(err, dict):
+        msg, status = err.get("message"), STATUS_OF_TYPE.get(err.get("type"), 500)
+    else:
+        msg, status = err, 500
+    return UpstreamError(str(msg or f"model '{name}' failed while it streamed"), status)
 
 
 class Stream:
@@ -53,6 +72,8 @@ class Stream:
         return out
 
     def chunk(self, c: dict) -> None:
+        if c.get("error"):
+            raise late_error(c["error"], self.name)
         if c.get("usage"):
             self.usage = c["usage"]
         for ch in c.get("choices") or []:

@@ -17,12 +17,16 @@ stays open for its next request.
 
 Failures of the member itself are the gateway's own errors: 502 when nothing
 listens at its endpoint or it hung up without a reply, 504 when it stayed
-silent longer than --upstream-timeout.
+silent longer than --upstream-timeout.  A request path http.client cannot
+send (a control character, a space, a character past ASCII: no route of a
+daemon has one) is a 404 naming it before any connection is made; and any
+exception while a request is sent closes its connection (never pooled).
 """
 
 from __future__ import annotations
 
 import http.client
+import re
 import select
 import socket
 import time
@@ -41,6 +45,21 @@ WATCH_S = 0.25       # how often a silent member's client is checked for having 
 
 class Unreachable(VramdError):
     http_status = 502
+
+
+class BadPath(VramdError):
+    http_status = 404
+
+
+# What http.client refuses in a request target (its _contains_disallowed_url_pchar_re): controls, space, DEL.
+UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
+
+
+def check_path(method: str, path: str) -> None:
+    """A path the daemons could route: printable ASCII (others percent-encoded), else 404 naming it."""
+    if not path.isascii() or UNSENDABLE.search(path):
+        raise BadPath(f"{method} {path!r}: no such route (a path is printable ASCII without spaces; "
+                      "percent-encode other characters)")
 
 
 class UpstreamTimeout(VramdError):
@@ -71,6 +90,7 @@ class Upstream:
                            f"{self.target.endpoint}: {why}")
 
     def send(self, method: str, path: str, body: bytes | None, headers: dict) -> None:
+        check_path(method, path)
         host, port = address(self.target.endpoint)
         pooled = self.pool.get(self.key) if self.pool is not None else None
         if pooled is not None:
@@ -84,6 +104,9 @@ class Upstream:
                 # The member closed it before any of the request reached it (the write itself
                 # failed): nothing of it was acted on, so it goes once more on a fresh connection.
                 pooled.close()
+            except BaseException:
+                pooled.close()
+                raise
         self.conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
         try:
             self.conn.connect()
@@ -93,6 +116,9 @@ class Upstream:
         except OSError as e:
             self.close()
             raise self._fail(e) from None
+        except BaseException:
+            self.close()
+            raise
 
     def response(self, client_gone=None) -> http.client.HTTPResponse:
         """The reply's head; while none came, every WATCH_S ask `client_gone` (then: ClientGone)."""

@@ -10,7 +10,8 @@
 The model list follows llama.cpp's router: each entry has a `status` object,
 here `{"value": "warm" | "parked" | "cold" | "loading"}`, and its `aliases`.
 A body without "model" goes to the only member if there is one, else 400.
-The HTTP hardening (key, limits, timeouts, connection cap) is the daemons'.
+The HTTP hardening (key, limits, timeouts, connection cap) and CORS
+(--cors-origin: vramd/server/cors.py; preflights need no key) are the daemons'.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Gateway:
         }
         self.http = HttpServer(cfg.host, cfg.port, routes, on_error=error_body,
                                api_key=cfg.api_key, max_request_bytes=cfg.max_request_bytes,
-                               request_timeout=cfg.request_timeout)
+                               request_timeout=cfg.request_timeout, cors_origins=cfg.cors_origins)
 
     # -- routing ------------------------------------------------------------------
 
@@ -96,7 +97,11 @@ class Gateway:
             self.table.members(fresh=True)
             self.table.resolve(t.name)   # MemberGone if it died
             raise
-        return up, up.response(ex.client_gone)
+        try:
+            return up, up.response(ex.client_gone)
+        except BaseException:
+            up.close()   # whatever failed: the connection is not left open (nor pooled)
+            raise
 
     # -- the model list -----------------------------------------------------------
 

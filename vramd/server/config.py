@@ -76,10 +76,7 @@ class ServeConfig:
                 raise UsageError(f"{where}: alias {alias!r}: use letters, digits, '_', '.', '-' (at most 64)")
         if len(self.aliases) > MAX_ALIASES:
             raise UsageError(f"{where}: {len(self.aliases)} aliases: at most {MAX_ALIASES}")
-        for origin in self.cors_origins:
-            if origin != "*" and not re.fullmatch(ORIGIN, origin):
-                raise UsageError(f"{where}: cors origin {origin!r}: give scheme://host[:port] "
-                                 "(no path, no trailing slash), or * for any origin")
+        check_cors_origins(self.cors_origins, where)
         if self.ctx is not None and (self.ctx < 1 or self.ctx > 1 << 20):
             raise UsageError(f"{where}: ctx {self.ctx}: must be between 1 and {1 << 20}")
         from vramd.engine.overflow import POLICIES
@@ -110,6 +107,14 @@ class ServeConfig:
             raise UsageError(f"{where}: need 0 <= quantum <= max_hold")
         check_http_keys(self, where)
         return self
+
+
+def check_cors_origins(origins: list[str], where: str) -> None:
+    """--cors-origin's values (the daemon's and the gateway's): what a browser sends in Origin, or *."""
+    for origin in origins:
+        if origin != "*" and not re.fullmatch(ORIGIN, origin):
+            raise UsageError(f"{where}: cors origin {origin!r}: give scheme://host[:port] "
+                             "(no path, no trailing slash), or * for any origin")
 
 
 def check_http_keys(cfg, where: str) -> None:
