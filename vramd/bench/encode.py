@@ -96,9 +96,9 @@ def _first_token(engine, req) -> dict:
         return False   # cancel: the first token is all that is timed
 
     t0 = time.perf_counter()
-    ids, embeds = engine.prompt(req)
+    ids, embeds = engine.prompt(req.prompt_input())
     t1 = time.perf_counter()
-    engine.generate(ids, req, emit, embeds)
+    engine.generate(ids, req.sampling(), emit, embeds)
     return {"first_token_s": first[0] - t0, "prompt_s": t1 - t0, "prefill_s": first[0] - t1,
             "prompt_tokens": len(ids), "image_tokens": len(embeds),
             "finite": all(bool(np.isfinite(row).all()) for row in embeds.values())}
