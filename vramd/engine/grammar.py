@@ -164,24 +164,36 @@ class Constraint:
         self._llg.numpy.fill_next_token_bitmask(self.matcher, self._bits)
         return np.unpackbits(self._bits.view(np.uint8), bitorder="little", count=self.n_vocab).view(bool)
 
+    def _allowed_ids(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """allowed(), and the allowed ids themselves when they are few (a JSON grammar's usual
+        case): the logits are then gathered by index, not selected over the whole vocabulary."""
+        allowed = self.allowed()
+        ids = np.flatnonzero(allowed)
+        return allowed, (ids if len(ids) * 8 < len(allowed) else None)
+
     def prefetch(self) -> None:
         """Start computing the next mask on the worker thread (the matcher is not touched
         here again until `masked` has taken the result)."""
         if self._next is None and not self.matcher.is_stopped():
-            self._next = _mask_worker().submit(self.allowed)
+            self._next = _mask_worker().submit(self._allowed_ids)
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """A copy of `logits` with the disallowed tokens at -inf (ids past the vocabulary,
         padding rows of the output matrix, too)."""
         if self._next is not None:
-            allowed, self._next = self._next.result(), None
+            (allowed, ids), self._next = self._next.result(), None
         else:
-            allowed = self.allowed()
+            allowed, ids = self._allowed_ids()
         n = logits.shape[0]
+        out = np.full(n, -np.inf, dtype=logits.dtype)
+        # 262,144 tokens, 2,000 allowed: 0.04 ms gathered by index, 0.10 ms by np.copyto's
+        # select (0.3 ms np.where); with most tokens allowed the select is the faster.
+        if ids is not None:
+            ids = ids[ids < n]
+            out[ids] = logits[ids]
+            return out
         if n != self.n_vocab:
             allowed = np.concatenate([allowed, np.zeros(max(n - self.n_vocab, 0), bool)])[:n]
-        # A -inf vector with the allowed logits copied in: a third of np.where's time at 128k.
-        out = np.full(n, -np.inf, dtype=logits.dtype)
         np.copyto(out, logits, where=allowed)
         return out
 
