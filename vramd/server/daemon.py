@@ -23,6 +23,7 @@ parked peers and when to refuse is vramd/server/room.py's (`Room`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -854,27 +855,36 @@ class Daemon:
             return finish
 
         job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout, cancelled=cancelled)
+        try:
+            with self.in_flight(job):
+                builders = [c.builder for c in choices]
+                if req.stream:
+                    # The headers at once, then comments until the loop takes the job: a client (or a
+                    # proxy) sees a live stream while the request waits for the GPU.  What fails from
+                    # here on is an SSE error event, then [DONE] (http.py's late error).
+                    ex.start_stream()
+                    job.wait_taken(self._busy_text, tick=lambda: self._stream_tick(ex, cancelled),
+                                   every=STREAM_KEEPALIVE)
+                    self._answer_stream(req, ex, builders, job, events, cancelled)
+                else:
+                    job.wait_taken(self._busy_text)
+                    self._answer(req, ex, builders, job, events, cancelled)
+        finally:
+            if job.done.is_set():
+                ex.fields.update(timing)
+
+    @contextlib.contextmanager
+    def in_flight(self, job: Job):
+        """Submit a request's `job` and count it in flight until its reply is written (shutdown
+        lets those finish; /metrics and `vramd status` show the count)."""
         self.submit_nowait(job)
         with self._inflight_lock:
             self._inflight += 1
         try:
-            builders = [c.builder for c in choices]
-            if req.stream:
-                # The headers at once, then comments until the loop takes the job: a client (or a
-                # proxy) sees a live stream while the request waits for the GPU.  What fails from
-                # here on is an SSE error event, then [DONE] (http.py's late error).
-                ex.start_stream()
-                job.wait_taken(self._busy_text, tick=lambda: self._stream_tick(ex, cancelled),
-                               every=STREAM_KEEPALIVE)
-                self._answer_stream(req, ex, builders, job, events, cancelled)
-            else:
-                job.wait_taken(self._busy_text)
-                self._answer(req, ex, builders, job, events, cancelled)
+            yield job
         finally:
             with self._inflight_lock:
                 self._inflight -= 1
-            if job.done.is_set():
-                ex.fields.update(timing)
 
     @staticmethod
     def _stream_tick(ex: Exchange, cancelled: threading.Event) -> None:

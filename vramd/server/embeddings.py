@@ -150,21 +150,17 @@ def handle(daemon, ex) -> None:
         return vectors
 
     job = Job("embed", fn=work, needs_gpu=True, timeout=daemon.cfg.wake_timeout, cancelled=cancelled)
-    daemon.submit_nowait(job)
-    with daemon._inflight_lock:
-        daemon._inflight += 1
     try:
-        job.wait_taken(daemon._busy_text)
-        while not job.done.wait(CLIENT_CHECK):
-            if ex.client_gone():
-                cancelled.set()
-                ex.error = "the client went away: embeddings stopped"
-                job.done.wait()
-                return
-        vectors = job.wait()
-        ex.reply(200, reply(vectors, req["encoding"], daemon.name, sum(map(len, ids))))
+        with daemon.in_flight(job):
+            job.wait_taken(daemon._busy_text)
+            while not job.done.wait(CLIENT_CHECK):
+                if ex.client_gone():
+                    cancelled.set()
+                    ex.error = "the client went away: embeddings stopped"
+                    job.done.wait()
+                    return
+            vectors = job.wait()
+            ex.reply(200, reply(vectors, req["encoding"], daemon.name, sum(map(len, ids))))
     finally:
-        with daemon._inflight_lock:
-            daemon._inflight -= 1
         if job.done.is_set():
             ex.fields.update(timing)
