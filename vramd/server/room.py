@@ -6,7 +6,8 @@ reach of the device at all, within the budget, free on the device as the
 driver sees it) and the refusal with nothing lost, the eviction order of the
 parked peers (least recently used, shifted by priority, pinned and the holder
 never), making room by asking them in that order only until the shortfall is
-covered (never with the token held: see "Asking without the token" below),
+covered (with the token held only while a peer answers within QUICK_ASK: see
+"Asking, quickly with the token" below),
 emptying them for a foreign
 (flock-only) peer, our own eviction (encoder, scratch, state, weights) when
 the holder asks, what going cold releases, and waiting out memory that
@@ -18,29 +19,40 @@ and the model's regions, the budget, the other members' records, the token
 request to a peer, a clock.  The daemon (daemon.py) holds its lock around the
 calls and keeps the threads, the token and the member record.
 
-Asking without the token.  The checks run with the token held (the budget and
-the device must not change under them), but a peer asked to evict answers in
-its own time: a few ms, or EVICT_WAIT s when it hangs.  Holding the token
-meanwhile would keep every other member, `vramd exec` and flock-only peer off
-the GPU (issue 19, 4c).  So the checks never ask: when only parked peers can
-make room they raise arbiter.StepAside with the asking as its work, the
-Participant drops the token, asks (bounded by the requester's deadline and
-EVICT_WAIT a peer), queues again and calls prepare_restore again, which looks
-afresh.  A peer that did not answer (timed out, stopped, refused) is not
+Asking, quickly with the token, slowly without it.  The checks run with the
+token held (the budget and the device must not change under them).  A peer
+asked to evict answers in milliseconds when it is responsive (QUICK_ASK), and
+in EVICT_WAIT s or never when it hangs or is stopped.  So each peer is asked
+with the token still held, for QUICK_ASK s at most: the room a responsive
+peer makes is then ours, and nobody else can take it before our restore (the
+soak's three-way contention needs this: issue 19, 4c's first version asked
+everybody without the token, and a third member took the room a peer had
+just made, so the restore went on short and failed later in scratch).  A
+peer that has not answered within QUICK_ASK makes us step aside: the checks
+raise arbiter.StepAside whose work keeps waiting for that same request (it
+runs in a thread of its own, so it survives the StepAside), bounded by
+EVICT_WAIT and the requester's deadline and polling its cancel, then asks the
+peers left, all without the token; holding it meanwhile would keep every
+other member, `vramd exec` and flock-only peer off the GPU (4c).  The
+Participant then queues again and calls prepare_restore again, which looks
+afresh.  A stopped peer (ask_over_socket) fails at once: counted out, no
+step aside.  A peer that did not answer (timed out, stopped, refused) is not
 asked again in the same warm-up (`begin()` starts one); one that answered,
-releasing, may be, in the first ROOM_CHECKS steps only (askable()), so the
-steps end: in a restore, or in the refusal (OutOfDeviceMemory, a 503) once
-nobody is left to ask.  What
-a third process takes of the room made meanwhile is simply looked at again.
-The one request sent holding the token is on purpose: a holder going cold for
-a flock-only peer empties the parked members first (empty_parked_peers), as
-that peer expects an empty GPU the moment it has the token, and comes next.
+releasing, may be, in the first ROOM_CHECKS rounds of asking only
+(askable()), so the asking ends: in a restore, or in the refusal
+(OutOfDeviceMemory, a 503, naming who was asked) once the room is still
+short with nobody left to ask.  The one request sent holding the token
+for as long as it takes is on purpose: a holder going cold for a flock-only
+peer empties the parked members first (empty_parked_peers), as that peer
+expects an empty GPU the moment it has the token, and comes next.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future
 from typing import Callable
 
 from vramd.arena.arbiter import StepAside
@@ -66,6 +78,12 @@ EVICTION_KINDS = ("encoder", "scratch", "state", "weights")
 # nobody else anything (the asker does not hold the token meanwhile); before, 120 s, token held.
 EVICT_WAIT = 5.0
 ASK_WAIT_MIN = 0.5
+# A peer is asked with the token held for this long at most; one that has not answered by then
+# is waited for without it (a StepAside).  A responsive peer's eviction answers far within it:
+# QUICK_FIGURE below.
+QUICK_ASK = 0.5
+# How often the wait for a peer's answer, token dropped, looks at the requester's cancel.
+ANSWER_POLL = 0.05
 # After a step aside whose peers evicted, the driver's free figure may lag their frees this long:
 # a device-memory check waits it out before it asks anyone else.
 SETTLE = 0.3
@@ -97,9 +115,11 @@ class Room:
     def __init__(self, name: str, residency, regions, budget: int, *, members: Callable[[], list],
                  is_member: Callable[[int], bool], token, sample: Callable[[], dict],
                  ask: Callable[..., dict] = ask_over_socket, metrics=None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 quick_ask: float = QUICK_ASK):
         self.name, self.residency, self.regions, self.budget = name, residency, regions, budget
-        self.members, self.is_member, self.token, self.sample, self.ask = members, is_member, token, sample, ask
+        self.members, self.is_member, self.token, self.sample = members, is_member, token, sample
+        self.ask_peer, self.quick_ask = ask, quick_ask
         self.metrics, self.clock, self.sleep = metrics, clock, sleep
         self.begin()
 
@@ -109,6 +129,7 @@ class Room:
         self.freed = 0                    # bytes the peers asked in this warm-up said they freed
         self._answered: set[int] = set()  # the peers asked that answered, releasing something
         self.steps = 0                    # steps aside in this warm-up
+        self.rounds = 0                   # rounds of asking in this warm-up (ask())
         self._settled = 0.0               # until then the driver's free figure may lag their frees
 
     def _count_failure(self) -> None:
@@ -198,8 +219,9 @@ class Room:
         Memory a member released and is still freeing comes back by itself: wait
         for it (at most FREEING_WAIT s).  A shortfall that parked peers can cover
         (memory outside the arena, which the budget's accounting does not see) is
-        asked of them in eviction order, need - free.  When even that cannot make
-        room, refuse before asking anyone for anything."""
+        asked of them in eviction order, need - free (ask(): quickly with the
+        token, a StepAside for a slow one), then looked at again.  When even that
+        cannot make room, refuse before asking anyone for anything."""
         deadline = self.clock() + FREEING_WAIT
         short = 0
         while True:
@@ -217,10 +239,11 @@ class Room:
             # asked again for what is still short.
             peers = self.askable()
             if peers and free + freeing + sum(m.device_bytes() for m in peers) >= need:
-                if now < self._settled:   # the driver's figure may still lag the last step's evictions
+                if now < self._settled:   # the driver's figure may still lag the last evictions
                     self.sleep(0.1)
                     continue
-                self.step_aside(peers, need - free - freeing, why="the device has too little free")
+                self.ask(peers, need - free - freeing, why="the device has too little free")
+                continue                  # looked at again: what they freed, with the token held
             short += 1   # the driver's figure may lag frees just made (a peer's eviction drains first)
             if short >= ROOM_CHECKS:
                 break
@@ -254,37 +277,117 @@ class Room:
 
     def askable(self) -> list:
         """The eviction order less the peers asked in this warm-up that did not answer, releasing.
-        One that did may be asked again, in the first ROOM_CHECKS steps aside: what it gave up
-        may have been taken meanwhile by whoever had the token while we asked (the token is
-        free then: that is the point), or the device's own figure may show less than it
-        released.  One that timed out, was stopped or refused is not asked again."""
-        again = self.steps < ROOM_CHECKS
+        One that did may be asked again, in the first ROOM_CHECKS rounds of asking: what it gave
+        up may have been taken by whoever had the token while we stepped aside, or the device's
+        own figure may show less than it released.  One that timed out, was stopped or refused
+        (or is still being waited for) is not asked again."""
+        again = self.rounds < ROOM_CHECKS
         return [m for m in self.eviction_order() if m.pid not in self.asked or (again and m.pid in self._answered)]
 
-    def make_room(self, need: int) -> None:
+    def make_room(self, need: int, refuse: bool = True) -> None:
         """`need` bytes free by the budget's accounting, else parked peers asked, in eviction
-        order, until they are (a StepAside: the asking is done without the token)."""
-        shortfall = need - self.free_bytes()
-        peers = self.askable() if shortfall > 0 else []
-        if peers:
-            self.step_aside(peers, shortfall, lambda: need - self.free_bytes(), why="the budget is short")
+        order, until they are (ask()).  Still short with nobody left to ask: refused (an
+        OutOfDeviceMemory naming who was asked), or with `refuse` False left to the caller
+        (`vramd exec --vram` warns and runs)."""
+        while True:
+            shortfall = need - self.free_bytes()
+            if shortfall <= 0:
+                return
+            peers = self.askable()
+            if not peers:
+                break
+            self.ask(peers, shortfall, lambda: need - self.free_bytes(), why="the budget is short")
+        if refuse:
+            self._count_failure()
+            raise OutOfDeviceMemory(f"{self.name}: the device budget ({self.budget} B) is {shortfall} B short "
+                                    f"of the {need} B going warm needs, and no parked peer is left to ask"
+                                    + self._asked_text())
 
     def make_room_counted(self, need: int) -> None:
         """make_room without a budget to count by (a `vramd exec --vram` beside no daemon): the
         parked peers are asked until they said they freed `need` bytes in this warm-up."""
-        peers = self.askable() if self.freed < need else []
-        if peers:
-            self.step_aside(peers, need - self.freed, lambda: need - self.freed, why="asked for --vram")
+        while self.freed < need:
+            peers = self.askable()
+            if not peers:
+                return
+            self.ask(peers, need - self.freed, lambda: need - self.freed, why="asked for --vram")
 
-    def step_aside(self, peers: list, shortfall: int, left: Callable[[], int] | None = None, why: str = "") -> None:
-        """Raise the StepAside whose work asks `peers` (evict_peers) with the token dropped."""
+    def ask(self, peers: list, shortfall: int, left: Callable[[], int] | None = None, why: str = "") -> None:
+        """Token held: ask `peers` in turn to release until `shortfall` is covered (`left()`:
+        what is still short after each, else the shortfall less what they freed), each for
+        QUICK_ASK s at most.  All answered (or failed at once): return, the caller looks again.
+        One still silent after QUICK_ASK: raise the StepAside whose work, token dropped, waits
+        for its answer and asks the rest (evict_peers)."""
+        self.rounds += 1
+        for i, peer in enumerate(peers):
+            if shortfall <= 0:
+                break
+            asking = self._send(peer, shortfall)
+            try:
+                reply = asking.result(timeout=self.quick_ask)
+            except TimeoutError:   # concurrent.futures': still asking
+                self._step_aside(peer, asking, peers[i + 1:], shortfall, left, why)
+            except (VramdError, OSError, ValueError) as e:   # stopped, refused, reset, garbled: counted out
+                self._answer(peer, error=e)
+                continue
+            shortfall = self._answer(peer, reply, shortfall, left)
+        if self.freed:
+            self._settled = self.clock() + SETTLE
+
+    def _send(self, peer, nbytes: int) -> Future:
+        """The evict request to `peer`, sent from a thread of its own (EVICT_WAIT bounds it), so
+        that a wait for its answer can go on after the token is dropped."""
+        asking: Future = Future()
+        self.asked[peer.pid] = f"{peer.name} did not answer"
+
+        def send():
+            t0 = time.monotonic()
+            try:
+                asking.set_result(self.ask_peer(peer, "evict", wait=EVICT_WAIT, bytes=nbytes))
+            except BaseException as e:
+                asking.set_exception(e)
+            log.debug("%s: %s answered 'evict' in %.1f ms", self.name, peer.name, (time.monotonic() - t0) * 1e3)
+        threading.Thread(target=send, name=f"vramd-evict-{peer.pid}", daemon=True).start()
+        return asking
+
+    def _answer(self, peer, reply: dict | None = None, shortfall: int = 0, left=None, error=None) -> int:
+        """Record what came of asking `peer`; returns what is still short."""
+        if error is not None:
+            log.warning("%s: could not evict %s: %s", self.name, peer.name, error)
+            self.asked[peer.pid] = f"{peer.name} did not: {error}"
+            self._answered.discard(peer.pid)
+            return shortfall
+        log.info("%s: %s released %d bytes to make room", self.name, peer.name, reply["freed"])
+        self.asked[peer.pid] = f"{peer.name} released {reply['freed']} B"
+        if reply["freed"]:
+            self._answered.add(peer.pid)
+        self.freed += reply["freed"]
+        return left() if left is not None else shortfall - reply["freed"]
+
+    def _step_aside(self, peer, asking: Future, rest: list, shortfall: int, left, why: str) -> None:
+        """Raise the StepAside whose work, token dropped, waits for `peer`'s answer to `asking`
+        (no longer than the requester's deadline, nor once it cancels), then asks `rest`."""
         def work(deadline: float | None, cancel: Callable[[], bool] | None) -> None:
-            if self.evict_peers(peers, shortfall, left, deadline=deadline, cancel=cancel) and self.freed:
+            while not asking.done():
+                if (cancel is not None and cancel()) or (deadline is not None and self.clock() >= deadline):
+                    self._answer(peer, error=VramdError("no answer within the time the requester had left"))
+                    return
+                try:
+                    asking.result(timeout=ANSWER_POLL)
+                except Exception:
+                    pass
+            try:
+                still = self._answer(peer, asking.result(), shortfall, left)
+            except (VramdError, OSError, ValueError) as e:
+                still = self._answer(peer, error=e, shortfall=shortfall)
+            self.evict_peers(rest, still, left, deadline=deadline, cancel=cancel)
+            if self.freed:
                 self._settled = self.clock() + SETTLE
-        names = ", ".join(f"{m.name} ({m.pid})" for m in peers)
         self.steps += 1
-        raise StepAside(f"{self.name}: {why + ': ' if why else ''}{shortfall} B short; asking parked peers "
-                        f"{names} (in eviction order) to release until it is covered", work)
+        then = f", then asking {', '.join(f'{m.name} ({m.pid})' for m in rest)} (in eviction order)" if rest else ""
+        raise StepAside(f"{self.name}: {why + ': ' if why else ''}{shortfall} B short; parked peer {peer.name} "
+                        f"({peer.pid}) has not answered within {self.quick_ask:g} s: waiting for it{then} "
+                        "without the token", work)
 
     def evict_peers(self, peers: list, shortfall: int, left: Callable[[], int] | None = None, *,
                     deadline: float | None = None, cancel: Callable[[], bool] | None = None) -> set[int]:
@@ -292,8 +395,8 @@ class Room:
         still short after each, else the shortfall less what they freed).  Each drains before
         it replies: its memory is back with the driver.  Each waits EVICT_WAIT s at most, and
         no more than is left until `deadline` (the clock's); none is asked after it, nor once
-        `cancel()` says so.  Never call this holding the token (step_aside).  Returns the pids
-        asked; each is recorded in `asked` with what came of it."""
+        `cancel()` says so.  Never call this holding the token (a StepAside's work).  Returns the
+        pids asked; each is recorded in `asked` with what came of it."""
         asked = set()
         for peer in peers:
             if shortfall <= 0 or (cancel is not None and cancel()):
@@ -306,18 +409,11 @@ class Room:
                 wait = min(wait, max(ASK_WAIT_MIN, left_s))
             asked.add(peer.pid)
             try:
-                reply = self.ask(peer, "evict", wait=wait, bytes=shortfall)
+                reply = self.ask_peer(peer, "evict", wait=wait, bytes=shortfall)
             except (VramdError, OSError, ValueError) as e:   # a connection reset, a garbled reply: counted out
-                log.warning("%s: could not evict %s: %s", self.name, peer.name, e)
-                self.asked[peer.pid] = f"{peer.name} did not: {e}"
-                self._answered.discard(peer.pid)
+                shortfall = self._answer(peer, error=e, shortfall=shortfall)
                 continue
-            log.info("%s: %s released %d bytes to make room", self.name, peer.name, reply["freed"])
-            self.asked[peer.pid] = f"{peer.name} released {reply['freed']} B"
-            if reply["freed"]:
-                self._answered.add(peer.pid)
-            self.freed += reply["freed"]
-            shortfall = left() if left is not None else shortfall - reply["freed"]
+            shortfall = self._answer(peer, reply, shortfall, left)
         return asked
 
     def _asked_text(self) -> str:
@@ -328,7 +424,7 @@ class Room:
         for m in self.members():
             if m.control and m.device_bytes() > 0:
                 try:
-                    self.ask(m, "evict", wait=EVICT_WAIT, everything=True)
+                    self.ask_peer(m, "evict", wait=EVICT_WAIT, everything=True)
                 except VramdError as e:
                     log.warning("%s: could not empty %s: %s", self.name, m.name, e)
 
