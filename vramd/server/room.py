@@ -341,14 +341,17 @@ class Room:
         self.asked[peer.pid] = f"{peer.name} did not answer"
 
         def send():
-            t0 = time.monotonic()
             try:
-                asking.set_result(self.ask_peer(peer, "evict", wait=EVICT_WAIT, bytes=nbytes))
+                asking.set_result(self._timed(peer, EVICT_WAIT, nbytes))
             except BaseException as e:
                 asking.set_exception(e)
-            log.debug("%s: %s answered 'evict' in %.1f ms", self.name, peer.name, (time.monotonic() - t0) * 1e3)
         threading.Thread(target=send, name=f"vramd-evict-{peer.pid}", daemon=True).start()
         return asking
+
+    def _timed(self, peer, wait: float, nbytes: int) -> dict:
+        t0 = time.monotonic()
+        reply = self.ask_peer(peer, "evict", wait=wait, bytes=nbytes)
+        return {**reply, "ms": (time.monotonic() - t0) * 1e3}
 
     def _answer(self, peer, reply: dict | None = None, shortfall: int = 0, left=None, error=None) -> int:
         """Record what came of asking `peer`; returns what is still short."""
@@ -357,7 +360,8 @@ class Room:
             self.asked[peer.pid] = f"{peer.name} did not: {error}"
             self._answered.discard(peer.pid)
             return shortfall
-        log.info("%s: %s released %d bytes to make room", self.name, peer.name, reply["freed"])
+        log.info("%s: %s released %d bytes to make room (answered in %.1f ms)", self.name, peer.name,
+                 reply["freed"], reply.get("ms", 0.0))
         self.asked[peer.pid] = f"{peer.name} released {reply['freed']} B"
         if reply["freed"]:
             self._answered.add(peer.pid)
@@ -409,7 +413,7 @@ class Room:
                 wait = min(wait, max(ASK_WAIT_MIN, left_s))
             asked.add(peer.pid)
             try:
-                reply = self.ask_peer(peer, "evict", wait=wait, bytes=shortfall)
+                reply = self._timed(peer, wait, shortfall)
             except (VramdError, OSError, ValueError) as e:   # a connection reset, a garbled reply: counted out
                 shortfall = self._answer(peer, error=e, shortfall=shortfall)
                 continue
