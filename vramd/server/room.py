@@ -52,6 +52,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import Future
 from typing import Callable
 
@@ -326,10 +327,10 @@ class Room:
             if shortfall <= 0:
                 break
             asking = self._send(peer, shortfall)
-            try:
-                reply = asking.result(timeout=self.quick_ask)
-            except TimeoutError:   # concurrent.futures': still asking
+            if not futures.wait([asking], timeout=self.quick_ask).done:   # still asking: slow
                 self._step_aside(peer, asking, peers[i + 1:], shortfall, left, why)
+            try:
+                reply = asking.result()
             except (VramdError, OSError, ValueError) as e:   # stopped, refused, reset, garbled: counted out
                 self._answer(peer, error=e)
                 continue
@@ -375,14 +376,10 @@ class Room:
         """Raise the StepAside whose work, token dropped, waits for `peer`'s answer to `asking`
         (no longer than the requester's deadline, nor once it cancels), then asks `rest`."""
         def work(deadline: float | None, cancel: Callable[[], bool] | None) -> None:
-            while not asking.done():
+            while not futures.wait([asking], timeout=ANSWER_POLL).done:
                 if (cancel is not None and cancel()) or (deadline is not None and self.clock() >= deadline):
                     self._answer(peer, error=VramdError("no answer within the time the requester had left"))
                     return
-                try:
-                    asking.result(timeout=ANSWER_POLL)
-                except Exception:
-                    pass
             try:
                 still = self._answer(peer, asking.result(), shortfall, left)
             except (VramdError, OSError, ValueError) as e:
