@@ -3,7 +3,7 @@
 Real objects throughout: a residency core on lavapipe holding a model's three
 regions, member records (vramd.arena.members.Member), the arena's token (real
 flock), the memory view the daemon's look produces (memview.ForeignWatch).
-What stands in: each peer is a Python callable in place of its control
+The asking (vramd/server/asking.py) is Room's.  What stands in: each peer is a Python callable in place of its control
 socket (it releases what it is asked for, in its record and in the device's
 free memory, as a daemon does; an "unanswering" one really blocks, in the
 thread the policy asks from), and the clock, so that the 5 s wait for
@@ -32,7 +32,8 @@ from vramd.errors import OutOfDeviceMemory, PeerError, Timeout
 from vramd.gpu.memview import ForeignWatch, MemoryView
 from vramd.gpu.residency import Residency
 from vramd.server.metrics import Metrics
-from vramd.server.room import ASK_WAIT_MIN, EVICT_WAIT, FREEING_POLL, FREEING_WAIT, ROOM_CHECKS, Room
+from vramd.server.asking import ASK_WAIT_MIN, EVICT_WAIT
+from vramd.server.room import FREEING_POLL, FREEING_WAIT, ROOM_CHECKS, Room
 
 KiB = 1 << 10
 MiB = 1 << 20
