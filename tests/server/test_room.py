@@ -3,12 +3,14 @@
 Real objects throughout: a residency core on lavapipe holding a model's three
 regions, member records (vramd.arena.members.Member), the arena's token (real
 flock), the memory view the daemon's look produces (memview.ForeignWatch).
-What stands in: each peer is a Python callable in place of its control
+The asking (vramd/server/asking.py) is Room's.  What stands in: each peer is a Python callable in place of its control
 socket (it releases what it is asked for, in its record and in the device's
-free memory, as a daemon does), and the clock, so that the 5 s wait for
-freeing memory takes no time.  Where the policy must ask peers it raises
-arbiter.StepAside instead (the asking is done without the token);
-`stepping_aside` does what the Participant does with it: the asking, then
+free memory, as a daemon does; an "unanswering" one really blocks, in the
+thread the policy asks from), and the clock, so that the 5 s wait for
+freeing memory takes no time.  A peer that answers within the quick window
+is asked with the token held; one that does not makes the policy raise
+arbiter.StepAside (the rest of the asking is done without the token);
+`stepping_aside` does what the Participant does with it: the work, then
 the check again.  The sockets themselves are covered by
 tests/integration (test_cache.py, test_device_room.py, test_foreign_memory.py).
 """
@@ -16,6 +18,7 @@ tests/integration (test_cache.py, test_device_room.py, test_foreign_memory.py).
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -29,7 +32,8 @@ from vramd.errors import OutOfDeviceMemory, PeerError, Timeout
 from vramd.gpu.memview import ForeignWatch, MemoryView
 from vramd.gpu.residency import Residency
 from vramd.server.metrics import Metrics
-from vramd.server.room import ASK_WAIT_MIN, EVICT_WAIT, FREEING_POLL, FREEING_WAIT, ROOM_CHECKS, Room
+from vramd.server.asking import ASK_WAIT_MIN, EVICT_WAIT
+from vramd.server.room import FREEING_POLL, FREEING_WAIT, ROOM_CHECKS, Room
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -64,7 +68,11 @@ class Machine:
     def __init__(self, free: int):
         self.free, self.members, self.asked, self.waits = free, [], [], []
         self.watch = ForeignWatch("test")
-        self.unanswering: set[str] = set()   # peers whose request times out (hung)
+        self.unanswering: set[str] = set()   # peers whose request times out (hung), after HANG real s
+        self.stopped: set[str] = set()       # peers ask_over_socket refuses at once (SIGSTOPped)
+        self.stingy: set[str] = set()        # peers that answer, releasing nothing (theirs was taken)
+        self.hang = HANG
+        self.unhang = threading.Event()      # set: every hung request times out now
         self.clock: "Clock | None" = None      # moved by the wait of a request that times out
         self.kept = 0   # bytes of the next releases the driver's free figure does not show (an allocator's cache)
 
@@ -84,12 +92,15 @@ class Machine:
         assert cmd == "evict"
         self.asked.append((peer.name, bytes, everything))
         self.waits.append(wait)
+        if peer.name in self.stopped:
+            raise PeerError(f"{peer.name} (pid {peer.pid}) is stopped; not asked")
         if peer.name in self.unanswering:
+            self.unhang.wait(self.hang)    # it really does not answer (well past QUICK)
             if self.clock is not None:
                 self.clock.now += wait
             raise Timeout(f"{peer.control}: no reply to 'evict' within {wait:g} s")
         held = peer.device_bytes()         # what it was asked for, or all of it
-        freed = held if everything or not bytes else min(held, bytes)
+        freed = 0 if peer.name in self.stingy else held if everything or not bytes else min(held, bytes)
         peer.breakdown["weights"]["device"] = held - freed
         kept = min(self.kept, freed)
         self.kept -= kept
@@ -119,24 +130,28 @@ def room(model, arena, token, budget=HEAP, clock=None, metrics=None) -> Room:
     is_member = lambda pid: pid == os.getpid() or any(m.pid == pid for m in arena.members)  # noqa: E731
     return Room("me", res, regions, budget, members=lambda: list(arena.members), is_member=is_member,
                 token=token, sample=arena.sample, ask=arena.ask, metrics=metrics or Metrics(),
-                clock=clock, sleep=clock.sleep)
+                clock=clock, sleep=clock.sleep, quick_ask=QUICK)
 
 
 NEED = 6 * 64 * KiB   # the model's three regions, as the core packs them
+# The quick window the tests' rooms ask within (QUICK_ASK's 0.5 s would only slow them), and how
+# long (real time) an unanswering peer stays silent before its request times out: well past it.
+QUICK = 0.2
+HANG = 1.0
 
 
 def stepping_aside(check, machine: Machine, deadline=None, cancel=None) -> int:
-    """Run `check` as the Participant would: on a StepAside (raised with nothing asked yet: the
-    token is held while the checks run), do its work (the asking, without the token), then run
-    the check again.  Returns how many steps aside it took."""
+    """Run `check` as the Participant would: on a StepAside (raised, token held, only when the
+    last peer asked has not answered within the quick window: one that answers is asked with
+    the token held), do its work (the wait for that peer and the rest of the asking, without
+    the token), then run the check again.  Returns how many steps aside it took."""
     steps = 0
     while True:
-        asked = len(machine.asked)
         try:
             check()
             return steps
         except StepAside as step:
-            assert len(machine.asked) == asked, "a peer was asked while the check held the token"
+            assert machine.asked[-1][0] in machine.unanswering, "stepped aside for a peer that answers"
             steps += 1
             assert steps <= len(machine.members) + ROOM_CHECKS, "the steps aside do not end"
             step.work(deadline, cancel)
@@ -169,14 +184,14 @@ def test_eviction_order_is_lru_shifted_by_priority_and_ageing(model, token):
     assert order == ["old", "aged", "recent", "favoured"]
 
 
-def test_making_room_asks_in_order_only_until_the_shortfall_is_covered(model, token):
+def test_making_room_asks_in_order_with_the_token_held_only_until_the_shortfall_is_covered(model, token):
     arena = Machine(HEAP)
     for i, name in enumerate(("first", "second", "third")):
         arena.member(name, 21 + i, 4 * 64 * KiB, last_used=float(i))
     budget = 3 * 4 * 64 * KiB   # the peers hold all of it
     r = room(model, arena, token, budget=budget)
     assert r.free_bytes() == 0
-    assert stepping_aside(lambda: r.make_room(NEED), arena) == 1
+    assert stepping_aside(lambda: r.make_room(NEED), arena) == 0   # they answer at once: no step aside
     # 6 blocks short: the first peer's 4 do not cover it, the second's do; the third is left alone.
     assert arena.asked == [("first", NEED, False), ("second", 2 * 64 * KiB, False)]
     assert r.free_bytes() >= NEED and arena.members[2].device_bytes() == 4 * 64 * KiB
@@ -189,9 +204,12 @@ def test_a_peer_that_does_not_answer_is_asked_once_per_warm_up_then_the_restore_
     arena.unanswering.add("hung")
     metrics = Metrics()
     r = room(model, arena, token, budget=10 * 64 * KiB, metrics=metrics)   # the peers hold all of it
-    with pytest.raises(StepAside, match=r"asking parked peers hung \(91\), small \(92\)") as step:
+    t0 = time.monotonic()
+    with pytest.raises(StepAside, match=r"parked peer hung \(91\) has not answered within 0.2 s: waiting for it, "
+                                        r"then asking small \(92\)") as step:
         r.prepare_restore()
-    assert arena.asked == [] and r.device_total() == 0        # nothing asked, nothing of ours moved
+    assert time.monotonic() - t0 < HANG                       # the quick window, not hung's silence
+    assert arena.asked == [("hung", NEED, False)] and r.device_total() == 0   # nothing of ours moved
     step.value.work(None, None)                                # the Participant's part, token dropped
     # hung timed out (counted out after EVICT_WAIT), small gave its 2 blocks: 4 short still.
     assert arena.asked == [("hung", NEED, False), ("small", NEED, False)] and arena.waits == [EVICT_WAIT] * 2
@@ -205,29 +223,61 @@ def test_a_peer_that_does_not_answer_is_asked_once_per_warm_up_then_the_restore_
         r.prepare_restore()
 
 
-def test_the_asking_ends_at_the_requesters_deadline_or_when_it_gives_up(model, token):
+def test_the_wait_for_a_silent_peer_ends_at_the_requesters_deadline_or_when_it_gives_up(model, token):
     clock = Clock()
     arena = Machine(HEAP)
-    arena.clock = clock
+    arena.hang = 30.0                          # silent until the test lets it time out
     for i, name in enumerate(("hung", "second", "third")):
         arena.member(name, 95 + i, 4 * 64 * KiB, last_used=float(i))
     arena.unanswering.add("hung")
     r = room(model, arena, token, budget=12 * 64 * KiB, clock=clock)
-    with pytest.raises(StepAside) as step:
-        r.make_room(NEED)
-    step.value.work(clock.now + 2.0, None)     # 2 s left: hung waits those, nobody is asked after
-    assert arena.asked == [("hung", NEED, False)] and arena.waits == [2.0]
+    try:
+        for deadline, cancel in ((clock.now, None), (None, lambda: True)):
+            r.begin()
+            with pytest.raises(StepAside) as step:
+                r.make_room(NEED)
+            t0 = time.monotonic()
+            step.value.work(deadline, cancel)   # no time left / the requester gives up (a shutdown)
+            assert time.monotonic() - t0 < 5, "waited for the silent peer past the deadline"
+            assert arena.asked[-1] == ("hung", NEED, False)          # nobody asked after it
+            assert "hung did not: no answer within the time the requester had left" in r.asked.values()
+    finally:
+        arena.unhang.set()
+    # With a moment left once it timed out, the next peer's wait is not cut below ASK_WAIT_MIN.
+    arena.hang = HANG
+    arena.unhang.clear()
     r.begin()
     with pytest.raises(StepAside) as step:
         r.make_room(NEED)
-    step.value.work(clock.now + 0.1, None)     # a moment left: the wait is not cut below ASK_WAIT_MIN
-    assert arena.waits[-1] == ASK_WAIT_MIN
-    r.begin()
-    asked = len(arena.asked)
-    with pytest.raises(StepAside) as step:
-        r.make_room(NEED)
-    step.value.work(None, lambda: True)        # the requester gives up (a shutdown): nobody is asked
-    assert len(arena.asked) == asked
+    step.value.work(clock.now + 0.1, None)
+    assert arena.asked[-3:] == [("hung", NEED, False), ("second", NEED, False), ("third", 2 * 64 * KiB, False)]
+    assert arena.waits[-3:] == [EVICT_WAIT, ASK_WAIT_MIN, ASK_WAIT_MIN]
+
+
+def test_a_stopped_peer_is_counted_out_at_once_with_no_step_aside(model, token):
+    arena = Machine(HEAP)
+    arena.member("stopped", 111, 8 * 64 * KiB, last_used=0.0)
+    arena.member("next", 112, 8 * 64 * KiB, last_used=1.0)
+    arena.stopped.add("stopped")
+    r = room(model, arena, token, budget=16 * 64 * KiB)
+    r.make_room(NEED)                                      # no StepAside: nobody was slow
+    assert arena.asked == [("stopped", NEED, False), ("next", NEED, False)]
+    assert "stopped did not: stopped (pid 111) is stopped; not asked" in r.asked.values()
+
+
+def test_room_still_short_with_nobody_left_to_ask_is_refused_not_passed(model, token):
+    # A peer answers but releases nothing (what it had was taken meanwhile): make_room must not
+    # return short, leaving the restore to fail later in its scratch.
+    arena = Machine(HEAP)
+    arena.member("stingy", 121, 8 * 64 * KiB, last_used=0.0)
+    arena.stingy.add("stingy")
+    metrics = Metrics()
+    r = room(model, arena, token, budget=8 * 64 * KiB + 2 * 64 * KiB, metrics=metrics)
+    with pytest.raises(OutOfDeviceMemory, match=r"262144 B short of the 393216 B going warm needs, and no parked "
+                                                r"peer is left to ask; asked in this warm-up: stingy released 0 B"):
+        stepping_aside(lambda: r.make_room(NEED), arena)
+    assert metrics.restore_failures == 1 and r.device_total() == 0
+    r.make_room(NEED, refuse=False)                       # vramd exec --vram: left to the caller (it warns)
 
 
 def test_a_restore_the_budget_cannot_hold_is_refused_before_any_peer_is_asked(model, token):
@@ -263,7 +313,7 @@ def test_memory_taken_outside_the_arena_is_made_up_by_parked_peers(model, token)
     arena.member("spare", 53, 3 * 64 * KiB, last_used=3.0)
     clock = Clock()
     r = room(model, arena, token, clock=clock)
-    assert stepping_aside(lambda: r.check_device_memory(NEED), arena) == 1
+    assert stepping_aside(lambda: r.check_device_memory(NEED), arena) == 0   # they answer at once
     assert arena.asked == [("older", 4 * 64 * KiB, False), ("newer", 64 * KiB, False)]
     assert arena.free >= NEED and arena.members[2].device_bytes() == 3 * 64 * KiB
 
@@ -277,7 +327,7 @@ def test_a_release_the_device_undercounts_is_asked_for_again_a_peer_that_did_not
     clock = Clock()
     arena.clock = clock
     r = room(model, arena, token, clock=clock)
-    assert stepping_aside(lambda: r.check_device_memory(NEED), arena) == 2
+    assert stepping_aside(lambda: r.check_device_memory(NEED), arena) == 1   # for hung only
     # hung once (counted out); big for the 6 blocks, then for the 2 the device did not show.
     assert arena.asked == [("hung", NEED, False), ("big", NEED, False), ("big", 2 * 64 * KiB, False)]
     assert arena.free >= NEED

@@ -20,9 +20,11 @@ and `idle()` at each idle point.  Rules it keeps:
   yields however many of its processes it rings as, and delays nobody else;
   a holder that never idles yields at a checkpoint once it has held for
   `max_hold` seconds while someone waits;
-- it never holds the token while it waits on another process to make room:
-  a restore that must ask parked peers raises StepAside, and the asking
-  happens with the token free (others may take it meanwhile);
+- it never holds the token for long while it waits on another process to
+  make room: a restore asks parked peers with the token held only while
+  they answer quickly (room.py's QUICK_ASK), and for one that does not it
+  raises StepAside, whose work waits with the token free (others may take
+  it meanwhile);
 - waiters are served in arrival order (tickets, see queue.py), and a holder
   that yields queues behind them (so does one that steps aside); a waiter
   that knows only flock (llama.cpp) is not barged either: after yielding to
@@ -69,12 +71,13 @@ WARDEN_JOIN = 2.0
 
 class StepAside(Exception):
     """Raised by a `restore` callback, token held and nothing of ours restored yet, when going
-    warm first needs other processes to do something that may take long: parked peers asked
-    over their control sockets to evict (vramd/server/room.py).  Holding the token while one of
-    them takes its time (or never answers: stopped, hung) would keep every other participant
-    off the GPU meanwhile (issue 19, 4c).  So ensure_warm drops the token, calls
-    `work(deadline, cancel)` without it, queues again and calls the restore again; the restore
-    raises StepAside again only with someone new to ask, or refuses, or fits.
+    warm first needs other processes to do something that takes long: a parked peer asked over
+    its control socket to evict that has not answered within room.py's QUICK_ASK (a responsive
+    one answers in ms, token held).  Holding the token while it takes its time (or never
+    answers: hung) would keep every other participant off the GPU meanwhile (issue 19, 4c).
+    So ensure_warm drops the token, calls `work(deadline, cancel)` without it (the wait for
+    that peer's answer, then the peers left), queues again and calls the restore again; the
+    restore raises StepAside again only with someone new to ask, or refuses, or fits.
 
     `work` must bound itself by `deadline` (time.monotonic(), None: none) and call `cancel()`
     (True: give up) between its waits; `what` says what it waits for (logged)."""

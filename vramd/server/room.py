@@ -6,7 +6,8 @@ reach of the device at all, within the budget, free on the device as the
 driver sees it) and the refusal with nothing lost, the eviction order of the
 parked peers (least recently used, shifted by priority, pinned and the holder
 never), making room by asking them in that order only until the shortfall is
-covered (never with the token held: see "Asking without the token" below),
+covered (with the token held only while a peer answers within QUICK_ASK: see
+"Asking, quickly with the token" below),
 emptying them for a foreign
 (flock-only) peer, our own eviction (encoder, scratch, state, weights) when
 the holder asks, what going cold releases, and waiting out memory that
@@ -18,23 +19,12 @@ and the model's regions, the budget, the other members' records, the token
 request to a peer, a clock.  The daemon (daemon.py) holds its lock around the
 calls and keeps the threads, the token and the member record.
 
-Asking without the token.  The checks run with the token held (the budget and
-the device must not change under them), but a peer asked to evict answers in
-its own time: a few ms, or EVICT_WAIT s when it hangs.  Holding the token
-meanwhile would keep every other member, `vramd exec` and flock-only peer off
-the GPU (issue 19, 4c).  So the checks never ask: when only parked peers can
-make room they raise arbiter.StepAside with the asking as its work, the
-Participant drops the token, asks (bounded by the requester's deadline and
-EVICT_WAIT a peer), queues again and calls prepare_restore again, which looks
-afresh.  A peer that did not answer (timed out, stopped, refused) is not
-asked again in the same warm-up (`begin()` starts one); one that answered,
-releasing, may be, in the first ROOM_CHECKS steps only (askable()), so the
-steps end: in a restore, or in the refusal (OutOfDeviceMemory, a 503) once
-nobody is left to ask.  What
-a third process takes of the room made meanwhile is simply looked at again.
-The one request sent holding the token is on purpose: a holder going cold for
-a flock-only peer empties the parked members first (empty_parked_peers), as
-that peer expects an empty GPU the moment it has the token, and comes next.
+Asking peers to evict is vramd/server/asking.py's (Asking, which Room is): with
+the token held while a peer answers within QUICK_ASK, a StepAside for one that
+does not.  The one request sent holding the token for as long as it takes is on
+purpose: a holder going cold for a flock-only peer empties the parked members
+first (empty_parked_peers), as that peer expects an empty GPU the moment it has
+the token, and comes next.
 """
 
 from __future__ import annotations
@@ -43,9 +33,9 @@ import logging
 import time
 from typing import Callable
 
-from vramd.arena.arbiter import StepAside
 from vramd.arena.members import KINDS
 from vramd.errors import OutOfDeviceMemory, PeerError, VramdError
+from vramd.server.asking import EVICT_WAIT, QUICK_ASK, Asking, ask_over_socket  # noqa: F401 (re-exported)
 
 log = logging.getLogger("vramd.daemon")
 
@@ -61,27 +51,7 @@ FREEING_POLL = 0.02
 EVICTION_KINDS = ("encoder", "scratch", "state", "weights")
 
 
-# A peer asked to evict answers within this long, and never past what is left of the asker's
-# wait (at least ASK_WAIT_MIN), or is counted out: a hung peer costs its asker that much, and
-# nobody else anything (the asker does not hold the token meanwhile); before, 120 s, token held.
-EVICT_WAIT = 5.0
-ASK_WAIT_MIN = 0.5
-# After a step aside whose peers evicted, the driver's free figure may lag their frees this long:
-# a device-memory check waits it out before it asks anyone else.
-SETTLE = 0.3
-
-
-def ask_over_socket(peer, cmd: str, wait: float = EVICT_WAIT, **args) -> dict:
-    """The production `ask`: the peer's control socket (vramd/server/control.py).  A stopped
-    peer (SIGSTOP) is not asked at all: it could not answer before `wait` runs out."""
-    from vramd.arena.proclocks import pid_stopped
-    from vramd.server.control import request
-    if pid_stopped(peer.pid):
-        raise PeerError(f"{peer.name} (pid {peer.pid}) is stopped; not asked")
-    return request(peer.control, cmd, wait=wait, **args)
-
-
-class Room:
+class Room(Asking):
     """The residency policy of one daemon.
 
     residency: its core (vramd.gpu.residency.Residency); regions: the model's regions in it
@@ -97,9 +67,11 @@ class Room:
     def __init__(self, name: str, residency, regions, budget: int, *, members: Callable[[], list],
                  is_member: Callable[[int], bool], token, sample: Callable[[], dict],
                  ask: Callable[..., dict] = ask_over_socket, metrics=None,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 quick_ask: float = QUICK_ASK):
         self.name, self.residency, self.regions, self.budget = name, residency, regions, budget
-        self.members, self.is_member, self.token, self.sample, self.ask = members, is_member, token, sample, ask
+        self.members, self.is_member, self.token, self.sample = members, is_member, token, sample
+        self.ask_peer, self.quick_ask = ask, quick_ask
         self.metrics, self.clock, self.sleep = metrics, clock, sleep
         self.begin()
 
@@ -109,6 +81,7 @@ class Room:
         self.freed = 0                    # bytes the peers asked in this warm-up said they freed
         self._answered: set[int] = set()  # the peers asked that answered, releasing something
         self.steps = 0                    # steps aside in this warm-up
+        self.rounds = 0                   # rounds of asking in this warm-up (ask())
         self._settled = 0.0               # until then the driver's free figure may lag their frees
 
     def _count_failure(self) -> None:
@@ -198,8 +171,9 @@ class Room:
         Memory a member released and is still freeing comes back by itself: wait
         for it (at most FREEING_WAIT s).  A shortfall that parked peers can cover
         (memory outside the arena, which the budget's accounting does not see) is
-        asked of them in eviction order, need - free.  When even that cannot make
-        room, refuse before asking anyone for anything."""
+        asked of them in eviction order, need - free (ask(): quickly with the
+        token, a StepAside for a slow one), then looked at again.  When even that
+        cannot make room, refuse before asking anyone for anything."""
         deadline = self.clock() + FREEING_WAIT
         short = 0
         while True:
@@ -217,10 +191,11 @@ class Room:
             # asked again for what is still short.
             peers = self.askable()
             if peers and free + freeing + sum(m.device_bytes() for m in peers) >= need:
-                if now < self._settled:   # the driver's figure may still lag the last step's evictions
+                if now < self._settled:   # the driver's figure may still lag the last evictions
                     self.sleep(0.1)
                     continue
-                self.step_aside(peers, need - free - freeing, why="the device has too little free")
+                self.ask(peers, need - free - freeing, why="the device has too little free")
+                continue                  # looked at again: what they freed, with the token held
             short += 1   # the driver's figure may lag frees just made (a peer's eviction drains first)
             if short >= ROOM_CHECKS:
                 break
@@ -254,81 +229,47 @@ class Room:
 
     def askable(self) -> list:
         """The eviction order less the peers asked in this warm-up that did not answer, releasing.
-        One that did may be asked again, in the first ROOM_CHECKS steps aside: what it gave up
-        may have been taken meanwhile by whoever had the token while we asked (the token is
-        free then: that is the point), or the device's own figure may show less than it
-        released.  One that timed out, was stopped or refused is not asked again."""
-        again = self.steps < ROOM_CHECKS
+        One that did may be asked again, in the first ROOM_CHECKS rounds of asking: what it gave
+        up may have been taken by whoever had the token while we stepped aside, or the device's
+        own figure may show less than it released.  One that timed out, was stopped or refused
+        (or is still being waited for) is not asked again."""
+        again = self.rounds < ROOM_CHECKS
         return [m for m in self.eviction_order() if m.pid not in self.asked or (again and m.pid in self._answered)]
 
-    def make_room(self, need: int) -> None:
+    def make_room(self, need: int, refuse: bool = True) -> None:
         """`need` bytes free by the budget's accounting, else parked peers asked, in eviction
-        order, until they are (a StepAside: the asking is done without the token)."""
-        shortfall = need - self.free_bytes()
-        peers = self.askable() if shortfall > 0 else []
-        if peers:
-            self.step_aside(peers, shortfall, lambda: need - self.free_bytes(), why="the budget is short")
+        order, until they are (ask()).  Still short with nobody left to ask: refused (an
+        OutOfDeviceMemory naming who was asked), or with `refuse` False left to the caller
+        (`vramd exec --vram` warns and runs)."""
+        while True:
+            shortfall = need - self.free_bytes()
+            if shortfall <= 0:
+                return
+            peers = self.askable()
+            if not peers:
+                break
+            self.ask(peers, shortfall, lambda: need - self.free_bytes(), why="the budget is short")
+        if refuse:
+            self._count_failure()
+            raise OutOfDeviceMemory(f"{self.name}: the device budget ({self.budget} B) is {shortfall} B short "
+                                    f"of the {need} B going warm needs, and no parked peer is left to ask"
+                                    + self._asked_text())
 
     def make_room_counted(self, need: int) -> None:
         """make_room without a budget to count by (a `vramd exec --vram` beside no daemon): the
         parked peers are asked until they said they freed `need` bytes in this warm-up."""
-        peers = self.askable() if self.freed < need else []
-        if peers:
-            self.step_aside(peers, need - self.freed, lambda: need - self.freed, why="asked for --vram")
-
-    def step_aside(self, peers: list, shortfall: int, left: Callable[[], int] | None = None, why: str = "") -> None:
-        """Raise the StepAside whose work asks `peers` (evict_peers) with the token dropped."""
-        def work(deadline: float | None, cancel: Callable[[], bool] | None) -> None:
-            if self.evict_peers(peers, shortfall, left, deadline=deadline, cancel=cancel) and self.freed:
-                self._settled = self.clock() + SETTLE
-        names = ", ".join(f"{m.name} ({m.pid})" for m in peers)
-        self.steps += 1
-        raise StepAside(f"{self.name}: {why + ': ' if why else ''}{shortfall} B short; asking parked peers "
-                        f"{names} (in eviction order) to release until it is covered", work)
-
-    def evict_peers(self, peers: list, shortfall: int, left: Callable[[], int] | None = None, *,
-                    deadline: float | None = None, cancel: Callable[[], bool] | None = None) -> set[int]:
-        """Ask `peers` in turn to release until `shortfall` bytes are freed (`left()`: what is
-        still short after each, else the shortfall less what they freed).  Each drains before
-        it replies: its memory is back with the driver.  Each waits EVICT_WAIT s at most, and
-        no more than is left until `deadline` (the clock's); none is asked after it, nor once
-        `cancel()` says so.  Never call this holding the token (step_aside).  Returns the pids
-        asked; each is recorded in `asked` with what came of it."""
-        asked = set()
-        for peer in peers:
-            if shortfall <= 0 or (cancel is not None and cancel()):
-                break
-            wait = EVICT_WAIT
-            if deadline is not None:
-                left_s = deadline - self.clock()
-                if left_s <= 0:
-                    break
-                wait = min(wait, max(ASK_WAIT_MIN, left_s))
-            asked.add(peer.pid)
-            try:
-                reply = self.ask(peer, "evict", wait=wait, bytes=shortfall)
-            except (VramdError, OSError, ValueError) as e:   # a connection reset, a garbled reply: counted out
-                log.warning("%s: could not evict %s: %s", self.name, peer.name, e)
-                self.asked[peer.pid] = f"{peer.name} did not: {e}"
-                self._answered.discard(peer.pid)
-                continue
-            log.info("%s: %s released %d bytes to make room", self.name, peer.name, reply["freed"])
-            self.asked[peer.pid] = f"{peer.name} released {reply['freed']} B"
-            if reply["freed"]:
-                self._answered.add(peer.pid)
-            self.freed += reply["freed"]
-            shortfall = left() if left is not None else shortfall - reply["freed"]
-        return asked
-
-    def _asked_text(self) -> str:
-        return "; asked in this warm-up: " + ", ".join(self.asked.values()) if self.asked else ""
+        while self.freed < need:
+            peers = self.askable()
+            if not peers:
+                return
+            self.ask(peers, need - self.freed, lambda: need - self.freed, why="asked for --vram")
 
     def empty_parked_peers(self) -> None:
         """A flock-only peer comes next and expects an empty GPU: every parked member releases."""
         for m in self.members():
             if m.control and m.device_bytes() > 0:
                 try:
-                    self.ask(m, "evict", wait=EVICT_WAIT, everything=True)
+                    self.ask_peer(m, "evict", wait=EVICT_WAIT, everything=True)
                 except VramdError as e:
                     log.warning("%s: could not empty %s: %s", self.name, m.name, e)
 
