@@ -238,9 +238,11 @@ class Room(Asking):
 
     def make_room(self, need: int, refuse: bool = True) -> None:
         """`need` bytes free by the budget's accounting, else parked peers asked, in eviction
-        order, until they are (ask()).  Still short with nobody left to ask: refused (an
-        OutOfDeviceMemory naming who was asked), or with `refuse` False left to the caller
-        (`vramd exec --vram` warns and runs)."""
+        order, until they are (ask()).  Still short once the peers asked have nothing more to
+        give: refused (an OutOfDeviceMemory naming who was asked), or with `refuse` False left
+        to the caller (`vramd exec --vram` warns and runs).  Short with nobody asked at all (no
+        parked peer): left to the core's device limit, as it was before (a budget below one
+        model's whole need serves: test_daemons.py::test_vram_budget_smaller_than_both_forces_real_switches)."""
         while True:
             shortfall = need - self.free_bytes()
             if shortfall <= 0:
@@ -249,7 +251,7 @@ class Room(Asking):
             if not peers:
                 break
             self.ask(peers, shortfall, lambda: need - self.free_bytes(), why="the budget is short")
-        if refuse:
+        if refuse and self.asked:
             self._count_failure()
             raise OutOfDeviceMemory(f"{self.name}: the device budget ({self.budget} B) is {shortfall} B short "
                                     f"of the {need} B going warm needs, and no parked peer is left to ask"
