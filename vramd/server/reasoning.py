@@ -63,11 +63,23 @@ def opens_block(template, template_kwargs: dict) -> bool:
     """Whether the template's generation prompt ends inside an open <think> block (found by
     rendering one probe turn with the request's own variables, enable_thinking among them)."""
     kwargs = {k: v for k, v in template_kwargs.items() if k != "tools"}
+    # Rendered once per template and set of variables (a chat request's hot path), not per request.
+    cache = template.__dict__.setdefault("_vramd_opens_block", {})
+    try:
+        key = tuple(sorted(kwargs.items()))
+        hash(key)
+    except TypeError:     # a variable that is not a scalar: probed every time
+        key = None
+    if key is not None and key in cache:
+        return cache[key]
     try:
         text = template.render([{"role": "user", "content": "vramd_probe"}], add_generation_prompt=True, **kwargs)
+        opens = text.rstrip().endswith(START)
     except Exception:     # the template's refusal of the probe: it opens nothing we can see
-        return False
-    return text.rstrip().endswith(START)
+        opens = False
+    if key is not None and len(cache) < 64:
+        cache[key] = opens
+    return opens
 
 
 class ReasoningSplit:
