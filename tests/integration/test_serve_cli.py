@@ -59,6 +59,11 @@ def test_bad_flags_and_config_keys(tmp_path, models):
     cfg.write_text('model = "x\n')
     assert_one_line_error(serve("--config", str(cfg)), 2, "not valid TOML")
     assert_one_line_error(serve(str(models[0]), "--device", "7"), 5, "no Vulkan device 7")
+    # This session's serve flags: a bad value is one line and exit 2, before the model is read.
+    for flag, value, word in (("--pooling", "median", "--pooling"), ("--reasoning-format", "r1", "--reasoning-format"),
+                              ("--cors-origin", "not an origin", "cors origin"), ("--alias", "", "alias")):
+        r = serve(str(models[0]), flag, value)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and word in r.stderr, (flag, r.stderr)
     r = subprocess.run([sys.executable, "-m", "vramd.cli", "serve", "--bogus"], capture_output=True, text=True,
                        env=daemon_env(), cwd=ROOT)
     assert r.returncode == 2 and "Traceback" not in r.stderr
