@@ -30,7 +30,7 @@ CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work grou
 # weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles)
 CM_TYPES = frozenset({"f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
 CM_SUBGROUP = 32                      # matmul_cm.glsl splits its 256 threads into 8 subgroups of 32
-CM_SHARED = 2 * 128 * 40 * 2 + 8 * 256 * 4   # bytes of shared memory it declares (ws, xs, st)
+CM_SHARED = 2 * 128 * 18 * 8 + 8 * 256 * 4   # bytes of shared memory it declares (ws, xs: LD4 = 18 f16vec4s a row; st)
 
 
 @dataclass(frozen=True)
