@@ -14,7 +14,9 @@
 // one for the rarer types and the ragged end of an f16 row) and converts a
 // 128 x BK tile of X to f16 in shared memory (as f16vec4s), then each
 // subgroup multiplies its 32 rows x 64 tokens (2 x 4 accumulators) from
-// there.  Each weight element is read and decoded once per 128 tokens.  Edges (rows,
+// there.  Each weight element is read and decoded once per 128 tokens.  The
+// next step's tiles are loaded into registers while the tensor cores work
+// on this one (fetch), then stored to shared memory between two barriers.  Edges (rows,
 // tokens, columns past the ends) are zeros in the tiles; results go through
 // a per-subgroup 16 x 16 staging area in shared memory and are written with
 // bounds checks, so y needs no alignment and any stride works.
@@ -130,6 +132,46 @@ shared f16vec4 ws[BR * LD4];   // W tile, row-major: element (r, k) in ws[r * LD
 shared f16vec4 xs[BT * LD4];   // X tile, a token per row (B, column-major)
 shared float st[8u * 256u];    // per subgroup: one 16 x 16 result, st[t * 16 + r]
 
+// This thread's share of the loads: row (token) lr of the tiles, columns lc .. lc + BK/2 - 1.
+uint lr, lc, wrowb, xrow0;
+bool wrow, xrow, xvec;
+
+// The next step's tiles into registers (wr: W, xr: X, 16 columns a chunk), so that the
+// global loads of step k + 1 are in flight while the tensor cores work on step k.
+void fetch(uint k0, out f16vec4 wr[BK / 32u][4], out f16vec4 xr[BK / 32u][4]) {
+    [[unroll]] for (uint h = 0u; h < BK / 32u; h++) {
+        uint c0 = k0 + lc + 16u * h;
+        if (wrow && c0 + 16u <= p.cols) {
+            dq16(wrowb, c0, wr[h]);
+        } else {   // past the last row, or the ragged end of an f16/bf16 row
+            [[unroll]] for (uint i = 0u; i < 4u; i++) {
+                vec4 v = vec4(0.0);
+                [[unroll]] for (uint e = 0u; e < 4u; e++) {
+                    if (wrow && c0 + 4u * i + e < p.cols) {
+                        v[e] = elem(wrowb, c0 + 4u * i + e);
+                    }
+                }
+                wr[h][i] = f16vec4(v);
+            }
+        }
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            uint c = c0 + 4u * i;
+            vec4 v = vec4(0.0);
+            if (xrow && c + 4u <= p.cols) {
+                v = xvec ? xv[(xrow0 + c) >> 2]
+                         : vec4(x[xrow0 + c], x[xrow0 + c + 1u], x[xrow0 + c + 2u], x[xrow0 + c + 3u]);
+            } else if (xrow) {
+                [[unroll]] for (uint e = 0u; e < 4u; e++) {
+                    if (c + e < p.cols) {
+                        v[e] = x[xrow0 + c + e];
+                    }
+                }
+            }
+            xr[h][i] = f16vec4(v);
+        }
+    }
+}
+
 void main() {
     uint tile = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint r0 = tile * BR;
@@ -147,52 +189,27 @@ void main() {
             acc[i][j] = CM_C(0.0);
         }
     }
-    uint rb = ROW_BYTES(p.cols);
-    // Loaders: thread lid fills row (token) lid / 2 of a tile, columns (lid & 1) * BK / 2 .. + BK / 2.
-    uint lr = lid >> 1, lc = (lid & 1u) * (BK / 2u);
-    bool wrow = r0 + lr < p.rows;
-    uint wrowb = p.w_off + (r0 + lr) * rb;
-    bool xrow = t0 + lr < p.n_tokens;
-    uint xrow0 = p.x_off + (t0 + lr) * p.x_stride;
-    bool xvec = (xrow0 & 3u) == 0u;
+    lr = lid >> 1;
+    lc = (lid & 1u) * (BK / 2u);
+    wrow = r0 + lr < p.rows;
+    wrowb = p.w_off + (r0 + lr) * ROW_BYTES(p.cols);
+    xrow = t0 + lr < p.n_tokens;
+    xrow0 = p.x_off + (t0 + lr) * p.x_stride;
+    xvec = (xrow0 & 3u) == 0u;
+    f16vec4 wr[BK / 32u][4], xr[BK / 32u][4];
+    fetch(0u, wr, xr);
     for (uint k0 = 0u; k0 < p.cols; k0 += BK) {
         [[unroll]] for (uint h = 0u; h < BK / 32u; h++) {
-            uint c0 = k0 + lc + 16u * h;
             uint sb = lr * LD4 + (lc + 16u * h) / 4u;
-            f16vec4 o[4];
-            if (wrow && c0 + 16u <= p.cols) {
-                dq16(wrowb, c0, o);
-            } else {   // past the last row, or the ragged end of an f16/bf16 row
-                [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                    vec4 v = vec4(0.0);
-                    [[unroll]] for (uint e = 0u; e < 4u; e++) {
-                        if (wrow && c0 + 4u * i + e < p.cols) {
-                            v[e] = elem(wrowb, c0 + 4u * i + e);
-                        }
-                    }
-                    o[i] = f16vec4(v);
-                }
-            }
             [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                ws[sb + i] = o[i];
-            }
-            [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                uint c = c0 + 4u * i;
-                vec4 v = vec4(0.0);
-                if (xrow && c + 4u <= p.cols) {
-                    v = xvec ? xv[(xrow0 + c) >> 2]
-                             : vec4(x[xrow0 + c], x[xrow0 + c + 1u], x[xrow0 + c + 2u], x[xrow0 + c + 3u]);
-                } else if (xrow) {
-                    [[unroll]] for (uint e = 0u; e < 4u; e++) {
-                        if (c + e < p.cols) {
-                            v[e] = x[xrow0 + c + e];
-                        }
-                    }
-                }
-                xs[sb + i] = f16vec4(v);
+                ws[sb + i] = wr[h][i];
+                xs[sb + i] = xr[h][i];
             }
         }
         barrier();
+        if (k0 + BK < p.cols) {
+            fetch(k0 + BK, wr, xr);
+        }
         [[unroll]] for (uint kk = 0u; kk < BK / 4u; kk += 4u) {   // 16 columns = 4 f16vec4s a step
             CM_A a[2];
             [[unroll]] for (uint i = 0u; i < 2u; i++) {
