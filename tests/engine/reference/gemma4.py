@@ -59,7 +59,7 @@ import numpy as np
 
 from tests.engine.reference.common import (ReferenceKV, dequantize_tensor, metadata_key, read_rope_scaling, rms_norm,
                                            rope, rope_angles, start_forward)
-from tests.engine.reference.gemma3 import gelu, softcap
+from tests.engine.reference.gemma3 import Gemma3Reference, gelu, softcap
 from vramd.model.gguf_check import validate_gguf
 
 __all__ = ["Gemma4Reference"]
@@ -136,6 +136,9 @@ class Gemma4Reference:
         unknown = sorted(set(infos) - known)
         if unknown:
             raise ValueError(f"{path}: tensors the reference does not implement: {', '.join(unknown[:5])}")
+
+    greedy_logits = Gemma3Reference.greedy_logits   # forward / new_kv / n_vocab are all it uses
+    greedy = Gemma3Reference.greedy
 
     def new_kv(self, dtype: type = np.float32) -> ReferenceKV:
         kv = ReferenceKV(self.n_layer, 1, 1, 1, dtype)
