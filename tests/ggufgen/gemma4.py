@@ -35,13 +35,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
 from tests.ggufgen.common import LOGIT_STD, TIED_EMBD, gain, normal
-from tests.ggufgen.llama import LlamaSpec
 from tests.ggufgen.quant import FILE_TYPES, WEIGHT_TYPES, write_tensors
 from tests.ggufgen.vocab import write_vocab
 
@@ -72,6 +72,7 @@ class Gemma4Spec:
     eps: float = 1e-6
     seed: int = 0
     chat_template: str = ""        # "": none (tests/ggufgen/vocab.py)
+    vocab: str = "spm"             # or "gemma4": tokenizer.ggml.model "gemma4", as real Gemma 4 files
 
     @property
     def n_layer(self) -> int:
@@ -165,6 +166,6 @@ def write_gemma4_weights(path: str | Path, spec: Gemma4Spec, weights: dict[str, 
     writer.add_embedding_length_per_layer_input(0)
     if spec.softcap is not None:
         writer.add_final_logit_softcapping(spec.softcap)
-    write_vocab(writer, LlamaSpec(n_vocab=spec.n_vocab, vocab="spm", chat_template=spec.chat_template).resolve())
+    write_vocab(writer, SimpleNamespace(n_vocab=spec.n_vocab, vocab=spec.vocab, chat_template=spec.chat_template))
     write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
     return path

@@ -8,8 +8,9 @@ token-id prompt must be the numpy reference's greedy continuation (decoded
 by the file's own tokenizer), and a chat request goes through the file's
 template (phi3: ChatML) or the engine's Gemma one (gemma2 carries none).
 gemma4 is the conformance case's model (per-layer head sizes, V = K, proportional
-RoPE, layer scales) written with Gemma 4's own template (tests/ggufgen/templates/
-gemma-4.jinja): the chat prompt is that template's rendering.
+RoPE, layer scales) written with Gemma 4's tokenizer (tokenizer.ggml.model
+"gemma4", its <|turn> / <turn|> control tokens) and own template (tests/ggufgen/
+templates/gemma-4.jinja): the chat prompt is that template's rendering.
 """
 
 from pathlib import Path
@@ -49,7 +50,7 @@ def test_a_long_tail_model_serves_the_openai_client(arena, tmp_path, daemons, ar
     from .conftest import CTX
     if arch == "gemma4":   # the conformance case's model (cases.py: seed 5) with Gemma 4's template
         from tests.ggufgen.gemma4 import write_gemma4
-        path = write_gemma4(tmp_path / "gemma4.gguf", weight_type="Q8_0", seed=5,
+        path = write_gemma4(tmp_path / "gemma4.gguf", weight_type="Q8_0", seed=5, vocab="gemma4",
                             chat_template=GEMMA4_TEMPLATE.read_text())
     else:
         path = write_case(arch, "Q8_0", tmp_path / f"{arch}.gguf")
@@ -68,4 +69,5 @@ def test_a_long_tail_model_serves_the_openai_client(arena, tmp_path, daemons, ar
         text = render_chat(GEMMA4_TEMPLATE.read_text(), [{"role": "user", "content": "the river ran"}],
                            bos_token=tok.tokens[tok.bos_id])
         assert text.endswith("<|turn>user\nthe river ran<turn|>\n<|turn>model\n<|channel>thought\n<channel|>")
-        assert chat.usage.prompt_tokens == len(encode_prompt(tok, text))
+        ids = encode_prompt(tok, text)
+        assert chat.usage.prompt_tokens == len(ids) and tok.token_id("<|turn>") in ids
