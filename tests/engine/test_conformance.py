@@ -194,6 +194,7 @@ _FEATURES = [
     ("gemma4", "final soft-capping", "cap", 0.0),
     ("gemma4", "the proportional RoPE's factors", "rope_freqs", None),
     ("gemma4", "the sliding window", "window", 0),
+    ("gemma4", "V's norm", "v_norm", False),
 ]
 
 

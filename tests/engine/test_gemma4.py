@@ -44,6 +44,22 @@ def test_gemma4_at_31b_head_sizes_matches_the_reference(device, tmp_path):
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
 
 
+
+@pytest.mark.gpu
+def test_v_taken_from_k_without_a_norm_is_the_raw_projection(device, tmp_path):
+    """The spec's other combination (v_from_k, no v_norm: a copy of K's projection) against
+    the reference with its V norm off -- no file declares it; the layer math must still mean it."""
+    import dataclasses
+    from vramd.engine.arch import spec_for
+    path = write_gemma4(tmp_path / "g4.gguf", weight_type="F32", swa_layers=(True, False), seed=3)
+    ref = Gemma4Reference(path)
+    ref.v_norm = False
+    want = log_softmax(ref.forward(TOKENS, ref.new_kv(np.float16), 0))
+    spec = dataclasses.replace(spec_for(validate_gguf(path)), v_norm=False)
+    got = log_softmax(vramd_logits(device, path, TOKENS, 32, decode_from=len(TOKENS) - 2, spec=spec))
+    assert np.abs(got - want).max() < 5e-3
+
+
 TEXTS = ["The river ran past the old mill.", " Hello world", "café 日本 🙂", "12 sacks\n\n  and 300 more\n\n\n\nx\n",
          "<|turn>user\nhi<turn|>", "the  miller's daughter ", "a\n\nb\n\n\nc", "\n", "  ", "ÿ€ zz",
          "<turn|>\n\n<|turn>model"]

@@ -106,6 +106,7 @@ class Gemma4Reference:
         self.base = [base_swa if s else self.freq_base for s in self.swa]
         self.eps = float(key("attention.layer_norm_rms_epsilon", required=True))
         self.cap = float(key("final_logit_softcapping", 0.0) or 0.0)
+        self.v_norm = True   # Gemma 4 always norms V (an attribute so that a test can turn it off)
         if int(key("attention.shared_kv_layers", 0) or 0) or int(key("embedding_length_per_layer_input", 0) or 0):
             raise ValueError(f"{path}: KV sharing / per-layer embeddings are not in this reference")
         self._load(str(path))
@@ -163,7 +164,8 @@ class Gemma4Reference:
             v = (h @ L["attn_v"].T).reshape(n, g, hd) if "attn_v" in L else k.copy()
             q = rope(rms_norm(q, L["attn_q_norm"], self.eps), theta, "neox", mag)
             k = rope(rms_norm(k, L["attn_k_norm"], self.eps), theta, "neox", mag)
-            v = rms_norm(v, np.ones(hd, self.dtype), self.eps)
+            if self.v_norm:
+                v = rms_norm(v, np.ones(hd, self.dtype), self.eps)
             kv.k[il] = np.concatenate([kv.k[il], k.astype(kv.dtype)])
             kv.v[il] = np.concatenate([kv.v[il], v.astype(kv.dtype)])
             o = self._attention(q, kv.k[il].astype(self.dtype), kv.v[il].astype(self.dtype), positions,
