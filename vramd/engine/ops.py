@@ -483,11 +483,14 @@ class Ops:
         """y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w per token row.
 
         x, y: f32 [n_tokens, stride] (strides default to width; y may be x);
-        w: f32 [width] (GGUF norm weights are F32)."""
+        w: f32 [width] (GGUF norm weights are F32), or None: no weight (w = 1)."""
         x_stride = width if x_stride is None else int(x_stride)
         y_stride = width if y_stride is None else int(y_stride)
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + width), "rms_norm x")
-        wv, wo = self._bind(w, 4 * width, "rms_norm weight")
+        if w is None:   # the shader reads no weight; x stands in for the binding
+            wv, wo = xv, 0xFFFFFFFF
+        else:
+            wv, wo = self._bind(w, 4 * width, "rms_norm weight")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + width), "rms_norm y")
         push = struct.pack("<2If5I", width, n_tokens, eps, xo, x_stride, wo, yo, y_stride)
         gx, gy = grid(n_tokens, self.max_groups)
