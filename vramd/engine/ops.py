@@ -182,6 +182,10 @@ class Ops:
         self._parallel = False                # inside parallel(): no barrier after each dispatch
         self._spare: Batch | None = None      # reused by batch()
         self._graphs: list[Batch] = []
+        # A vramd.gpu.timing.Timestamps that every batch() writes into (None: untimed): the
+        # prefill profile (`vramd bench decode --profile-prefill`), matmul benchmarks.  Each
+        # batch resets it, so read it after the one batch of interest has completed.
+        self.timer = None
 
     # -- recording ---------------------------------------------------------
 
@@ -193,6 +197,7 @@ class Ops:
             raise UsageError("a batch is already recording")
         b = self._spare or Batch(self.residency)
         self._spare = None
+        b.timer = self.timer
         b.begin()
         self._batch = b
         try:
