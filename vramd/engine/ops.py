@@ -282,7 +282,9 @@ class Ops:
         k = self._kernels.get(name)
         if k is None:
             n, push = _KERNELS[family or name]
-            k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push)
+            # the tensor-core kernels assume 32-lane subgroups: asked for where the device can be asked
+            sub = linear.cm_subgroup_size(self.residency.device) if name.startswith("matmul_cm_") else None
+            k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push, subgroup_size=sub)
         return k
 
     def _dispatch(self, kernel: Kernel, views, push: bytes, groups, *, label: str | None = None,

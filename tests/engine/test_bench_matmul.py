@@ -1,0 +1,58 @@
+"""`vramd bench matmul` (vramd/bench/matmul.py) on lavapipe: the portable
+kernels timed by GPU timestamps on small shapes (the figures mean nothing
+here), the tile variants of the sweep well-formed, and the committed
+matmul_cm tile (matmul_cm.glsl's default CM_* defines) the one
+vramd/engine/linear.py dispatches and budgets shared memory for."""
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vramd.bench import matmul
+from vramd.engine import linear
+
+GLSL = Path(__file__).resolve().parents[2] / "native" / "shaders" / "matmul_cm.glsl"
+
+
+def test_portable_kernels_timed_on_small_shapes():
+    r = matmul.run(["Q8_0", "F16"], [8, 40], reps=2, sweep=None, shapes=[(64, 256), (96, 512)])
+    assert r["coopmat"] is False and r["checks"] == {}
+    assert len(r["results"]) == 2 * 2 * 2 and {x["kernel"] for x in r["results"]} == {"portable"}
+    assert all(x["ms"] > 0 and x["tflops"] > 0 for x in r["results"])
+    assert {(s["type"], s["tokens"]) for s in r["summary"]} == {(t, n) for t in ("Q8_0", "F16") for n in (8, 40)}
+    assert all(s["shapes"] == 2 and s["layer_ms"] is None for s in r["summary"])
+
+
+def test_every_variant_splits_its_tiles_and_fits_nvidias_48k():
+    for name in matmul.VARIANTS:
+        c = matmul.config(name)
+        assert c["NT"] in (128, 256, 512) and c["SHARED"] <= 49152, name
+    with pytest.raises(ValueError, match="do not split"):
+        matmul.VARIANTS["bad"] = dict(SGR=32, SGT=32, BK=32)   # 512 threads, 256 W chunks
+        try:
+            matmul.config("bad")
+        finally:
+            del matmul.VARIANTS["bad"]
+
+
+def test_the_committed_tile_is_what_linear_dispatches():
+    block = GLSL.read_text().split("#ifndef CM_BR", 1)[1].split("#endif", 1)[0]
+    d = {k: int(v) for k, v in re.findall(r"#define CM_(\w+) (\d+)", block)}
+    c = {**matmul._BASE, **{k: d[k] for k in matmul._BASE}}
+    assert (d["BR"], d["BT"]) == (linear.CM_ROWS, linear.CM_TOKENS)
+    matmul.VARIANTS["_committed"] = {k: c[k] for k in matmul._BASE}
+    try:
+        cfg = matmul.config("_committed")
+    finally:
+        del matmul.VARIANTS["_committed"]
+    assert cfg["NT"] == d["NT"] and cfg["SHARED"] == linear.CM_SHARED
+
+
+def test_cli_refuses_bad_lists():
+    res = CliRunner().invoke(matmul.command, ["--types", "Q5_K"])
+    assert res.exit_code == 2 and "--types: Q5_K" in res.output
+    res = CliRunner().invoke(matmul.command, ["--tokens", "2"])
+    assert res.exit_code == 2 and "matmuls start at 4 tokens" in res.output
+    res = CliRunner().invoke(matmul.command, ["--shapes", "64x100"])
+    assert res.exit_code == 2 and "multiple of 256" in res.output
