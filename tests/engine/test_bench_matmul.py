@@ -56,3 +56,28 @@ def test_cli_refuses_bad_lists():
     assert res.exit_code == 2 and "matmuls start at 4 tokens" in res.output
     res = CliRunner().invoke(matmul.command, ["--shapes", "64x100"])
     assert res.exit_code == 2 and "multiple of 256" in res.output
+
+
+def test_sweep_swaps_kernel_and_tile_and_refuses_a_wrong_variant(tmp_path, monkeypatch):
+    """The sweep's machinery on lavapipe: a 'variant' that is the portable matmul_q8_0
+    under matmul_cm_q8_0's name with its own tile (64 x 32) agrees with the portable kernel
+    and is timed; the same with a tile claiming 64 tokens a group (the grid then misses
+    half of them) is caught by the check and not timed.  coopmat_usable is forced on so
+    that selection picks the cm name (lavapipe has no cooperative matrices)."""
+    import json
+    import shutil
+
+    from vramd.gpu.kernels import shader_path
+
+    monkeypatch.setattr(linear, "coopmat_usable", lambda device: True)
+    good = {**matmul._BASE, "BR": 64, "BT": 32, "NT": 256, "SHARED": 0}
+    manifest = {"asis": good, "tooWide": {**good, "BT": 64}}
+    for name in manifest:
+        (tmp_path / name).mkdir()
+        shutil.copy(shader_path("matmul_q8_0"), tmp_path / name / "matmul_cm_q8_0.spv")
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    r = matmul.run(["Q8_0"], [40], reps=2, sweep=tmp_path, shapes=[(64, 256)])
+    assert r["coopmat"] is True
+    assert r["checks"]["asis Q8_0"] < 1e-6 and r["checks"]["tooWide Q8_0"] > 0.1
+    assert {x["kernel"] for x in r["results"]} == {"portable", "asis"}
+    assert (linear.CM_ROWS, linear.CM_TOKENS) == (128, 128)   # restored after each variant
