@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The matmul_cm tile sweep (issue 15) on a lent GPU machine, in one call:
 #   here:   .venv/bin/python -m vramd.bench.matmul --compile-sweep .cm-sweep   (glslang; ~1 min)
-#   device: native/device_run.sh native/cm_sweep.sh   (carry .gl .whl .cm-sweep; ~3 min, timeout_s 300)
+#   device: native/device_run.sh native/cm_sweep.sh   (carry .gl .whl .cm-sweep; ~3 min, timeout_s 360)
 # Runs, each bounded so that the rest still runs: the committed kernels' correctness on
 # the GPU (test_matmul_cm.py, native_gpu), the sweep (vramd bench matmul --sweep), an 8B
 # Q4_K prefill of 2,000 tokens with the prefill profile, the engine tests in GPU mode.

@@ -6,8 +6,10 @@
 // Same bindings and push constants as matmul.glsl / matvec.glsl, so
 // Ops.matvec dispatches it unchanged; vramd/engine/linear.py chooses it.
 //
-// A work group (256 threads = 8 subgroups of 32: linear.py only chooses it
-// on such devices) computes 128 weight rows x 128 tokens, stepping through
+// A work group (by default 256 threads = 8 subgroups of 32: the pipeline
+// requires 32 lanes where the device can be asked, VK_EXT_subgroup_size_control,
+// else linear.py chooses it only on devices of 32) computes 128 weight rows x
+// 128 tokens (the defaults below), stepping through
 // the columns BK at a time: each step dequantizes a 128 x BK tile of W
 // (dq16 below: 16 consecutive elements of a row at once, read as uint32
 // words with the block's scales decoded once; dequant.glsl's elem() one by
