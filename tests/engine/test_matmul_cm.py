@@ -19,6 +19,7 @@ each factor: |y - ref| <= 1.1e-3 * sum|w||x| + 1e-5.  A wrong index, nibble,
 scale or tile edge gives errors of the order of the values themselves.
 """
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,6 +105,22 @@ def test_cm_pipelines_require_32_lanes_where_the_device_can_be_asked(monkeypatch
     assert linear.cm_subgroup_size(_device([SHAPE_16], sizes=(32, 32))) == 32
     assert linear.cm_subgroup_size(_device([SHAPE_16])) is None and linear.coopmat_usable(_device([SHAPE_16]))
     assert linear.cm_subgroup_size(_device([SHAPE_16], subgroup=8, sizes=(4, 16))) is None
+
+
+def test_the_subgroup_size_control_names_used_have_values():
+    """The `vulkan` binding leaves VK_EXT_subgroup_size_control's _EXT structure types and
+    flags None (a None sType would silently break the feature chain on a GPU that has the
+    extension, which lavapipe here lacks): device.py and kernels.py use the core names."""
+    import vulkan as vk
+
+    from vramd.gpu import kernels
+
+    assert vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES == 1000225002
+    assert vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES == 1000225000
+    assert vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO == 1000225001
+    assert kernels._REQUIRE_FULL_SUBGROUPS == 2   # VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT
+    src = "".join(Path(m.__file__).read_text() for m in (kernels, __import__("vramd.gpu.device").gpu.device))
+    assert "SUBGROUP_SIZE_CONTROL_FEATURES_EXT" not in src and "SIZE_CREATE_INFO_EXT" not in src
 
 
 def test_a_pipeline_can_require_the_subgroup_size(device, res):

@@ -197,7 +197,7 @@ class Device:
         # And the subgroup size control (matmul_cm_<type> asks for subgroups of 32 lanes).
         has_ssc = "VK_EXT_subgroup_size_control" in available
         sscf = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT)
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES)
         cmf = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
             pNext=sscf if has_ssc else None)
@@ -213,7 +213,7 @@ class Device:
         self.float16 = api_12 and bool(f16.shaderFloat16)
         self.storage16 = api_12 and bool(s16.storageBuffer16BitAccess)
         sscp = vk.VkPhysicalDeviceSubgroupSizeControlProperties(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES_EXT)
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES)
         sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
                                                     pNext=sscp if has_ssc else None)
         vk.vkGetPhysicalDeviceProperties2(
@@ -252,7 +252,7 @@ class Device:
                   for f in sorted({self.compute_family, self.transfer_family})]
         on = lambda b: vk.VK_TRUE if b else vk.VK_FALSE  # noqa: E731
         enable_ssc = (vk.VkPhysicalDeviceSubgroupSizeControlFeatures(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES_EXT,
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES,
             subgroupSizeControl=vk.VK_TRUE, computeFullSubgroups=on(self.full_subgroups))
             if self.subgroup_sizes else None)
         enable_cm = (vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
