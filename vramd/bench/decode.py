@@ -157,9 +157,13 @@ def _profile_prefill(m, dev, ids: list[int], steps: int) -> dict:
     try:
         m.ops.timer = timer
         for _ in range(steps):
+            before = timer.resets
             t0 = time.monotonic()
             m.forward(ids[:n], 0)
             walls.append(time.monotonic() - t0)
+            if timer.resets - before != 1:   # each batch resets the pool: only the last would be read
+                raise click.ClickException(f"--profile-prefill: the chunk ran as {timer.resets - before} command "
+                                       f"buffers; the profile times a chunk recorded as one")
             timed.append(timer.read())
         truncated = timer.truncated
     finally:
