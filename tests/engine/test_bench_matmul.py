@@ -3,6 +3,7 @@ kernels timed by GPU timestamps on small shapes (the figures mean nothing
 here), the tile variants of the sweep well-formed, and the committed
 matmul_cm tile (matmul_cm.glsl's default CM_* defines) the one
 vramd/engine/linear.py dispatches and budgets shared memory for."""
+import json
 import re
 from pathlib import Path
 
@@ -49,6 +50,14 @@ def test_the_committed_tile_is_what_linear_dispatches():
     assert cfg["NT"] == d["NT"] and cfg["SHARED"] == linear.CM_SHARED
 
 
+def test_cli_text_and_json():
+    args = ["--types", "Q8_0", "--tokens", "8", "--reps", "2", "--shapes", "64x256"]
+    res = CliRunner().invoke(matmul.command, args)
+    assert res.exit_code == 0 and "Q8_0  n=8     portable" in res.output, res.output
+    res = CliRunner().invoke(matmul.command, args + ["--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["results"][0]["kernel"] == "portable"   # progress: stderr
+
+
 def test_cli_refuses_bad_lists():
     res = CliRunner().invoke(matmul.command, ["--types", "Q5_K"])
     assert res.exit_code == 2 and "--types: Q5_K" in res.output
@@ -64,7 +73,6 @@ def test_sweep_swaps_kernel_and_tile_and_refuses_a_wrong_variant(tmp_path, monke
     and is timed; the same with a tile claiming 64 tokens a group (the grid then misses
     half of them) is caught by the check and not timed.  coopmat_usable is forced on so
     that selection picks the cm name (lavapipe has no cooperative matrices)."""
-    import json
     import shutil
 
     from vramd.gpu.kernels import shader_path

@@ -267,8 +267,10 @@ def _summary(rows: list[dict], shapes) -> list[dict]:
               help="Time the variants compiled there (--compile-sweep) instead of the committed kernel.")
 @click.option("--variants", default=None, help="With --sweep: only these variants, comma-separated.")
 @click.option("--no-portable", is_flag=True, help="Leave the portable matmul_<type> out.")
-@click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None)
-def command(types, tokens, reps, shapes, compile_dir, sweep_dir, variants, no_portable, json_out):
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of text.")
+@click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the result as JSON to this file.")
+def command(types, tokens, reps, shapes, compile_dir, sweep_dir, variants, no_portable, as_json, json_out):
     """Prefill matmul kernels alone on the 8B's shapes: GPU ms and TFLOP/s."""
     tl = [t.strip().upper() for t in types.split(",") if t.strip()]
     bad = [t for t in tl if t not in TYPES]
@@ -294,6 +296,9 @@ def command(types, tokens, reps, shapes, compile_dir, sweep_dir, variants, no_po
             variants.split(",") if variants else None, portable=not no_portable, shapes=sl)
     if json_out:
         Path(json_out).write_text(json.dumps(r, indent=1) + "\n")
+    if as_json:
+        click.echo(json.dumps(r, indent=1))
+        return
     click.echo(f"{r['device']} (cooperative matrices: {r['coopmat']}), median of {reps}")
     for name, err in r["checks"].items():
         if "shared memory" in name:
