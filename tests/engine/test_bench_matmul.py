@@ -23,6 +23,15 @@ def test_portable_kernels_timed_on_small_shapes():
     assert all(x["ms"] > 0 and x["tflops"] > 0 for x in r["results"])
     assert {(s["type"], s["tokens"]) for s in r["summary"]} == {(t, n) for t in ("Q8_0", "F16") for n in (8, 40)}
     assert all(s["shapes"] == 2 and s["layer_ms"] is None for s in r["summary"])
+    assert r["best"] == {}   # not the 8B's shapes: no layer to sum
+
+
+def test_best_is_the_least_summed_layer_time_over_the_types():
+    summary = [{"kernel": k, "type": t, "tokens": 256, "layer_ms": ms}
+               for k, t, ms in [("a", "F16", 1.0), ("a", "Q4_K", 3.0), ("b", "F16", 1.5), ("b", "Q4_K", 2.0),
+                                ("c", "F16", 0.1)]]   # c lacks a type: not a candidate
+    best = matmul._best(summary, ["F16", "Q4_K"])
+    assert best == {"256": {"kernel": "b", "layer_ms_all_types": 3.5, "ranking": ["b", "a"]}}
 
 
 def test_every_variant_splits_its_tiles_and_fits_nvidias_48k():

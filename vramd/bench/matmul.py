@@ -235,8 +235,26 @@ def run(types, tokens, reps: int, sweep: Path | None, variants=None, portable: b
             timer.close()
             ops.close()
         device = dev.name
+    summary = _summary(rows_out, shapes)
     return {"device": device, "coopmat": cm, "reps": reps, "checks": checks, "results": rows_out,
-            "summary": _summary(rows_out, shapes)}
+            "summary": summary, "best": _best(summary, types)}
+
+
+def _best(summary: list[dict], types) -> dict:
+    """Per token count: the kernel with the least summed one-layer time over every type
+    (the choice to adopt: one tile for all types), with that sum; {} off the 8B's shapes."""
+    out = {}
+    for n in sorted({s["tokens"] for s in summary}):
+        per: dict[str, list] = {}
+        for s in summary:
+            if s["tokens"] == n and s["layer_ms"] is not None:
+                per.setdefault(s["kernel"], []).append(s["layer_ms"])
+        full = {k: sum(v) for k, v in per.items() if len(v) == len(types)}
+        if full:
+            k = min(full, key=full.get)
+            out[str(n)] = {"kernel": k, "layer_ms_all_types": full[k],
+                           "ranking": sorted(full, key=full.get)}
+    return out
 
 
 def _summary(rows: list[dict], shapes) -> list[dict]:
@@ -309,6 +327,9 @@ def command(types, tokens, reps, shapes, compile_dir, sweep_dir, variants, no_po
         layer = f"{s['layer_ms']:8.3f} ms/layer" if s["layer_ms"] else ""
         click.echo(f"  {s['type']:5} n={s['tokens']:<5} {s['kernel']:<20} {s['geomean_tflops']:7.2f} TFLOP/s "
                    f"(geomean of {s['shapes']}) {layer}")
+    for n, b in r["best"].items():
+        click.echo(f"  best at n={n}: {b['kernel']} ({b['layer_ms_all_types']:.3f} ms for a layer of each type); "
+                   f"then {', '.join(b['ranking'][1:4])}")
 
 
 if __name__ == "__main__":
