@@ -37,6 +37,9 @@ def test_prefill_profile_times_every_dispatch_of_a_chunk():
     norms = 4 * r["n_embd"] * (2 * r["n_layer"] + 1)
     assert sum(k["bytes"] for k in mm + head) == r["weight_bytes"] - norms - _embedding_bytes(r)
     assert all(k["tflops"] > 0 for k in mm) and head[0]["tflops"] is None
+    for k in mm:   # every dispatch of a shape counted: flops of one x dispatches over their summed time
+        rows, cols = map(int, k["kernel"].split()[1].split("x"))
+        assert abs(k["tflops"] - 2 * rows * cols * 24 * k["dispatches"] / (k["us"] * 1e6)) <= 1e-9 * k["tflops"]
     assert sum(k["dispatches"] for k in p["by_kernel"]) == sum(k["dispatches"] for k in p["kernels"])
     assert {"attention", "rope", "add_rms_norm", "get_rows_q4_k"} <= {k["kernel"] for k in p["by_kernel"]}
 

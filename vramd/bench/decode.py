@@ -171,21 +171,22 @@ def _profile_prefill(m, dev, ids: list[int], steps: int) -> dict:
         timer.close()
     prof = summarize(timed)
     for k in prof["kernels"]:
-        k["tflops"] = _tflops(k["kernel"], n, k["us"])
+        k["tflops"] = _tflops(k["kernel"], n, k["us"], k["dispatches"])
     prof.update(tokens=n, wall_ms_per_chunk=statistics.median(walls) * 1000, truncated=truncated,
                 by_kernel=_by_kernel(prof["kernels"]))
     prof["gpu_ms_per_chunk"] = prof.pop("gpu_ms_per_step")
     return prof
 
 
-def _tflops(label: str, n_tokens: int, us: float) -> float | None:
-    """TFLOP/s of a matmul_* dispatch labelled "kernel ROWSxCOLS" (Ops.matvec) over n_tokens, else None."""
+def _tflops(label: str, n_tokens: int, us: float, dispatches: int = 1) -> float | None:
+    """TFLOP/s of `dispatches` matmul_* dispatches labelled "kernel ROWSxCOLS" (Ops.matvec) over
+    n_tokens that took `us` together, else None."""
     parts = label.split()
     # only matmul_*: the chunk's n tokens (a matvec here is the output head's one row)
     dims = parts[1].split("x") if len(parts) == 2 and parts[0].startswith("matmul") else []
     if len(dims) != 2 or not all(d.isdigit() for d in dims) or us <= 0:
         return None
-    return 2 * int(dims[0]) * int(dims[1]) * n_tokens / (us * 1e6)
+    return 2 * int(dims[0]) * int(dims[1]) * n_tokens * dispatches / (us * 1e6)
 
 
 def _by_kernel(kernels: list[dict]) -> list[dict]:
