@@ -32,6 +32,11 @@ The long tail (issue 17), in F32, F16, Q8_0 and Q4_K each:
               ramp covers pairs 0..7 of 64): what Qwen3's long-context GGUFs declare
 and in F32 only, the other YaRN-declaring families: qwen2-yarn, llama-yarn (the
 same scaling on qwen2's and llama's case).
+  qwen35      Gated DeltaNet + gated attention (tests/ggufgen/qwen35.py's defaults: 4 layers,
+              DeltaNet at 0 and 2, 2 key heads read by 4 value heads of 64, a conv of 4 taps,
+              attention 4 x 64 on 2 KV heads with partial rotary 32), in QWEN35_TYPES; its
+              prompt is PROMPTS["qwen35"], 80 tokens: llama.cpp's prefill crosses its
+              delta-rule chunk of 64 (and the conv's window) before the chain is read.
 """
 
 from __future__ import annotations
@@ -40,13 +45,23 @@ import functools
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
-         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn")
+         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn",
+         "qwen35")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
-TYPES_OF = {a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:]}
+# qwen35 without Q8_0 (and Q4_0, BF16): on a qwen35 file llama.cpp's server runs a trial batch at
+# load (common_context_can_seq_rm) whose Q8_0 product goes through llamafile_sgemm, and this
+# prebuilt's copy of it executes AVX-VNNI (VEX vpdpbusd), SIGILL on a CPU with AVX512-VNNI only.
+QWEN35_TYPES = ("F32", "F16", "Q4_K", "Q6_K")
+TYPES_OF = {a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:13]} \
+    | {"qwen35": QWEN35_TYPES}
 # gguf general.architecture of each case (the reference and the tolerance group go by it)
 GGUF_ARCH = {a: a.split("-")[0] for a in ARCHS} | {"mixtral": "llama"}
+# the prompt of an architecture whose default (test_conformance.PROMPT) is too short for it
+PROMPTS = {"qwen35": [int(t) for t in np.random.default_rng(35).integers(0, 512, 80)]}
 _YARN = dict(rope_scaling="yarn", rope_scaling_factor=4.0, orig_ctx=16)
 
 _DENSE = dict(n_embd=256, n_ff=512, n_head=4, n_layer=2, n_vocab=512, seed=7)
@@ -60,7 +75,11 @@ def cases() -> list[tuple[str, str]]:
 
 def _spec(arch: str):
     """The architecture's spec in F32 (the weight type is set per file) and its writer."""
-    from tests.ggufgen import gemma3, llama, moe
+    from tests.ggufgen import gemma3, llama, moe, qwen35
+
+    if arch == "qwen35":
+        return (qwen35.Qwen35Spec(weight_type="F32", seed=11), qwen35.make_qwen35_weights,
+                qwen35.write_qwen35_weights)
 
     dense = llama.make_weights, llama.write_weights
     if arch in ("llama", "qwen2"):

@@ -30,6 +30,11 @@ BUILDERS = {
     "qwen2moe": (None, moe.qwen2moe),
 }
 ARCHITECTURES = tuple(BUILDERS)
+# Architectures whose files are recognised but not run yet: what the engine lacks for them
+# (a refusal naming it, before any device is opened).
+_DELTANET = "Gated DeltaNet linear-attention layers (ssm_conv1d, the gated delta rule, their recurrent state)"
+PENDING = {"qwen35": f"{_DELTANET} and gated attention",
+           "qwen35moe": f"{_DELTANET}, gated attention and routed experts with a shared expert"}
 
 __all__ = ["ARCHITECTURES", "ArchSpec", "LayerSpec", "MoESpec", "REQUIRED_KEYS", "spec_for", "supported"]
 
@@ -41,6 +46,9 @@ def supported(arch: str) -> bool:
 def spec_for(mf) -> ArchSpec:
     """The spec of a validated model file (gguf_check.ModelFile)."""
     arch = mf.architecture
+    if arch in PENDING:
+        raise ModelError(f"{mf.path}: architecture {arch!r} is not supported yet: the engine lacks "
+                         f"{PENDING[arch]}")
     if arch not in BUILDERS:
         raise ModelError(f"{mf.path}: architecture {arch!r} is not supported "
                          f"(supported: {', '.join(ARCHITECTURES)})")
