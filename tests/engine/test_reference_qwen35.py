@@ -72,9 +72,12 @@ def test_each_choice_decides_llama_cpps_chain(model_file, attr, off):
     assert compare(chain, ref.forward(tokens, ref.new_kv(np.float16), 0)).worst() > 0.15
 
 
-def test_vramd_refuses_qwen35_naming_what_it_lacks(model_file):
+def test_vramd_refuses_qwen35_naming_what_it_lacks(model_file, tmp_path):
     with pytest.raises(ModelError, match="Gated DeltaNet"):
         spec_for(validate_gguf(model_file))
+    moe = write_qwen35(tmp_path / "moe.gguf", weight_type="F32", n_expert=4, n_layer=2)
+    with pytest.raises(ModelError, match="qwen35moe.*routed experts with a shared expert"):
+        spec_for(validate_gguf(moe))
     r = subprocess.run([sys.executable, "-m", "vramd.cli", "serve", str(model_file), "--port", "1"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0

@@ -5,6 +5,12 @@ small deterministic qwen35 files with complete tokenizer metadata (the BPE vocab
 and Qwen3's template of vocab.py) in any type of quant.py.  What the files compute:
 tests/engine/reference/qwen35.py (from llama.cpp's src/models/qwen35.cpp).
 
+n_expert > 0 writes qwen35moe (general.architecture "qwen35moe", llama_model_qwen35moe): the same
+layers with every FFN a mixture of experts -- ffn_gate_inp [n_expert, n_embd] (F32, router logits'
+std ~4 as moe.py's), ffn_{gate,up}_exps [n_expert, n_ff_exp, n_embd], ffn_down_exps, and the shared
+expert ffn_{gate,up,down}_shexp with its gate ffn_gate_inp_shexp [n_embd]; expert_count,
+expert_used_count, expert_feed_forward_length, expert_shared_feed_forward_length written.
+
 Layout (as llama.cpp's loader, llama_model_qwen35::load_arch_tensors, wants it)
     layer i is linear attention (Gated DeltaNet) unless (i + 1) % full_attention_interval
     == 0 (then gated full attention); every layer has attn_norm, post_attention_norm
@@ -32,7 +38,7 @@ a multiple of the type's block takes weight_type; ssm_conv1d and 1-D tensors are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -73,10 +79,14 @@ class Qwen35Spec:
     bpe_pre: str = "gpt-2"
     chat_template: str = QWEN3_TEMPLATE
     head_type: str | None = None  # token_embd / output.weight's type (None: weight_type)
+    n_expert: int = 0             # > 0: qwen35moe, every FFN routed (n_expert_used of them) + a shared expert
+    n_expert_used: int = 2
+    n_ff_exp: int = 256
+    n_ff_shexp: int = 256
 
     @property
     def gguf_arch(self) -> str:
-        return self.arch
+        return "qwen35moe" if self.n_expert else self.arch
 
     @property
     def rot(self) -> int:
@@ -128,6 +138,17 @@ def make_qwen35_weights(spec: Qwen35Spec) -> dict[str, np.ndarray]:
             mat("attn_v.weight", spec.n_head_kv * hd, e, inv)
             mat("attn_output.weight", e, spec.n_head * hd, 1 / np.sqrt(spec.n_head * hd))
         w[p + "post_attention_norm.weight"] = gain(spec, p + "post_attention_norm.weight", e)
+        if spec.n_expert:   # scales as moe.py's (router logits' std ~4)
+            ne, fe, fs = spec.n_expert, spec.n_ff_exp, spec.n_ff_shexp
+            mat("ffn_gate_inp.weight", ne, e, 4.0 * inv)
+            w[p + "ffn_gate_exps.weight"] = normal(spec, p + "ffn_gate_exps.weight", (ne, fe, e), inv)
+            w[p + "ffn_up_exps.weight"] = normal(spec, p + "ffn_up_exps.weight", (ne, fe, e), inv)
+            w[p + "ffn_down_exps.weight"] = normal(spec, p + "ffn_down_exps.weight", (ne, e, fe), 1 / np.sqrt(fe))
+            w[p + "ffn_gate_inp_shexp.weight"] = normal(spec, p + "ffn_gate_inp_shexp.weight", (e,), inv)
+            mat("ffn_gate_shexp.weight", fs, e, inv)
+            mat("ffn_up_shexp.weight", fs, e, inv)
+            mat("ffn_down_shexp.weight", e, fs, 1 / np.sqrt(fs))
+            continue
         mat("ffn_gate.weight", f, e, inv)
         mat("ffn_up.weight", f, e, inv)
         mat("ffn_down.weight", e, f, 1 / np.sqrt(f))
@@ -150,13 +171,18 @@ def write_qwen35_weights(path: str | Path, spec: Qwen35Spec, weights: dict[str, 
     writer.add_ssm_group_count(spec.n_k_heads)
     writer.add_ssm_time_step_rank(spec.n_v_heads)
     writer.add_ssm_inner_size(spec.n_v_heads * spec.state_size)
+    if spec.n_expert:
+        writer.add_expert_count(spec.n_expert)
+        writer.add_expert_used_count(spec.n_expert_used)
+        writer.add_expert_feed_forward_length(spec.n_ff_exp)
+        writer.add_expert_shared_feed_forward_length(spec.n_ff_shexp)
     writer.add_vocab_size(spec.n_vocab)
     write_vocab(writer, spec)
 
     def type_of(name: str, value: np.ndarray):
         if spec.head_type is not None and name in ("token_embd.weight", "output.weight"):
             return WEIGHT_TYPES[spec.head_type]
-        if np.ndim(value) != 2 or "ssm_conv1d" in name or value.shape[1] % block:
+        if np.ndim(value) < 2 or "ssm_conv1d" in name or "ffn_gate_inp" in name or value.shape[-1] % block:
             return Q.F32     # llama.cpp's ssm_conv wants an f32 kernel
         return qtype
     write_tensors(writer, weights, type_of)
@@ -169,4 +195,4 @@ def write_qwen35(path: str | Path, **fields) -> Path:
     return write_qwen35_weights(path, spec, make_qwen35_weights(spec))
 
 
-__all__ = ["Qwen35Spec", "SECTIONS", "make_qwen35_weights", "write_qwen35", "write_qwen35_weights", "replace"]
+__all__ = ["Qwen35Spec", "SECTIONS", "make_qwen35_weights", "write_qwen35", "write_qwen35_weights"]

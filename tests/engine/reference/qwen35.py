@@ -1,4 +1,4 @@
-"""The numpy reference forward pass of Qwen3.5 (qwen35): Gated DeltaNet layers interleaved with gated attention.
+"""The numpy reference forward pass of Qwen3.5 (qwen35, qwen35moe): Gated DeltaNet layers interleaved with gated attention.
 
 Owns: `Qwen35Reference` (a qwen35 GGUF file -> dequantized weights -> logits; the API
 of ReferenceModel: `.forward(tokens, cache, pos0)`, `.new_kv(dtype)`, `.greedy()`,
@@ -31,6 +31,7 @@ What a file computes (x the residual stream, rms_norm with eps = attention.layer
                 then o = rms_norm(o, ssm_norm) (per head) * silu(z), out = ssm_out o.
                 The recurrent state carried between calls: the last d-1 conv inputs m (per
                 layer [d-1, channels]) and M (per layer [H_v, S, S]), both f32 in llama.cpp.
+  qwen35moe:    ffn is Qwen35Reference._moe (softmax routing, renormalized top-k, gated shared expert).
 """
 
 from __future__ import annotations
@@ -135,9 +136,11 @@ class Qwen35Reference:
         # switches a test turns off to show llama.cpp's chain depends on them (not parameters of the file)
         self.head_broadcast, self.attn_gate = "tile", True
         md, a = self.file.metadata, self.file.architecture
-        if a != "qwen35":
-            raise ValueError(f"{path}: architecture {a!r} is not qwen35")
+        if a not in ("qwen35", "qwen35moe"):
+            raise ValueError(f"{path}: architecture {a!r} is not qwen35 or qwen35moe")
         key = metadata_key(md, a, path)
+        self.n_expert = int(key("expert_count", 0)) if a == "qwen35moe" else 0
+        self.n_expert_used = int(key("expert_used_count", 0))
         self.n_layer = int(key("block_count", required=True))
         self.n_embd = int(key("embedding_length", required=True))
         self.n_head = int(key("attention.head_count", required=True))
@@ -175,9 +178,13 @@ class Qwen35Reference:
         for i in range(self.n_layer):
             p = f"blk.{i}."
             w = {"attn_norm": t.take(p + "attn_norm.weight", (e,)),
-                 "post_norm": t.take(p + "post_attention_norm.weight", (e,)),
-                 "ffn_gate": t.take(p + "ffn_gate.weight", None), "ffn_up": t.take(p + "ffn_up.weight", None),
-                 "ffn_down": t.take(p + "ffn_down.weight", None)}
+                 "post_norm": t.take(p + "post_attention_norm.weight", (e,))}
+            if self.n_expert:
+                w |= {n: t.take(f"{p}ffn_{n}.weight", None) for n in
+                      ("gate_inp", "gate_exps", "up_exps", "down_exps", "gate_inp_shexp", "gate_shexp",
+                       "up_shexp", "down_shexp")}
+            else:
+                w |= {n: t.take(f"{p}{n}.weight", None) for n in ("ffn_gate", "ffn_up", "ffn_down")}
             if self.recurrent[i]:
                 w |= {"qkv": t.take(p + "attn_qkv.weight", (self.conv_dim, e)),
                       "z": t.take(p + "attn_gate.weight", (hv * s, e)),
@@ -229,7 +236,8 @@ class Qwen35Reference:
                 x = x + self._attention(w, h, cache.kv, i_attn, theta, positions)
                 i_attn += 1
             h = rms_norm(x, w["post_norm"], self.eps)
-            x = x + (silu(h @ w["ffn_gate"].T) * (h @ w["ffn_up"].T)) @ w["ffn_down"].T
+            x = x + (self._moe(w, h) if self.n_expert else
+                     (silu(h @ w["ffn_gate"].T) * (h @ w["ffn_up"].T)) @ w["ffn_down"].T)
         cache.n += len(ids)
         h = rms_norm(x, self.output_norm, self.eps)
         self.last_hidden = h
@@ -255,6 +263,24 @@ class Qwen35Reference:
             out[:, j] = (p / p.sum(axis=1, keepdims=True)) @ values[:, j // group]
         out = out.reshape(n, -1) * (sigmoid(gate) if self.attn_gate else 1.0)
         return out @ w["o"].T
+
+    def _moe(self, w, h):
+        """qwen35moe's FFN (build_moe_ffn, softmax gating, norm_w): softmax over all experts,
+        the top n_expert_used (ties: lower id), their probabilities renormalized (sum floored at
+        6.103515625e-5), plus sigmoid(gate_inp_shexp . h) * the shared SwiGLU expert."""
+        logits = h @ w["gate_inp"].T
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        ids = np.argsort(-probs, axis=1, kind="stable")[:, :self.n_expert_used]
+        weights = np.take_along_axis(probs, ids, axis=1)
+        weights /= np.maximum(weights.sum(axis=1, keepdims=True), 6.103515625e-5)
+        out = np.zeros_like(h)
+        for r in range(len(h)):
+            for e_id, wt in zip(ids[r], weights[r]):
+                act = silu(w["gate_exps"][e_id] @ h[r]) * (w["up_exps"][e_id] @ h[r])
+                out[r] += wt * (w["down_exps"][e_id] @ act)
+        shared = (silu(h @ w["gate_shexp"].T) * (h @ w["up_shexp"].T)) @ w["down_shexp"].T
+        return out + sigmoid(h @ w["gate_inp_shexp"])[:, None] * shared
 
     def _deltanet(self, w, h, cache: Qwen35Cache, il: int):
         n, s, hk, hv = len(h), self.s, self.n_k_heads, self.n_v_heads
