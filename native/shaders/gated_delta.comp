@@ -31,6 +31,7 @@ layout(push_constant) uniform Params {
     uint a_off;
     uint s_off;
     uint o_off;
+    uint reset;     // 1: start from M = 0 (a sequence's start), the state unread
 } p;
 
 const uint MAXS = 128;
@@ -44,7 +45,7 @@ void main() {
     bool live = j < S;
     float m[MAXS];
     uint base = p.s_off + (h * S + j) * S;
-    for (uint i = 0; i < S; ++i) m[i] = live ? st[base + i] : 0.0;
+    for (uint i = 0; i < S; ++i) m[i] = live && p.reset == 0 ? st[base + i] : 0.0;
     float inv_sqrt_s = 1.0 / sqrt(float(S));
     for (uint t = 0; t < p.n; ++t) {
         uint row = p.c_off + t * C;

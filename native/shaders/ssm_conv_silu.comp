@@ -21,6 +21,7 @@ layout(push_constant) uniform Params {
     uint w_off;
     uint o_off;
     uint x_stride; // floats between x's token rows (>= c)
+    uint reset;    // 1: the inputs before the first token are zeros (a sequence's start), the state unread
 } p;
 
 const uint MAXD = 8;
@@ -31,7 +32,7 @@ void main() {
     float win[MAXD];
     float taps[MAXD];
     for (uint j = 0; j < p.d; ++j) taps[j] = w[p.w_off + ch * p.d + j];
-    for (uint j = 0; j + 1 < p.d; ++j) win[j] = st[p.s_off + j * p.c + ch];
+    for (uint j = 0; j + 1 < p.d; ++j) win[j] = p.reset != 0 ? 0.0 : st[p.s_off + j * p.c + ch];
     for (uint t = 0; t < p.n; ++t) {
         win[p.d - 1] = x[p.x_off + t * p.x_stride + ch];
         float acc = 0.0;

@@ -5,7 +5,8 @@ vramd/engine/model.py TransformerModel: its spec, ops, scratch `act`,
 tensor table `t` and KV cache `kv`) into the batch being recorded.  What an
 architecture changes is read from `m.spec` (vramd/engine/arch/spec.py), so
 an optimisation made here lands in every architecture at once.  The routed
-FFN of mixture-of-experts layers is vramd/engine/moe.py.
+FFN of mixture-of-experts layers is vramd/engine/moe.py, Qwen3.5's DeltaNet layers and its
+attention gate's kernels vramd/engine/deltanet.py.
 
 The residual stream is `x`; between layers `h` already holds the next
 layer's normed input: every layer starts from h = attn_norm(x) and ends with
@@ -15,6 +16,7 @@ last the output_norm), the residual add fused with that norm.
 
 from __future__ import annotations
 
+from vramd.engine import deltanet
 from vramd.engine.ops import view
 
 
@@ -51,8 +53,11 @@ def attention(m, i: int, n: int) -> None:
     where the spec says), then h = ffn_norm(x)."""
     s, ops, a, t, kv = m.spec, m.ops, m.act, m.t, m.kv
     p, layer, hd, E = f"blk.{i}.", s.layers[i], s.head_dim, s.n_embd
-    linears(m, [(p + "attn_q", a["h"], a["q"], s.q_width), (p + "attn_k", a["h"], a["k"], s.kv_width),
+    q_out, q_rows = (a["qg"], 2 * s.q_width) if s.attn_gate else (a["q"], s.q_width)
+    linears(m, [(p + "attn_q", a["h"], q_out, q_rows), (p + "attn_k", a["h"], a["k"], s.kv_width),
                 (p + "attn_v", a["h"], a["v"], s.kv_width)], n)
+    if s.attn_gate:   # qwen35: each head's [query | gate] rows apart
+        deltanet.qgate_split(ops, a["qg"], a["q"], a["agate"], n * s.q_width, hd)
     if s.qk_norm:   # every head's row of head_dim floats is a row of its own
         with ops.parallel():
             ops.rms_norm(a["q"], t.vector(p + "attn_q_norm.weight"), a["q"], s.eps, n * s.n_head, hd)
@@ -67,10 +72,12 @@ def attention(m, i: int, n: int) -> None:
     # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
     ops.attention(a["q"], kv.k(i), kv.v(i), a["pos"], a["att"], n, s.n_head, s.n_head_kv, hd, kv.ctx, s.scale,
                   window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap)
+    if s.attn_gate:
+        deltanet.sigmoid_mul(ops, a["agate"], a["att"], a["att"], n * s.q_width)
     linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)
     if s.post_norms:
         ops.rms_norm(a["h"], t.vector(p + "post_attention_norm.weight"), a["h"], s.eps, n, E)
-    ops.add_rms_norm(a["x"], a["h"], t.vector(p + "ffn_norm.weight"), a["h"], s.eps, n, E)
+    ops.add_rms_norm(a["x"], a["h"], t.vector(p + s.ffn_norm + ".weight"), a["h"], s.eps, n, E)
 
 
 def dense_ffn(m, i: int, n: int) -> None:

@@ -1,30 +1,30 @@
-"""Qwen3.5's layers (qwen35): the Gated DeltaNet linear-attention layer and the gated attention layer.
+"""Qwen3.5's layers (qwen35): the Gated DeltaNet linear-attention layer, and the kernels of its gated attention.
 
-Owns the kernels only these layers use (native/shaders/ssm_conv_silu, gated_delta,
-qgate_split, sigmoid_mul: `ssm_conv_silu`, `gated_delta`, `qgate_split`, `sigmoid_mul`
-here, on an engine Ops) and the two layer recorders `deltanet` and `gated_attention`, which
-read their model `m` as blocks.py's do (spec, ops, scratch `act`, tensors `t`, cache `kv`,
-and `m.rec`: the recurrent state, vramd/engine/kvcache.py's RecurrentState).
+Owns the kernels only qwen35 uses (native/shaders/ssm_conv_silu, gated_delta, qgate_split,
+sigmoid_mul: `ssm_conv_silu`, `gated_delta`, `qgate_split`, `sigmoid_mul` here, on an engine
+Ops) and the layer recorder `deltanet`, which reads its model `m` as blocks.py's recorders do
+(spec, ops, scratch `act`, tensors `t`, cache `kv`: the layer's recurrent state is
+`m.kv.conv(i)` / `m.kv.ssm(i)` in the `state` region, vramd/engine/kvcache.py; `m.reset_state`:
+start it afresh).  The gated attention is blocks.attention with spec.attn_gate.
 
 What they compute is tests/engine/reference/qwen35.py's header (from llama.cpp's
 src/models/qwen35.cpp).  The delta rule runs token by token on the GPU (one work group per
-value head, the state row of each invocation in registers): the recurrent form for prefill
-as for decode, correct first; llama.cpp's chunked form gives the same numbers and is the
-faster prefill still to write.
+value head, each invocation's state row in registers), the recurrent form for prefill as for
+decode: correct first.  llama.cpp's chunked form (the reference's delta_rule_chunked: the same
+numbers) is the faster prefill still to write.
 """
 
 from __future__ import annotations
 
 import struct
 
+from vramd.engine.deltanet_limits import MAX_CONV, MAX_STATE
 from vramd.engine.ops import view
 from vramd.errors import UsageError
 from vramd.gpu.kernels import Kernel, grid
 
 # kernel -> (storage buffers, push-constant bytes): the shaders' layouts
-_KERNELS = {"ssm_conv_silu": (4, 32), "gated_delta": (7, 48), "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
-MAX_CONV = 8        # ssm_conv_silu.comp: MAXD
-MAX_STATE = 128     # gated_delta.comp: MAXS (its work group size)
+_KERNELS = {"ssm_conv_silu": (4, 36), "gated_delta": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
 _WG = 256
 
 
@@ -41,10 +41,11 @@ def _groups(ops, n: int, wg: int = _WG):
     return gx, gy, 1
 
 
-def ssm_conv_silu(ops, x, state, w, out, n: int, c: int, d: int, *, x_stride: int | None = None) -> None:
+def ssm_conv_silu(ops, x, state, w, out, n: int, c: int, d: int, *, x_stride: int | None = None,
+                  reset: bool = False) -> None:
     """out[t, ch] = silu(sum_j w[ch, j] win_t[j]) over the d - 1 inputs before t (the state's rows
-    first) and x[t, ch]; state [d - 1, c] then holds the last d - 1 inputs.  f32 throughout;
-    x rows x_stride floats apart (default c), out [n, c] contiguous."""
+    first; zeros with reset) and x[t, ch]; state [d - 1, c] then holds the last d - 1 inputs.
+    f32 throughout; x rows x_stride floats apart (default c), out [n, c] contiguous."""
     if not 1 <= d <= MAX_CONV:
         raise UsageError(f"ssm_conv_silu: {d} taps (at most {MAX_CONV})")
     x_stride = c if x_stride is None else int(x_stride)
@@ -52,14 +53,15 @@ def ssm_conv_silu(ops, x, state, w, out, n: int, c: int, d: int, *, x_stride: in
     sv, so = ops._bind(state, 4 * max(1, (d - 1) * c), "ssm_conv state")
     wv, wo = ops._bind(w, 4 * c * d, "ssm_conv weight")
     ov, oo = ops._bind(out, 4 * n * c, "ssm_conv out")
-    push = struct.pack("<8I", n, c, d, xo, so, wo, oo, x_stride)
+    push = struct.pack("<9I", n, c, d, xo, so, wo, oo, x_stride, int(reset))
     ops._dispatch(_kernel(ops, "ssm_conv_silu"), [xv, sv, wv, ov], push, _groups(ops, c, 64))
 
 
-def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: int, hv: int, eps: float) -> None:
+def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: int, hv: int, eps: float, *,
+                reset: bool = False) -> None:
     """The gated delta rule over n tokens (gated_delta.comp's header): conv [n, 2 hk s + hv s],
     alpha / beta [n, hv] (the raw projections), dt / a [hv] (ssm_dt.bias, ssm_a), state
-    [hv, s, s] (read, then the new state), out [n, hv, s]."""
+    [hv, s, s] (read, or zeros with reset; then the new state), out [n, hv, s]."""
     if not 1 <= s <= MAX_STATE or hv % hk:
         raise UsageError(f"gated_delta: head size {s} (at most {MAX_STATE}), {hv} value heads on {hk} key heads")
     c = 2 * hk * s + hv * s
@@ -70,7 +72,7 @@ def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: i
     gv, go = ops._bind(a, 4 * hv, "gated_delta a")
     sv, so = ops._bind(state, 4 * hv * s * s, "gated_delta state")
     ov, oo = ops._bind(out, 4 * n * hv * s, "gated_delta out")
-    push = struct.pack("<4If7I", n, s, hk, hv, eps, co, ao, bo, do, go, so, oo)
+    push = struct.pack("<4If8I", n, s, hk, hv, eps, co, ao, bo, do, go, so, oo, int(reset))
     ops._dispatch(_kernel(ops, "gated_delta"), [cv, av, bv, dv, gv, sv, ov], push, (hv, 1, 1))
 
 
@@ -91,4 +93,24 @@ def sigmoid_mul(ops, gate, x, out, n: int) -> None:
     ops._dispatch(_kernel(ops, "sigmoid_mul"), [gv, xv, ov], struct.pack("<4I", n, go, xo, oo), _groups(ops, n))
 
 
-__all__ = ["gated_delta", "qgate_split", "sigmoid_mul", "ssm_conv_silu", "view"]
+def deltanet(m, i: int, n: int) -> None:
+    """Layer i's Gated DeltaNet, from h = attn_norm(x): x += ssm_out(rms_norm(o, ssm_norm) *
+    silu(z)), then h = the FFN's input norm of x.  The conv and delta-rule states of the layer
+    (m.kv.conv(i), m.kv.ssm(i)) are continued, or started afresh where m.reset_state says."""
+    from vramd.engine.blocks import linears   # blocks imports this module for the attention gate
+    s, ops, a, t = m.spec, m.ops, m.act, m.t
+    d, p, E = s.deltanet, f"blk.{i}.", s.n_embd
+    C, V, reset = d.conv_dim, d.value_dim, m.reset_state
+    linears(m, [(p + "attn_qkv", a["h"], a["mixed"], C), (p + "attn_gate", a["h"], a["z"], V),
+                (p + "ssm_alpha", a["h"], a["alpha"], d.hv), (p + "ssm_beta", a["h"], a["beta"], d.hv)], n)
+    ssm_conv_silu(ops, a["mixed"], m.kv.conv(i), t.vector(p + "ssm_conv1d.weight", C * d.d_conv), a["conv"], n, C, d.d_conv,
+                  reset=reset)
+    gated_delta(ops, a["conv"], a["alpha"], a["beta"], t.vector(p + "ssm_dt.bias"), t.vector(p + "ssm_a"),
+                m.kv.ssm(i), a["dno"], n, d.s, d.hk, d.hv, s.eps, reset=reset)
+    ops.rms_norm(a["dno"], t.vector(p + "ssm_norm.weight"), a["dno"], s.eps, n * d.hv, d.s)
+    ops.silu_mul(a["z"], a["dno"], a["dno"], n * V)
+    linears(m, [(p + "ssm_out", a["dno"], a["h"], E)], n)
+    ops.add_rms_norm(a["x"], a["h"], t.vector(p + s.ffn_norm + ".weight"), a["h"], s.eps, n, E)
+
+
+__all__ = ["deltanet", "gated_delta", "qgate_split", "sigmoid_mul", "ssm_conv_silu", "view"]

@@ -51,6 +51,13 @@ def arch_int(mf: ModelFile, key: str, default: int | None = None) -> int | None:
 
 def kv_shape(mf: ModelFile, ctx: int) -> KVLayout | None:
     """KV cache geometry from the metadata; None if the model does not say."""
+    if f"{mf.architecture}.ssm.state_size" in mf.metadata:   # a recurrent state beside K/V: the spec's
+        from vramd.engine.arch import spec_for
+        from vramd.errors import VramdError
+        try:
+            return KVLayout.for_spec(spec_for(mf), ctx)
+        except VramdError:
+            pass   # not runnable: the K/V estimate below stands in
     layers = arch_int(mf, "block_count")
     n_embd = arch_int(mf, "embedding_length")
     n_head = arch_int(mf, "attention.head_count")

@@ -55,10 +55,10 @@ ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
          "qwen35", "qwen35moe")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
-# qwen35 without Q8_0 (and Q4_0, BF16): on a qwen35 file llama.cpp's server runs a trial batch at
-# load (common_context_can_seq_rm) whose Q8_0 product goes through llamafile_sgemm, and this
-# prebuilt's copy of it executes AVX-VNNI (VEX vpdpbusd), SIGILL on a CPU with AVX512-VNNI only.
-QWEN35_TYPES = ("F32", "F16", "Q4_K", "Q6_K")
+# qwen35: the long tail's types and Q6_K.  (Where llama.cpp's server dies with SIGILL on Q8_0 / Q4_0 /
+# BF16 files -- of every architecture: this prebuilt's llamafile_sgemm executes AVX-VNNI, VEX
+# vpdpbusd, which a CPU with AVX512-VNNI only lacks -- those cases fail at the peer, not in vramd.)
+QWEN35_TYPES = ("F32", "F16", "Q8_0", "Q4_K", "Q6_K")
 TYPES_OF = {a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:13]} \
     | {"qwen35": QWEN35_TYPES, "qwen35moe": ("F32", "F16")}
 # gguf general.architecture of each case (the reference and the tolerance group go by it)
