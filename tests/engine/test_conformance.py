@@ -84,10 +84,9 @@ MOE = ("qwen3moe", "qwen2moe", "mixtral")
 _GROUP = {"llama": 0, "qwen2": 0, "qwen3": 1, "gemma3": 1, "qwen3moe": 2, "qwen2moe": 2, "mixtral": 2,
           "gemma2": 0, "phi3": 0, "mistral3": 0, "qwen3-yarn": 1, "qwen2-yarn": 0, "llama-yarn": 0,
           "qwen35": 1, "qwen35moe": 2}
-# Cases the engine does not run yet (it refuses their files before opening a device:
-# test_reference_qwen35.py's test_vramd_refuses_qwen35moe_naming_what_it_lacks); their references
-# still face llama.cpp.
-ENGINE_PENDING = ("qwen35moe",)
+# Cases the engine does not run yet (it would refuse their files before opening a device); their
+# references still face llama.cpp.
+ENGINE_PENDING: tuple = ()
 TOL = {"F32": (0.01, 0.03, 0.015), "F16": (0.01, 0.025, 0.015), "BF16": (0.2, 0.3, 1.0),
        "Q8_0": (0.3, 0.85, 0.7), "Q4_0": (0.32, 0.85, 0.66), "Q4_1": (0.31, 1.1, 0.4),
        "Q5_0": (0.3, 0.85, 0.4), "Q5_1": (0.4, 0.97, 0.3), "Q4_K": (0.52, 1.05, 1.45),

@@ -5,7 +5,7 @@ the chunked delta rule gives the recurrent one's numbers (chunk boundaries inclu
 cache continued token by token or resumed from a checkpoint gives one prefill's logits,
 a cache is never truncated, the choices the description leaves to llama.cpp (how value
 heads share key heads, the attention's output gate) each decide its chain, and vramd
-refuses a qwen35moe file naming what it lacks, before any device is opened.
+refuses a file its kernels cannot run, naming what, before any device is opened.
 """
 
 import subprocess
@@ -72,12 +72,14 @@ def test_each_choice_decides_llama_cpps_chain(model_file, attr, off):
     assert compare(chain, ref.forward(tokens, ref.new_kv(np.float16), 0)).worst() > 0.15
 
 
-def test_vramd_refuses_qwen35moe_naming_what_it_lacks(tmp_path):
-    moe = write_qwen35(tmp_path / "moe.gguf", weight_type="F32", n_expert=4, n_layer=2)
-    with pytest.raises(ModelError, match="qwen35moe.*routed experts with a shared expert"):
-        spec_for(validate_gguf(moe))
-    r = subprocess.run([sys.executable, "-m", "vramd.cli", "serve", str(moe), "--port", "1"],
+def test_vramd_refuses_what_its_kernels_cannot_run(tmp_path):
+    """A DeltaNet head larger than gated_delta.comp holds is refused before any device is opened,
+    one line naming the key and the limit."""
+    big = write_qwen35(tmp_path / "big.gguf", weight_type="F32", state_size=256, n_layer=2)
+    with pytest.raises(ModelError, match=r"ssm.state_size 256 .* exceed the kernels' 128"):
+        spec_for(validate_gguf(big))
+    r = subprocess.run([sys.executable, "-m", "vramd.cli", "serve", str(big), "--port", "1"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "architecture 'qwen35moe' is not supported yet" in lines[0], r.stderr
+    assert len(lines) == 1 and "ssm.state_size 256" in lines[0], r.stderr

@@ -48,6 +48,11 @@ def next_norm(m, i: int):
     return m.t.vector(f"blk.{i + 1}.attn_norm.weight" if i + 1 < m.spec.n_layer else "output_norm.weight")
 
 
+def mixer(m, i: int, n: int) -> None:
+    """Layer i's token mixer: attention, or Qwen3.5's Gated DeltaNet where the layer is recurrent."""
+    (deltanet.deltanet if m.spec.layers[i].recurrent else attention)(m, i, n)
+
+
 def attention(m, i: int, n: int) -> None:
     """Layer i's attention, from h = attn_norm(x): x += Wo attention(...) (post-normed
     where the spec says), then h = ffn_norm(x)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vramd.engine import blocks, deltanet, moe
+from vramd.engine import blocks, moe
 from vramd.engine.arch import spec_for
 from vramd.engine.batch import TokenBatch
 from vramd.engine.decode_step import DecodeStep
@@ -175,10 +175,7 @@ class TransformerModel:
             blocks.logits(self, n, rows)
 
     def _layer(self, i: int, n: int) -> None:
-        if self.spec.layers[i].recurrent:
-            deltanet.deltanet(self, i, n)
-        else:
-            blocks.attention(self, i, n)
+        blocks.mixer(self, i, n)
         if self.spec.layers[i].moe:
             moe.gpu_experts(self, i, n)
         else:
