@@ -84,3 +84,14 @@ def test_memory_counts_the_recurrent_state(qwen35):
     kv = sum(n for name, n in layout.tensors() if name.startswith("cache_"))
     assert kv == 2 * (on.engine.spec.n_layer - n_rec) * 160 * on.engine.spec.kv_width * 2
     assert layout.nbytes == kv + layout.recurrent_bytes
+
+
+def test_a_batch_that_does_not_continue_the_state_is_refused(qwen35):
+    from vramd.errors import ModelError
+    on, _ = qwen35
+    e = on.engine
+    generate(e, [3, 4, 5, 6])
+    at = e.model.rec_pos
+    with pytest.raises(ModelError, match=f"holds positions 0..{at - 1}: a batch from position 2 cannot continue"):
+        e.model.forward([7, 8], 2)
+    assert e.model.rec_pos == at   # refused before anything ran

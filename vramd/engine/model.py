@@ -87,20 +87,24 @@ class TransformerModel:
         if batch.embeds and not self.spec.takes_embeds:
             raise ModelError(f"{self.file.path}: {self.spec.arch} models do not take input embeddings")
         self.kv.check(batch)
-        self._continue_state(batch)
+        after = self._continue_state(batch)
         logits = self._run(batch)
+        self.rec_pos = after
         return logits if len(batch.out) != 1 or all_logits else logits[0]
 
-    def _continue_state(self, batch: TokenBatch) -> None:
+    def _continue_state(self, batch: TokenBatch) -> int:
         """With a recurrent state: the batch starts at 0 or where the state is (else a ModelError:
-        the caller, runner.py's prefix reuse, must re-prefill); the state's position after it."""
+        the caller, runner.py's prefix reuse, must re-prefill).  Returns the state's position
+        after the batch; until the batch has run it is -1 (a failed batch leaves a state that
+        nothing may continue)."""
         if not self.kv.recurrent:
-            return
+            return 0
         pos0 = int(batch.pos[0])
         if pos0 not in (0, self.rec_pos) or not (batch.pos == pos0 + np.arange(len(batch))).all():
             raise ModelError(f"{self.file.path}: the recurrent state holds positions 0..{self.rec_pos - 1}: "
                              f"a batch from position {pos0} cannot continue it (it restarts at 0)")
-        self.rec_pos = pos0 + len(batch)
+        self.rec_pos = -1
+        return pos0 + len(batch)
 
     def save_checkpoint(self) -> int:
         """Copies the recurrent state (at position rec_pos) to its checkpoint; returns rec_pos."""
@@ -138,11 +142,12 @@ class TransformerModel:
         batch = TokenBatch.of(tokens, 0)
         batch.out = ()
         self.kv.check(batch)
-        self._continue_state(batch)
+        after = self._continue_state(batch)
         out = []
         for k, chunk in enumerate(batch.chunks(self.batch)):
             start = k * self.batch
             out.append(self._chunk(chunk, hidden=tuple(r - start for r in rows if start <= r < start + len(chunk))))
+        self.rec_pos = after
         return np.concatenate(out, axis=0)
 
     def _step(self, n: int) -> DecodeStep:

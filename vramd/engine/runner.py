@@ -196,7 +196,7 @@ class Engine:
         checkpoint is then taken after ids[:-1] (the same prompt again, or one that continues a
         prompt rather than its reply, resumes there).  docs/architecture.md, "Prefix reuse"."""
         ck = self.checkpoint
-        if keep < len(self.cached):
+        if keep < len(self.cached) or self.model.rec_pos != len(self.cached):   # (a failed batch: -1)
             keep = len(ck) if ck is not None and len(ck) < len(ids) and ids[:len(ck)] == ck else 0
             if keep:
                 self.model.restore_checkpoint(keep)
