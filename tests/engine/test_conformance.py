@@ -83,7 +83,7 @@ MOE = ("qwen3moe", "qwen2moe", "mixtral")
 
 _GROUP = {"llama": 0, "qwen2": 0, "qwen3": 1, "gemma3": 1, "qwen3moe": 2, "qwen2moe": 2, "mixtral": 2,
           "gemma2": 0, "phi3": 0, "mistral3": 0, "qwen3-yarn": 1, "qwen2-yarn": 0, "llama-yarn": 0,
-          "qwen35": 1, "qwen35moe": 2}
+          "gemma4": 1, "qwen35": 1, "qwen35moe": 2}
 # Cases the engine does not run yet (it would refuse their files before opening a device); their
 # references still face llama.cpp.
 ENGINE_PENDING: tuple = ()
@@ -123,6 +123,9 @@ class Case:
                 ref = ReferenceMoE(self.path)
             elif gguf_arch in ("gemma3", "gemma2"):
                 ref = Gemma3Reference(self.path)
+            elif gguf_arch == "gemma4":
+                from tests.engine.reference.gemma4 import Gemma4Reference
+                ref = Gemma4Reference(self.path)
             else:   # the context picks phi3's LongRoPE factors: vramd's (CTX) and llama.cpp's both exceed 32
                 ref = ReferenceModel(self.path, n_ctx=CTX)
             logits = ref.forward(self.tokens, ref.new_kv(np.float16), 0)
@@ -197,6 +200,10 @@ _FEATURES = [
     ("mistral3", "attention temperature", "attn_temp_scale", 0.0),
     ("mistral3", "YaRN's ramp", "yarn", None),
     ("qwen3-yarn", "YaRN's ramp", "yarn", None),
+    ("gemma4", "final soft-capping", "cap", 0.0),
+    ("gemma4", "the proportional RoPE's factors", "rope_freqs", None),
+    ("gemma4", "the sliding window", "window", 0),
+    ("gemma4", "V's norm", "v_norm", False),
 ]
 
 
@@ -205,7 +212,9 @@ def test_each_long_tail_feature_matters(case, arch, what, attr, off):
     from tests.engine.reference.gemma3 import Gemma3Reference
     from tests.engine.reference.llama import ReferenceModel
     c = case(arch, "F32")
-    ref = Gemma3Reference(c.path) if arch == "gemma2" else ReferenceModel(c.path, n_ctx=CTX)
+    from tests.engine.reference.gemma4 import Gemma4Reference
+    ref = (Gemma3Reference(c.path) if arch == "gemma2" else Gemma4Reference(c.path) if arch == "gemma4"
+           else ReferenceModel(c.path, n_ctx=CTX))
     setattr(ref, attr, off)
     logits = ref.forward(c.tokens, ref.new_kv(np.float16), 0)
     assert compare(c.chain, logits).worst() > 5 * c.tol, f"{arch} without {what} still agrees with llama.cpp"

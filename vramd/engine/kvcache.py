@@ -37,10 +37,12 @@ class KVLayout:
     @classmethod
     def for_spec(cls, spec, ctx: int) -> "KVLayout":
         d = spec.deltanet
+        # every layer's rows as wide as the widest layer's (gemma4's sliding and global
+        # layers differ; a narrower layer uses the front of its rows' space)
         if d is None:
-            return cls(spec.n_layer, ctx, spec.kv_width, spec.kv_width)
+            return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width)
         rec = tuple(i for i, layer in enumerate(spec.layers) if layer.recurrent)
-        return cls(spec.n_layer, ctx, spec.kv_width, spec.kv_width, recurrent=rec,
+        return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width, recurrent=rec,
                    conv_bytes=4 * max(1, d.d_conv - 1) * d.conv_dim, ssm_bytes=4 * d.hv * d.s * d.s)
 
     def tensors(self) -> list[tuple[str, int]]:
