@@ -94,7 +94,7 @@ class ArchSpec:
     fused_qkv: bool = False     # attn_qkv.weight holds q, k, v rows (phi3): the table hands out row views
     fused_up: bool = False      # ffn_up.weight holds gate then up rows, 2 n_ff (phi3)
     moe: MoESpec | None = None
-    batch: int = 256           # tokens per prefill chunk
+    batch: int = 512           # tokens per prefill chunk by default (--prefill-chunk; vramd/engine/scratch.py)
     # Capabilities the daemon asks about instead of sniffing the code:
     takes_embeds: bool = True  # input embeddings (an image's) can stand in for tokens
 
