@@ -25,16 +25,23 @@
 // Shared memory: 16.5 (Q) + 8.1 (K/V) + 4.3 (scores) KiB, under the 32 KiB
 // lavapipe offers (48 on the H200).  Rows are padded by one element so
 // that a column walk falls in different banks.  f16 loads, f32 math.
+// MAXR and BK are defines so that other tiles can be tried (glslc -D); the
+// committed .spv is the default, which Ops.attention's flash_rows matches
+// (on lavapipe 32 rows x 32 keys was 1.2-1.45x slower than 64 x 16).
 #version 450
 layout(local_size_x = 256) in;
 #define WG 256u
+#ifndef BK
 #define BK 16u
-#define MAXR 64u             // rows of a tile at most (head_dim <= 64)
+#endif
+#ifndef MAXR
+#define MAXR 64u             // rows of a tile at most (head_dim <= 64; half that <= 128, a quarter <= 256)
+#endif
 #define MAXW 128u            // words (two halves) of a head, at most: head_dim <= 256
-#define QTILE 2112u          // vec2 of the Q tile at most: max over R of R * (head_dim / 2 + 1)
+#define QTILE (MAXR * 33u)   // vec2 of the Q tile at most: R * (head_dim / 2 + 1) for each R
 #define KP (MAXW + 1u)       // padded word row of the K/V tile
 #define SP (BK + 1u)         // padded row of the scores
-#define WPT 8u               // output words per thread at most: (head_dim / 2) / TPR
+#define WPT (MAXR / 8u)      // output words per thread at most: (head_dim / 2) / TPR
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, set = 0, binding = 1) readonly buffer KCache { uint kc[]; };
@@ -78,7 +85,7 @@ void main() {
     uint kvh = gl_WorkGroupID.x;
     uint tid = gl_LocalInvocationID.x;
     uint hw = p.head_dim >> 1;
-    uint R = p.head_dim <= 64u ? 64u : (p.head_dim <= 128u ? 32u : 16u);
+    uint R = p.head_dim <= 64u ? MAXR : (p.head_dim <= 128u ? MAXR / 2u : MAXR / 4u);
     uint TPR = WG / R;
     uint G = p.n_heads / p.n_kv_heads;
     uint n_pairs = p.n_tokens * G;
