@@ -42,6 +42,7 @@ layout(local_size_x = 256) in;
 #define KP (MAXW + 1u)       // padded word row of the K/V tile
 #define SP (BK + 1u)         // padded row of the scores
 #define WPT (MAXR / 8u)      // output words per thread at most: (head_dim / 2) / TPR
+#define KPT (BK * MAXR / WG) // scores per thread at most: BK / TPR
 
 layout(std430, set = 0, binding = 0) readonly buffer Q { float q[]; };
 layout(std430, set = 0, binding = 1) readonly buffer KCache { uint kc[]; };
@@ -139,16 +140,29 @@ void main() {
             kvs[jj * KP + w] = jj < cnt ? kc[p.k_off + (k0 + jj) * p.kv_stride + head_w + w] : 0u;
         }
         barrier();  // K tile (and, the first time, the Q tile) published
-        for (uint c = lane; c < BK; c += TPR) {
-            float dot = 0.0;
-            for (uint w = 0u; w < hw; w++) {
-                vec2 kk = unpackHalf2x16(kvs[c * KP + w]);
-                vec2 qq = qs[r * QP + w];
-                dot += qq.x * kk.x + qq.y * kk.y;
+        // Scores of keys lane, lane + TPR, ...: each q element read once for all of them.
+        uint nk = BK / TPR;
+        float dots[KPT];
+        for (uint i = 0u; i < KPT; i++) {
+            dots[i] = 0.0;
+        }
+        for (uint w = 0u; w < hw; w++) {
+            vec2 qq = qs[r * QP + w];
+            for (uint i = 0u; i < KPT; i++) {
+                if (i < nk) {
+                    vec2 kk = unpackHalf2x16(kvs[(lane + i * TPR) * KP + w]);
+                    dots[i] += qq.x * kk.x + qq.y * kk.y;
+                }
             }
-            float s = p.softcap > 0.0 ? p.softcap * (1.0 - 2.0 / (exp(2.0 * dot / p.softcap) + 1.0)) : dot;
-            uint j = k0 + c;
-            ss[r * SP + c] = (j >= row_first && j < row_end) ? s : NEG;
+        }
+        for (uint i = 0u; i < KPT; i++) {
+            if (i < nk) {
+                uint c = lane + i * TPR;
+                float d = dots[i];
+                float s = p.softcap > 0.0 ? p.softcap * (1.0 - 2.0 / (exp(2.0 * d / p.softcap) + 1.0)) : d;
+                uint j = k0 + c;
+                ss[r * SP + c] = (j >= row_first && j < row_end) ? s : NEG;
+            }
         }
         barrier();  // scores written; every read of the K tile done
         // The V tile over the K tile (zeros past the span: 0 * garbage could be NaN).
