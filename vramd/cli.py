@@ -316,6 +316,10 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
 @click.option("--n-cpu-moe", "n_cpu_moe", default=None,
               help="Mixture-of-experts: keep the experts of this many layers on the host and compute them on "
                    "the CPU (fractions in thirds: 1.5, 4/3), or auto (the least that fits --vram-budget).")
+@click.option("--prefill-chunk", type=int, default=None,
+              help="Prompt tokens per forward pass: the scratch is sized for one chunk (device memory while "
+                   "warm; `vramd plan --prefill-chunk` shows it); cut to what one storage binding holds "
+                   "[the architecture's: 512, mixture-of-experts 64].")
 @click.option("--mmproj", default=None, type=click.Path(dir_okay=False),
               help="Vision encoder (projector) GGUF: images in chat requests; kept in host memory and brought to "
                    "the device just in time for an encode.")
@@ -457,8 +461,11 @@ def gateway(arena_path, allow_shared_arena, config_file, **flags):
               help="Context length [the file's; with --vram-budget, what `vramd serve` would choose there].")
 @click.option("--mmproj", default=None, type=click.Path(dir_okay=False, path_type=str),
               help="Vision encoder (projector) GGUF: its bytes too.")
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=None,
+              help="Tokens per prefill chunk, as `vramd serve --prefill-chunk`: the scratch it implies "
+                   "[the architecture's].")
 @click.option("--json", "as_json", is_flag=True)
-def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, as_json):
+def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, prefill_chunk, as_json):
     """Where each tensor of MODEL goes (device or host), and the totals: what `vramd serve` allocates."""
     from vramd.model.footprint import footprint
     from vramd.model.gguf_check import validate_gguf
@@ -472,7 +479,7 @@ def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, as_json):
     if ctx is None:
         ctx = plan_ctx(mf, budget)
     fp = footprint(mf, ctx, n_cpu_moe="auto" if budget is not None else n_cpu_moe, budget=budget,
-                   mmproj=validate_gguf(mmproj) if mmproj else None)
+                   mmproj=validate_gguf(mmproj) if mmproj else None, chunk=prefill_chunk)
     if not fp.plan.has_experts and n_cpu_moe is not None:
         click.echo(f"note: {model} has no expert tensors; --n-cpu-moe changes nothing", err=True)
     if as_json:
@@ -506,7 +513,7 @@ def print_plan(fp, ctx: int, mmproj: bool) -> None:
     state = (f"KV {human_bytes(d['state'] - rec)} for --ctx {ctx} + recurrent state {human_bytes(rec)}" if rec
              else f"KV {human_bytes(d['state'])} for --ctx {ctx}")
     device = (f"device {human_bytes(fp.device_bytes)} (weights {human_bytes(d['weights'])}, {state}, "
-              f"scratch {human_bytes(d['scratch'])})")
+              f"scratch {human_bytes(d['scratch'])}" + (f" for prefill chunks of {fp.chunk} tokens)" if fp.chunk else ")"))
     if fp.plan.has_experts:
         click.echo(f"\n--n-cpu-moe {fp.plan.n_cpu_moe:g}: {device}, host {human_bytes(sum(host.values()))} "
                    f"(experts {human_bytes(host['experts'])})")

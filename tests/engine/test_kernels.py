@@ -195,7 +195,7 @@ def test_rope(ops, bufs, rng, neox, n_rot, freq_scale, factors):
     assert np.array_equal(f32(t["x"]).reshape(x.shape)[:, :, n_rot:], x[:, :, n_rot:])  # untouched dims
 
 
-def attention_ref(q, kc, vc, pos, n_kv, scale, window=0):
+def attention_ref(q, kc, vc, pos, n_kv, scale, window=0, softcap=0.0):
     n_tokens, n_heads, hd = q.shape
     group = n_heads // n_kv
     out = np.zeros((n_tokens, n_heads * hd))
@@ -206,6 +206,8 @@ def attention_ref(q, kc, vc, pos, n_kv, scale, window=0):
         for h in range(n_heads):
             kk, vv = k[first:pos[t] + 1, h // group], v[first:pos[t] + 1, h // group]
             s = kk @ q[t, h].astype(np.float64) * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
             p = np.exp(s - s.max())
             out[t, h * hd:(h + 1) * hd] = p @ vv / p.sum()
     return out

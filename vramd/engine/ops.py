@@ -1,6 +1,6 @@
 """The compute ops of the forward pass: a small Python API over the GLSL
 kernels in native/shaders/ (matvec_<type>, get_rows_<type>, rms_norm, rope,
-kv_write, attention, silu_mul, add, scale; for mixture-of-experts models
+kv_write, attention (attention_flash for prefill), silu_mul, add, scale; for mixture-of-experts models
 moe_route, matvec_id_<type> and moe_combine).
 
 Owns: `Ops` (one per residency core: the pipelines, the recording batch),
@@ -60,17 +60,23 @@ WEIGHT_TYPES.update({3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 2
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
-            "kv_write": (3, 32), "attention": (5, 64), "silu_mul": (3, 16), "add": (3, 20),
+            "kv_write": (3, 32), "attention": (5, 64), "attention_flash": (5, 64), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (2, 20),
             "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36)}
 
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
+_FLASH_HEAD_DIM = 256     # attention_flash.comp: MAXW * 2 (larger heads take attention.comp)
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
 _SPLIT_GROUPS = 1024      # decode attention: work groups aimed at (heads x ranges), ~8 per SM of an H200;
                           # more cost more than they share (8192 at ctx 8192 made a step 1.3 ms slower)
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
 ROUTE_MAX_EXPERTS = 1024  # moe_route.comp: MAX_EXPERT (its shared copy of a token's logits)
 ROUTE_MAX_USED = 64       # moe_route.comp: MAX_USED
+
+
+def flash_rows(head_dim: int) -> int:
+    """Query rows ((token, q head) pairs) of one attention_flash.comp work group: its Q tile's size."""
+    return 64 if head_dim <= 64 else 32 if head_dim <= 128 else 16
 
 
 def type_name(qtype) -> str:
@@ -596,7 +602,8 @@ class Ops:
 
     def attention(self, q, k_cache, v_cache, pos, out, n_tokens: int, n_heads: int, n_kv_heads: int,
                   head_dim: int, ctx: int, scale: float, *, window: int = 0, q_stride: int | None = None,
-                  o_stride: int | None = None, tmp=None, softcap: float = 0.0) -> None:
+                  o_stride: int | None = None, tmp=None, softcap: float = 0.0,
+                  flash: bool = True) -> None:
         """out[t, h*hd:(h+1)*hd] = softmax_j(scale * q[t, h] . K[j, kvh]) V[j, kvh]
         over cache rows j <= pos[t] (and j > pos[t] - window when window > 0),
         kvh = h // (n_heads // n_kv_heads); softcap > 0 caps each score s
@@ -608,7 +615,14 @@ class Ops:
         out: f32 [n_tokens, o_stride] (default n_heads*head_dim).  The rows
         of the current tokens must be written (kv_write) before, in order.
         tmp: f32 scratch free during the op; given, a single token (decode)
-        runs its keys in ranges over many work groups (_attention_split)."""
+        runs its keys in ranges over many work groups (_attention_split).
+
+        Kernels: several tokens (prefill) with head_dim <= 256 take the
+        flash form (attention_flash.comp: a work group per KV head and tile
+        of query rows, K/V tiles shared by the group's q heads and tokens);
+        a single token the split form; what is left (a token without tmp,
+        heads over 256; flash=False, the reference the flash form is tested
+        against) attention.comp, a work group per (head, token)."""
         if n_kv_heads < 1 or n_heads % n_kv_heads:
             raise ModelError(f"{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads")
         if head_dim % 2 or head_dim > _MAX_HEAD_DIM:
@@ -616,8 +630,6 @@ class Ops:
         width = n_kv_heads * head_dim
         q_stride = n_heads * head_dim if q_stride is None else int(q_stride)
         o_stride = n_heads * head_dim if o_stride is None else int(o_stride)
-        if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
-            raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
         qv, qo = self._bind(q, 4 * ((n_tokens - 1) * q_stride + n_heads * head_dim), "attention q")
         kv, ko = self._bind(k_cache, 2 * ctx * width, "attention K cache")
         vv, vo = self._bind(v_cache, 2 * ctx * width, "attention V cache")
@@ -629,6 +641,14 @@ class Ops:
             return
         push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
                            po, oo, o_stride, ctx, int(window), scale, softcap)
+        if flash and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
+            tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
+            if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
+                raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
+            self._dispatch(self._kernel("attention_flash"), [qv, kv, vv, pv, ov], push, (n_kv_heads, tiles, 1))
+            return
+        if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
+            raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
         self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov], push, (n_heads, n_tokens, 1))
 
     def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,

@@ -37,11 +37,13 @@ __all__ = ["Engine", "Prompt"]
 
 class Engine:
     def __init__(self, loaded, residency, ctx: int, encoder=None, text=None, overflow: str = "error",
-                 pooling: str | None = None):
+                 pooling: str | None = None, chunk: int | None = None):
         """text: (tokenizer, template) made by text_front() before the load
         (the daemon does, so that a bad vocabulary costs no GPU time); made
         here when not given.  overflow: the --context-overflow policy
-        (vramd/engine/overflow.py).  pooling: --pooling (None: the file's)."""
+        (vramd/engine/overflow.py).  pooling: --pooling (None: the file's).
+        chunk: --prefill-chunk, the tokens per prefill chunk the scratch was
+        laid out for (None: the spec's default; vramd/engine/scratch.py)."""
         mf = loaded.file
         self.ctx = ctx
         if overflow not in POLICIES:
@@ -53,7 +55,7 @@ class Engine:
         self.spec = spec_for(mf)
         self.pooling = pooling_of(mf, pooling)
         self.fim = FimTokens.find(mf.metadata, self.tokenizer)
-        self.model = TransformerModel(loaded, residency, ctx, loaded.scratch, spec=self.spec)
+        self.model = TransformerModel(loaded, residency, ctx, loaded.scratch, chunk, spec=self.spec)
         self.cached: list[int] = []       # tokens whose K/V are in the cache, positions 0..
         self.checkpoint: list[int] | None = None   # tokens the recurrent state's checkpoint holds (qwen35)
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}

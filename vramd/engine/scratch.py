@@ -2,13 +2,39 @@
 
 Owns: `scratch_layout(spec, batch)` ([(name, bytes)] for the residency
 `scratch` region: what `vramd serve` allocates and `vramd plan` reports, the
-same function for both) and `logit_rows`.  Light on purpose (no GPU
-imports), so `vramd plan` sizes a model without a device.
+same function for both), `chunk_tokens` (the tokens of a prefill chunk:
+`--prefill-chunk` or the spec's default, cut to what one binding holds) and
+`logit_rows`.  Light on purpose (no GPU imports), so `vramd plan` sizes a
+model without a device.
+
+The scratch region is sized for one chunk and, like every scratch region,
+freed when the model goes cold and rebuilt at the next warm-up (vramd/gpu/
+residency.py): a larger chunk costs device memory only while warm.
 """
 
 from __future__ import annotations
 
+from vramd.errors import UsageError
+
 LOGITS_BYTES = 64 << 20   # the logits buffer: chunks wanting every row's logits are cut to fit it (half lavapipe's range)
+
+
+BUFFER_BYTES = 128 << 20   # one activation buffer at most: an op binds a whole chunk's rows of it, and
+                           # lavapipe's maxStorageBufferRange is 128 MiB (the smallest of the devices known)
+MAX_CHUNK = 16384          # --prefill-chunk at most
+
+
+def chunk_tokens(spec, chunk: int | None = None) -> int:
+    """Tokens per prefill chunk: `chunk` (--prefill-chunk) or the spec's
+    default (`spec.batch`), cut so that no activation buffer of the chunk
+    (the logits aside: logit_rows cuts those) passes BUFFER_BYTES."""
+    want = int(chunk) if chunk is not None else spec.batch
+    if not 1 <= want <= MAX_CHUNK:
+        raise UsageError(f"prefill chunk {want}: between 1 and {MAX_CHUNK} tokens")
+    one = {n: b for n, b in scratch_layout(spec, 1, cut=False)}
+    two = {n: b for n, b in scratch_layout(spec, 2, cut=False)}
+    per_token = max(two[n] - one[n] for n in one if n != "logits")
+    return max(1, min(want, BUFFER_BYTES // per_token))
 
 
 def logit_rows(spec, batch: int) -> int:
@@ -18,9 +44,12 @@ def logit_rows(spec, batch: int) -> int:
     return max(1, min(batch, LOGITS_BYTES // (4 * spec.n_vocab)))
 
 
-def scratch_layout(spec, batch: int | None = None) -> list[tuple[str, int]]:
-    """Activation buffers (f32 unless said) for a chunk of `batch` tokens (default: the spec's)."""
+def scratch_layout(spec, batch: int | None = None, *, cut: bool = True) -> list[tuple[str, int]]:
+    """Activation buffers (f32 unless said) for a chunk of `batch` tokens
+    (default: the spec's), cut by chunk_tokens unless cut=False."""
     b = batch or spec.batch
+    if cut:
+        b = chunk_tokens(spec, b)
     layout = [("x", 4 * b * spec.n_embd), ("h", 4 * b * spec.n_embd), ("q", 4 * b * spec.max_q_width),
               ("k", 4 * b * spec.max_kv_width), ("v", 4 * b * spec.max_kv_width), ("att", 4 * b * spec.max_q_width)]
     if spec.n_ff:

@@ -65,6 +65,7 @@ class Footprint:
     layouts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)   # region -> [(tensor, bytes)]
     limits: dict = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     runnable: bool = True                    # False: the engine does not run it; scratch is the loader's estimate
+    chunk: int | None = None                 # tokens per prefill chunk the scratch holds (None: not runnable)
 
     # The regions, their kind, and whether they have a host shadow.
     REGIONS = {"weights": "weights", "kv": "state", "scratch": "scratch", "encoder": "encoder",
@@ -111,6 +112,7 @@ class Footprint:
     def to_json(self) -> dict:
         d = self.device
         return {"n_cpu_moe": self.plan.n_cpu_moe, "has_experts": self.plan.has_experts, "ctx": self.ctx,
+                "prefill_chunk": self.chunk,
                 "runnable": self.runnable, "tensors": self.plan.tensors,
                 "device_weight_bytes": d["weights"], "kv_bytes": d["state"], "scratch_bytes": d["scratch"],
                 "recurrent_state_bytes": self.recurrent_bytes,
@@ -123,21 +125,26 @@ class Footprint:
 
 
 def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj=None,
-              limits: dict | None = None) -> Footprint:
+              limits: dict | None = None, chunk: int | None = None) -> Footprint:
     """What model `mf` (a validated ModelFile) needs at `ctx`, as `vramd serve` allocates it.
 
     n_cpu_moe: None (every tensor on the device), a number of layers (float, or the flag's
     text: "1.5", "4/3") or "auto": the smallest that fits `budget` device bytes (a UsageError
     if nothing does).  mmproj: the --mmproj ModelFile, validated.  limits: the device's
-    `Residency.limits` (serve has them; plan assumes DEFAULT_LIMITS)."""
+    `Residency.limits` (serve has them; plan assumes DEFAULT_LIMITS).  chunk:
+    --prefill-chunk, the tokens per prefill chunk the scratch is laid out for
+    (None: the architecture's default; vramd/engine/scratch.py's chunk_tokens)."""
     from vramd.engine.arch import spec_for
-    from vramd.engine.scratch import scratch_layout
+    from vramd.engine.scratch import chunk_tokens, scratch_layout
     lim = dict(limits or DEFAULT_LIMITS)
     try:
-        scratch = scratch_layout(spec_for(mf))
+        spec = spec_for(mf)
         runnable = True
     except VramdError:  # serve refuses it; the loader's estimate stands in (what it lays out without an engine)
-        scratch, runnable = [("compute", loader.scratch_bytes(mf))], False
+        scratch, runnable, tokens = [("compute", loader.scratch_bytes(mf))], False, None
+    if runnable:
+        tokens = chunk_tokens(spec, chunk)
+        scratch = scratch_layout(spec, tokens)
     shape = loader.kv_shape(mf, ctx)
     kv = loader.kv_layout(shape) if shape is not None else []
     kv_dev, scratch_dev = packed_bytes(kv, lim) if kv else 0, packed_bytes(scratch, lim)
@@ -157,7 +164,7 @@ def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj
         from vramd.engine.vision import layouts as encoder_layouts
         from vramd.model.mmproj import load_mmproj
         layouts["encoder"], layouts["encoder_scratch"] = encoder_layouts(mmproj, *load_mmproj(mmproj))
-    return Footprint(ctx, p, {r: lay for r, lay in layouts.items() if lay}, lim, runnable)
+    return Footprint(ctx, p, {r: lay for r, lay in layouts.items() if lay}, lim, runnable, tokens)
 
 
 def _device_layout(p: placement.Plan) -> list[tuple[str, int]]:
@@ -173,7 +180,8 @@ def file_context_length(mf) -> int | None:
     return loader.arch_int(mf, "context_length")
 
 
-def auto_ctx(mf, budget: int, *, n_cpu_moe=None, limits: dict | None = None) -> tuple[int, str]:
+def auto_ctx(mf, budget: int, *, n_cpu_moe=None, limits: dict | None = None,
+             chunk: int | None = None) -> tuple[int, str]:
     """--ctx's default: the file's context length, or the largest multiple of CTX_STEP below it
     whose KV cache fits `budget` with the weights and scratch.  Returns (ctx, why): the one line
     the daemon logs.  A model whose weights leave no room for CTX_STEP gets CTX_STEP (its restore
@@ -184,7 +192,7 @@ def auto_ctx(mf, budget: int, *, n_cpu_moe=None, limits: dict | None = None) -> 
     said = f"the file's context length {trained}" if trained else f"the file says no context length: {DEFAULT_CTX}"
 
     def fits(ctx: int) -> bool:
-        return footprint(mf, ctx, n_cpu_moe=n_cpu_moe, limits=limits).device_bytes <= budget
+        return footprint(mf, ctx, n_cpu_moe=n_cpu_moe, limits=limits, chunk=chunk).device_bytes <= budget
 
     if fits(cap):
         return cap, f"{said}; its KV cache fits the budget of {budget} bytes"

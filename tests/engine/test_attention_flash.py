@@ -1,0 +1,72 @@
+"""Prefill attention in tiles (Ops.attention with several tokens:
+attention_flash.comp) against numpy and against attention.comp (flash=False)
+on random f16 caches: odd chunk lengths and contexts, chunks after earlier
+ones (positions from p0 > 0), the last cache row, sliding windows, GQA
+ratios 1 to 32 (a group larger than a tile's rows spreads over work
+groups), head sizes 40 to 256, each tile size's edge (64, 32, 16 rows),
+gemma2's softcap, and strided q/out rows (views of wider buffers)."""
+import numpy as np
+import pytest
+from tests.engine.test_kernels import attention_ref, f32
+
+from vramd.engine.ops import flash_rows
+
+
+@pytest.mark.parametrize("n_heads,n_kv,hd,p0,n_tokens,ctx,window,softcap", [
+    (4, 4, 64, 0, 37, 101, 0, 0.0),      # GQA 1, a first chunk: 37 tokens, 64-row tiles
+    (4, 2, 128, 101, 33, 333, 0, 0.0),   # GQA 2, a chunk after 101 earlier tokens
+    (8, 2, 256, 50, 19, 97, 0, 0.0),     # GQA 4, head_dim 256 (gemma3's): 16-row tiles, 4 tokens each
+    (8, 1, 64, 7, 65, 72, 0, 0.0),       # GQA 8; the chunk ends at the cache's last row
+    (4, 1, 256, 300, 21, 341, 64, 0.0),  # gemma3's local layers: a sliding window inside the chunk's span
+    (2, 1, 128, 10, 45, 99, 16, 0.0),    # a window shorter than the chunk: early keys leave each tile
+    (8, 4, 128, 30, 23, 61, 0, 5.0),     # gemma2's softcap (scores scaled up so that it bites)
+    (2, 1, 40, 3, 9, 17, 0, 0.0),        # head_dim 40: words not a multiple of a row's threads
+    (6, 2, 80, 0, 3, 5, 0, 0.0),         # head_dim 80, three tokens from position 0
+    (32, 1, 256, 5, 3, 9, 0, 0.0),       # GQA 32: one token's heads over two work groups
+    (4, 2, 66, 12, 11, 31, 0, 0.0),      # head_dim 66: just over the 64-row tile's limit
+])
+def test_flash_attention(ops, bufs, rng, n_heads, n_kv, hd, p0, n_tokens, ctx, window, softcap):
+    width = n_kv * hd
+    kc = rng.standard_normal((ctx, width)).astype(np.float16)
+    vc = rng.standard_normal((ctx, width)).astype(np.float16)
+    q = rng.standard_normal((n_tokens, n_heads, hd)).astype(np.float32)
+    pos = np.arange(p0, p0 + n_tokens, dtype=np.int32)
+    scale = (8.0 if softcap else 1.0) / np.sqrt(hd)
+    out_bytes = 4 * n_tokens * n_heads * hd
+    t = bufs(q=q, kc=kc, vc=vc, pos=pos, out=out_bytes, old=out_bytes)
+    with ops.batch():
+        ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], n_tokens, n_heads, n_kv, hd, ctx, scale,
+                      window=window, softcap=softcap)
+        ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["old"], n_tokens, n_heads, n_kv, hd, ctx, scale,
+                      window=window, softcap=softcap, flash=False)
+    ops.sync()
+    assert "attention_flash" in ops._kernels   # the tiled form ran
+    got = f32(t["out"]).reshape(n_tokens, -1)
+    ref = attention_ref(q, kc, vc, pos, n_kv, scale, window, softcap)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(got, f32(t["old"]).reshape(n_tokens, -1), rtol=1e-4, atol=2e-5)
+
+
+def test_flash_strided_rows(ops, bufs, rng):
+    """q read from a fused buffer's rows (q_stride) and out written into wider rows (o_stride):
+    the floats between the heads' columns are left alone."""
+    n_heads, n_kv, hd, n, ctx = 4, 2, 64, 13, 29
+    qs, os_ = n_heads * hd + 24, n_heads * hd + 8
+    kc = rng.standard_normal((ctx, n_kv * hd)).astype(np.float16)
+    vc = rng.standard_normal((ctx, n_kv * hd)).astype(np.float16)
+    qbuf = rng.standard_normal((n, qs)).astype(np.float32)
+    pos = np.arange(ctx - n, ctx, dtype=np.int32)
+    t = bufs(q=qbuf, kc=kc, vc=vc, pos=pos, out=np.full((n, os_), 7.0, np.float32))
+    ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], n, n_heads, n_kv, hd, ctx, 0.125,
+                  q_stride=qs, o_stride=os_)
+    ops.sync()
+    out = f32(t["out"]).reshape(n, os_)
+    ref = attention_ref(qbuf[:, :n_heads * hd].reshape(n, n_heads, hd), kc, vc, pos, n_kv, 0.125)
+    np.testing.assert_allclose(out[:, :n_heads * hd], ref, rtol=1e-4, atol=2e-5)
+    assert np.all(out[:, n_heads * hd:] == 7.0)
+
+
+def test_tile_rows():
+    """The rows a work group holds follow the Q tile's 16.5 KiB (attention_flash.comp's QTILE)."""
+    assert [flash_rows(d) for d in (40, 64, 66, 128, 130, 256)] == [64, 64, 32, 32, 16, 16]
+    assert max(flash_rows(d) * (d // 2 + 1) for d in range(2, 257, 2)) <= 2112
