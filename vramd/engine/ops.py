@@ -57,6 +57,8 @@ WEIGHT_TYPES = {int(F32): ("f32", 1, 4), int(F16): ("f16", 1, 2), int(BF16): ("b
 # GGML's fixed values for Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (native/shaders/dequant_k.glsl)
 WEIGHT_TYPES.update({3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 24), 12: ("q4_k", 256, 144),
                      13: ("q5_k", 256, 176), 14: ("q6_k", 256, 210)})
+# MXFP4 (39, gpt-oss's experts): 17-byte blocks, so rows may start at any byte (native/shaders/dequant_mxfp4.glsl)
+WEIGHT_TYPES[39] = ("mxfp4", 32, 17)
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
