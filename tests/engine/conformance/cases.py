@@ -32,6 +32,13 @@ The long tail (issue 17), in F32, F16, Q8_0 and Q4_K each:
               ramp covers pairs 0..7 of 64): what Qwen3's long-context GGUFs declare
 and in F32 only, the other YaRN-declaring families: qwen2-yarn, llama-yarn (the
 same scaling on qwen2's and llama's case).
+
+Written and referenced but not yet in ARCHS (no engine builder yet: PENDING):
+  gpt-oss     tests/ggufgen/gptoss.py: attention sinks, q/k/v/o, router and expert
+              biases, the clamped SwiGLU, a window of 8 on even layers, YaRN factor 4
+              over 16; weight types GPTOSS_TYPES: "F32"/"F16" (experts the same type)
+              and "Q8_0" = the real files' mix (MXFP4 experts, Q8_0 other matrices).
+              tests/engine/test_reference_gptoss.py holds the reference against llama.cpp.
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ TYPES_OF = {a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} 
 # gguf general.architecture of each case (the reference and the tolerance group go by it)
 GGUF_ARCH = {a: a.split("-")[0] for a in ARCHS} | {"mixtral": "llama"}
 _YARN = dict(rope_scaling="yarn", rope_scaling_factor=4.0, orig_ctx=16)
+PENDING = ("gpt-oss",)
+GPTOSS_TYPES = ("F32", "F16", "Q8_0")
+GGUF_ARCH["gpt-oss"] = "gpt-oss"
 
 _DENSE = dict(n_embd=256, n_ff=512, n_head=4, n_layer=2, n_vocab=512, seed=7)
 _MOE = dict(n_embd=256, n_ff_exp=256, n_ff_shexp=256, n_head=4, n_head_kv=2, n_layer=2, n_expert=8,
@@ -60,7 +70,7 @@ def cases() -> list[tuple[str, str]]:
 
 def _spec(arch: str):
     """The architecture's spec in F32 (the weight type is set per file) and its writer."""
-    from tests.ggufgen import gemma3, llama, moe
+    from tests.ggufgen import gemma3, gptoss, llama, moe
 
     dense = llama.make_weights, llama.write_weights
     if arch in ("llama", "qwen2"):
@@ -85,6 +95,9 @@ def _spec(arch: str):
         return (gemma3.Gemma3Spec(weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
                                          head_dim=64, n_layer=7, window=8, seed=5),
                 gemma3.make_gemma3_weights, gemma3.write_gemma3_weights)
+    if arch == "gpt-oss":
+        return (gptoss.GptOssSpec(weight_type="F32", expert_type="F32", n_embd=256, n_ff_exp=256, head_dim=64,
+                                  n_vocab=512, seed=11), gptoss.make_gptoss_weights, gptoss.write_gptoss_weights)
     return (moe.MoESpec(arch=arch, weight_type="F32", **_MOE), moe.make_moe_weights,
             moe.write_moe_weights)
 
@@ -97,4 +110,6 @@ def _weights(arch: str) -> dict:
 
 def write_case(arch: str, weight_type: str, path: str | Path) -> Path:
     spec, _, write = _spec(arch)
+    if arch == "gpt-oss":   # experts: MXFP4 beside quantized matrices (the real files), else the same type
+        spec = replace(spec, expert_type="MXFP4" if weight_type == "Q8_0" else weight_type)
     return write(path, replace(spec, weight_type=weight_type), _weights(arch))
