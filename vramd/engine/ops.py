@@ -62,8 +62,8 @@ WEIGHT_TYPES[39] = ("mxfp4", 32, 17)
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
-            "kv_write": (3, 32), "attention": (5, 64), "silu_mul": (3, 16), "add": (3, 20),
-            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (2, 20),
+            "kv_write": (3, 32), "attention": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
+            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (3, 24),
             "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36)}
 
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
@@ -587,7 +587,7 @@ class Ops:
 
     def attention(self, q, k_cache, v_cache, pos, out, n_tokens: int, n_heads: int, n_kv_heads: int,
                   head_dim: int, ctx: int, scale: float, *, window: int = 0, q_stride: int | None = None,
-                  o_stride: int | None = None, tmp=None, softcap: float = 0.0) -> None:
+                  o_stride: int | None = None, tmp=None, softcap: float = 0.0, sinks=None) -> None:
         """out[t, h*hd:(h+1)*hd] = softmax_j(scale * q[t, h] . K[j, kvh]) V[j, kvh]
         over cache rows j <= pos[t] (and j > pos[t] - window when window > 0),
         kvh = h // (n_heads // n_kv_heads); softcap > 0 caps each score s
@@ -599,7 +599,9 @@ class Ops:
         out: f32 [n_tokens, o_stride] (default n_heads*head_dim).  The rows
         of the current tokens must be written (kv_write) before, in order.
         tmp: f32 scratch free during the op; given, a single token (decode)
-        runs its keys in ranges over many work groups (_attention_split)."""
+        runs its keys in ranges over many work groups (_attention_split).
+        sinks: f32 [n_heads], a logit per head that joins each softmax's
+        denominator without a value (gpt-oss's attention sinks); None: none."""
         if n_kv_heads < 1 or n_heads % n_kv_heads:
             raise ModelError(f"{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads")
         if head_dim % 2 or head_dim > _MAX_HEAD_DIM:
@@ -614,16 +616,18 @@ class Ops:
         vv, vo = self._bind(v_cache, 2 * ctx * width, "attention V cache")
         pv, po = self._bind(pos, 4 * n_tokens, "attention positions")
         ov, oo = self._bind(out, 4 * ((n_tokens - 1) * o_stride + n_heads * head_dim), "attention out")
+        # the sinks' binding: the positions stand in (never read) when there are none
+        sink = (pv, po, 0) if sinks is None else (*self._bind(sinks, 4 * n_heads, "attention sinks"), 1)
         if n_tokens == 1 and tmp is not None and self._attention_split(qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp,
                                                                      n_heads, n_kv_heads, head_dim, ctx, scale, window,
-                                                                     softcap):
+                                                                     softcap, sink):
             return
-        push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
-                           po, oo, o_stride, ctx, int(window), scale, softcap)
-        self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov], push, (n_heads, n_tokens, 1))
+        push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
+                           po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
+        self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_heads, n_tokens, 1))
 
     def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,
-                         scale, window, softcap=0.0) -> bool:
+                         scale, window, softcap=0.0, sink=None) -> bool:
         """One query token (decode): its keys in ranges, a work group per (head,
         range) (attention_split.comp), then a merge per head
         (attention_merge.comp), with the partial states in `tmp` (f32 scratch
@@ -640,8 +644,9 @@ class Ops:
         push = struct.pack("<13I2f", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
                            ctx, int(window), chunk, n_splits, scale, softcap)
         self._dispatch(self._kernel("attention_split"), [qv, kv, vv, pv, tv], push, (n_heads, n_splits, 1))
-        self._dispatch(self._kernel("attention_merge"), [tv, ov], struct.pack("<5I", head_dim, n_splits, to, oo, 0),
-                       (n_heads, 1, 1))
+        sink = sink or (pv, po, 0)   # (view, float offset, has_sink): see attention
+        self._dispatch(self._kernel("attention_merge"), [tv, ov, sink[0]],
+                       struct.pack("<6I", head_dim, n_splits, to, oo, sink[2], sink[1]), (n_heads, 1, 1))
         return True
 
     def silu_mul(self, gate, up, out, n: int) -> None:
