@@ -50,14 +50,21 @@ def chains(tmp_path_factory):
     made = {}
     tmp = tmp_path_factory.mktemp("gptoss")
 
-    def get(weight_type: str):
-        if weight_type not in made:
+    def get(weight_type: str, run_peer: bool = True):
+        """The case's file and llama.cpp's chain on it; run_peer False: the numpy
+        reference's own greedy chain instead (where llama.cpp cannot run the file)."""
+        key = (weight_type, run_peer)
+        if key not in made:
             path = write_case("gpt-oss", weight_type, tmp / f"gpt-oss-{weight_type}.gguf")
-            with LlamaServer(path, ctx=128) as peer:
-                chain = peer.greedy_chain(PROMPT, N_CHAIN, N_PROBS)
-            made[weight_type] = SimpleNamespace(path=path, chain=chain, arch="gpt-oss", weight_type=weight_type,
-                                                tol=TOL[weight_type][MOE_GROUP])
-        return made[weight_type]
+            if run_peer:
+                with LlamaServer(path, ctx=128) as peer:
+                    chain = peer.greedy_chain(PROMPT, N_CHAIN, N_PROBS)
+            else:
+                tokens, _ = GptOssReference(path).greedy_logits(PROMPT, N_CHAIN, kv_dtype=np.float16)
+                chain = SimpleNamespace(prompt=PROMPT, tokens=tokens)
+            made[key] = SimpleNamespace(path=path, chain=chain, arch="gpt-oss", weight_type=weight_type,
+                                        tol=TOL[weight_type][MOE_GROUP])
+        return made[key]
 
     return get
 

@@ -66,11 +66,12 @@ def attention(m, i: int, n: int) -> None:
         ops.kv_write(a["v"], kv.v(i), a["pos"], n, s.kv_width, kv.ctx)
     # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
     ops.attention(a["q"], kv.k(i), kv.v(i), a["pos"], a["att"], n, s.n_head, s.n_head_kv, hd, kv.ctx, s.scale,
-                  window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap)
+                  window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap,
+                  sinks=t.vector(p + "attn_sinks.weight", s.n_head) if s.attn_sinks else None)
     linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)
     if s.post_norms:
         ops.rms_norm(a["h"], t.vector(p + "post_attention_norm.weight"), a["h"], s.eps, n, E)
-    ops.add_rms_norm(a["x"], a["h"], t.vector(p + "ffn_norm.weight"), a["h"], s.eps, n, E)
+    ops.add_rms_norm(a["x"], a["h"], t.vector(p + s.ffn_norm + ".weight"), a["h"], s.eps, n, E)
 
 
 def dense_ffn(m, i: int, n: int) -> None:

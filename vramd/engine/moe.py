@@ -64,6 +64,15 @@ def gpu_routable(m, i: int) -> bool:
     return all(name not in m.t.host and m.ops.fits_matvec_id(m.t.stack(name)) for name in names)
 
 
+def activate(m, gate, up, out, n: int) -> None:
+    """The experts' gated activation: silu(gate) * up, or gpt-oss's clamped SwiGLU."""
+    moe = m.spec.moe
+    if moe.activation == "swiglu_oai":
+        m.ops.swiglu_oai(gate, up, out, n, moe.swiglu_alpha, moe.swiglu_limit)
+    else:
+        m.ops.silu_mul(gate, up, out, n)
+
+
 def gpu_experts(m, i: int, n: int) -> None:
     """Layer i's routed FFN on the GPU: x += sum_j w_j expert_j(h) (+ sigmoid(g . h)
     shared(h), qwen2moe); h = next norm.  A dispatch each for the routing, all
@@ -79,6 +88,8 @@ def gpu_experts(m, i: int, n: int) -> None:
             ops.matvec(t.matrix(p + "ffn_gate_inp_shexp.weight"), a["h"], a["shgate"], n)
             ops.matvec(t.matrix(p + "ffn_gate_shexp.weight"), a["h"], a["sg"], n)
             ops.matvec(t.matrix(p + "ffn_up_shexp.weight"), a["h"], a["su"], n)
+    if moe.biases:
+        ops.add(a["router"], t.vector(p + "ffn_gate_inp.bias"), a["router"], n * moe.n_expert, moe.n_expert)
     with ops.parallel():
         ops.moe_route(a["router"], a["route_ids"], a["route_w"], n, moe.n_expert, k, moe.renormalize)
         if shared:
@@ -89,8 +100,14 @@ def gpu_experts(m, i: int, n: int) -> None:
         ops.matvec_id(up, moe.n_expert, a["route_ids"], a["h"], a["eu"], slots, x_div=k)
         if shared:
             ops.matvec(t.matrix(p + "ffn_down_shexp.weight"), a["sg"], a["shexp"], n)
-    ops.silu_mul(a["eg"], a["eu"], a["eg"], slots * F)
+    if moe.biases:
+        with ops.parallel():
+            ops.add_id(a["eg"], t.vector(p + "ffn_gate_exps.bias"), a["route_ids"], slots, F, moe.n_expert)
+            ops.add_id(a["eu"], t.vector(p + "ffn_up_exps.bias"), a["route_ids"], slots, F, moe.n_expert)
+    activate(m, a["eg"], a["eu"], a["eg"], slots * F)
     ops.matvec_id(down, moe.n_expert, a["route_ids"], a["eg"], a["ed"], slots)
+    if moe.biases:
+        ops.add_id(a["ed"], t.vector(p + "ffn_down_exps.bias"), a["route_ids"], slots, E, moe.n_expert)
     ops.moe_combine(a["x"], a["ed"], a["route_w"], n, k, E, shared=a["shexp"] if shared else None,
                     shared_gate=a["shgate"] if shared else None)
     ops.rms_norm(a["x"], blocks.next_norm(m, i), a["h"], s.eps, n, E)

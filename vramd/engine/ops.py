@@ -64,7 +64,8 @@ WEIGHT_TYPES[39] = ("mxfp4", 32, 17)
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
             "kv_write": (3, 32), "attention": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (3, 24),
-            "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36)}
+            "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36),
+            "swiglu_oai": (3, 24), "add_id": (3, 20)}
 
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
@@ -656,6 +657,24 @@ class Ops:
         ov, oo = self._bind(out, 4 * n, "silu_mul out")
         self._dispatch(self._kernel("silu_mul"), [gv, uv, ov], struct.pack("<4I", n, go, uo, oo),
                        self._groups1d(n, self.max_groups))
+
+    def swiglu_oai(self, gate, up, out, n: int, alpha: float, limit: float) -> None:
+        """out[i] = min(g, limit) sigmoid(alpha min(g, limit)) (clamp(u, +-limit) + 1), i < n
+        (gpt-oss's clamped SwiGLU; f32; out may be gate or up)."""
+        gv, go = self._bind(gate, 4 * n, "swiglu_oai gate")
+        uv, uo = self._bind(up, 4 * n, "swiglu_oai up")
+        ov, oo = self._bind(out, 4 * n, "swiglu_oai out")
+        self._dispatch(self._kernel("swiglu_oai"), [gv, uv, ov], struct.pack("<4I2f", n, go, uo, oo, alpha, limit),
+                       self._groups1d(n, self.max_groups))
+
+    def add_id(self, y, bias, ids, n_slots: int, width: int, n_expert: int) -> None:
+        """y[s, :] += bias[ids[s], :] for s < n_slots (f32 rows of `width`; bias
+        [n_expert, width]; ids uint32 per slot, e.g. moe_route's): per-expert biases."""
+        yv, yo = self._bind(y, 4 * n_slots * width, "add_id y")
+        bv, bo = self._bind(bias, 4 * n_expert * width, "add_id bias")
+        iv, io = self._bind(ids, 4 * n_slots, "add_id ids")
+        self._dispatch(self._kernel("add_id"), [yv, bv, iv], struct.pack("<5I", n_slots, width, yo, bo, io),
+                       self._groups1d(n_slots * width, self.max_groups))
 
     def add(self, a, b, out, n: int, b_len: int | None = None) -> None:
         """out[i] = a[i] + b[i % b_len], i < n (f32).  b_len = n (default):

@@ -30,7 +30,9 @@ def required(spec) -> tuple[dict, dict]:
         mats["output.weight"] = (E, V)
     for i, layer in enumerate(spec.layers):
         p = f"blk.{i}."
-        vecs.update({p + "attn_norm.weight": E, p + "ffn_norm.weight": E})
+        vecs.update({p + "attn_norm.weight": E, p + spec.ffn_norm + ".weight": E})
+        if spec.attn_sinks:
+            vecs[p + "attn_sinks.weight"] = spec.n_head
         if spec.fused_qkv:
             mats[p + "attn_qkv.weight"] = (E, Q + 2 * KV)
         else:
@@ -52,6 +54,10 @@ def required(spec) -> tuple[dict, dict]:
                      p + "ffn_gate_exps.weight": (E, m.n_ff_exp, m.n_expert),
                      p + "ffn_up_exps.weight": (E, m.n_ff_exp, m.n_expert),
                      p + "ffn_down_exps.weight": (m.n_ff_exp, E, m.n_expert)})
+        if m.biases:   # gpt-oss: the router's bias, and F32 [n_expert, rows] stacks of the experts' biases
+            vecs[p + "ffn_gate_inp.bias"] = m.n_expert
+            mats.update({p + "ffn_gate_exps.bias": (m.n_ff_exp, m.n_expert),
+                         p + "ffn_up_exps.bias": (m.n_ff_exp, m.n_expert), p + "ffn_down_exps.bias": (E, m.n_expert)})
         if m.n_ff_shexp:
             S = m.n_ff_shexp
             mats.update({p + "ffn_gate_inp_shexp.weight": (E,), p + "ffn_gate_shexp.weight": (E, S),

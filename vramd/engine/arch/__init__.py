@@ -12,7 +12,7 @@ use it before a device is opened.
 
 from __future__ import annotations
 
-from vramd.engine.arch import gemma3, llama, moe
+from vramd.engine.arch import gemma3, gptoss, llama, moe
 from vramd.engine.arch.hparams import REQUIRED_KEYS, Hparams
 from vramd.engine.arch.spec import ArchSpec, LayerSpec, MoESpec
 from vramd.errors import ModelError
@@ -28,6 +28,7 @@ BUILDERS = {
     "mistral3": (llama.mistral3, None),
     "qwen3moe": (None, moe.qwen3moe),
     "qwen2moe": (None, moe.qwen2moe),
+    "gpt-oss": (None, gptoss.gptoss),
 }
 ARCHITECTURES = tuple(BUILDERS)
 

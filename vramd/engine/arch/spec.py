@@ -60,6 +60,13 @@ class MoESpec:
     n_ff_exp: int
     n_ff_shexp: int = 0        # qwen2moe's shared expert (0: none)
     renormalize: bool = True   # the chosen experts' weights are scaled to sum 1
+    # gpt-oss: biases on the router and every expert matrix (ffn_*.bias, F32), and the
+    # clamped SwiGLU "swiglu_oai": g = min(g, limit), u = clamp(u, +-limit),
+    # g * sigmoid(alpha * g) * (u + 1); "silu": silu(g) * u
+    biases: bool = False
+    activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,8 @@ class ArchSpec:
     attn_temp_offset: float = 0.0
     fused_qkv: bool = False     # attn_qkv.weight holds q, k, v rows (phi3): the table hands out row views
     fused_up: bool = False      # ffn_up.weight holds gate then up rows, 2 n_ff (phi3)
+    ffn_norm: str = "ffn_norm"  # the FFN's pre-norm tensor (gpt-oss: "post_attention_norm")
+    attn_sinks: bool = False    # attn_sinks.weight: a logit per head in each softmax's denominator (gpt-oss)
     moe: MoESpec | None = None
     batch: int = 256           # tokens per prefill chunk
     # Capabilities the daemon asks about instead of sniffing the code:
