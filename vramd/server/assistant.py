@@ -14,6 +14,7 @@ Does not own the chunk and response envelopes (vramd/server/openai_api.py).
 
 from __future__ import annotations
 
+from vramd.server.harmony import HarmonySplit
 from vramd.server.reasoning import Reasoning, ReasoningSplit
 from vramd.server.toolcalls import ToolStream
 
@@ -38,7 +39,7 @@ class Assistant:
     """Streamed text in, delta fields out (content, reasoning_content, tool_calls)."""
 
     def __init__(self, tool_format: str | None, reasoning: Reasoning | None):
-        self.split = ReasoningSplit(reasoning.open) if reasoning is not None else None
+        self.split = None if reasoning is None else HarmonySplit() if reasoning.harmony else ReasoningSplit(reasoning.open)
         self.tools = ToolStream(tool_format) if tool_format else None
         self.content, self.thought = _Trim(), _Trim()
 

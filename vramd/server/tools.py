@@ -67,6 +67,7 @@ def plan(tokenizer, template, req) -> tuple[str | None, bool]:
     # constrained answer first closes it (an empty thought, as Qwen's enable_thinking=false writes).
     req.reasoning = reasoning.plan(template, req.reasoning_format, req.template_kwargs) if req.kind == "chat" else None
     close = json.dumps(reasoning.CLOSE) + " " if req.reasoning is not None and req.reasoning.open else ""
+    special = req.reasoning is not None and req.reasoning.harmony   # harmony's markers are control tokens
     if s.tools:
         fmt = detect(template)
         if fmt == "llama3":
@@ -77,7 +78,7 @@ def plan(tokenizer, template, req) -> tuple[str | None, bool]:
             if fmt == "generic":
                 req.messages = add_system(req.messages, GENERIC_PROMPT)
             grammar = _call_grammar(fmt, tokenizer, s, close)
-            special = fmt == "mistral"
+            special = special or fmt == "mistral"
             req.tool_format = fmt
     if grammar is None and s.json_schema is not None and not s.calls_tools:
         grammar = g.lark(f"start: {close}{g.json_in_lark(s.json_schema)}\n") if close else g.json_schema(s.json_schema)
