@@ -79,10 +79,10 @@ N_DECODE = 4
 CTX = 64
 MIN_TOP1 = 0.1
 ROUTE_TIE = 0.1
-MOE = ("qwen3moe", "qwen2moe", "mixtral")
+MOE = ("qwen3moe", "qwen2moe", "mixtral", "gpt-oss")
 
 _GROUP = {"llama": 0, "qwen2": 0, "qwen3": 1, "gemma3": 1, "qwen3moe": 2, "qwen2moe": 2, "mixtral": 2,
-          "gemma2": 0, "phi3": 0, "mistral3": 0, "qwen3-yarn": 1, "qwen2-yarn": 0, "llama-yarn": 0}
+          "gemma2": 0, "phi3": 0, "mistral3": 0, "qwen3-yarn": 1, "qwen2-yarn": 0, "llama-yarn": 0, "gpt-oss": 2}
 TOL = {"F32": (0.01, 0.03, 0.015), "F16": (0.01, 0.025, 0.015), "BF16": (0.2, 0.3, 1.0),
        "Q8_0": (0.3, 0.85, 0.7), "Q4_0": (0.32, 0.85, 0.66), "Q4_1": (0.31, 1.1, 0.4),
        "Q5_0": (0.3, 0.85, 0.4), "Q5_1": (0.4, 0.97, 0.3), "Q4_K": (0.52, 1.05, 1.45),
@@ -108,10 +108,13 @@ class Case:
         engines) and, per chain step, which steps to keep (MoE: routes decided)."""
         if self._ref is None:
             from tests.engine.reference.gemma3 import Gemma3Reference
+            from tests.engine.reference.gptoss import GptOssReference
             from tests.engine.reference.llama import ReferenceModel
             from tests.engine.reference.moe import ReferenceMoE
             gguf_arch = GGUF_ARCH[self.arch]
-            if self.arch in MOE:
+            if self.arch == "gpt-oss":
+                ref = GptOssReference(self.path)
+            elif self.arch in MOE:
                 ref = ReferenceMoE(self.path)
             elif gguf_arch in ("gemma3", "gemma2"):
                 ref = Gemma3Reference(self.path)

@@ -33,12 +33,14 @@ The long tail (issue 17), in F32, F16, Q8_0 and Q4_K each:
 and in F32 only, the other YaRN-declaring families: qwen2-yarn, llama-yarn (the
 same scaling on qwen2's and llama's case).
 
-Written and referenced but not yet in ARCHS (no engine builder yet: PENDING):
+and gpt-oss (issue 17 item 2):
   gpt-oss     tests/ggufgen/gptoss.py: attention sinks, q/k/v/o, router and expert
               biases, the clamped SwiGLU, a window of 8 on even layers, YaRN factor 4
               over 16; weight types GPTOSS_TYPES: "F32"/"F16" (experts the same type)
               and "Q8_0" = the real files' mix (MXFP4 experts, Q8_0 other matrices).
-              tests/engine/test_reference_gptoss.py holds the reference against llama.cpp.
+              (tests/engine/test_reference_gptoss.py and test_gptoss.py add the
+              features' ablations, --n-cpu-moe placements and the reference as oracle
+              where llama.cpp's CPU kernels cannot run the MXFP4 file).
 """
 
 from __future__ import annotations
@@ -48,15 +50,15 @@ from dataclasses import replace
 from pathlib import Path
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
-         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn")
+         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn", "gpt-oss")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
-TYPES_OF = {a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:]}
+TYPES_OF = {a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:13]}
 # gguf general.architecture of each case (the reference and the tolerance group go by it)
 GGUF_ARCH = {a: a.split("-")[0] for a in ARCHS} | {"mixtral": "llama"}
 _YARN = dict(rope_scaling="yarn", rope_scaling_factor=4.0, orig_ctx=16)
-PENDING = ("gpt-oss",)
 GPTOSS_TYPES = ("F32", "F16", "Q8_0")
+TYPES_OF["gpt-oss"] = GPTOSS_TYPES
 GGUF_ARCH["gpt-oss"] = "gpt-oss"
 
 _DENSE = dict(n_embd=256, n_ff=512, n_head=4, n_layer=2, n_vocab=512, seed=7)
