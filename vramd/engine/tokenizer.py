@@ -90,6 +90,7 @@ _PRE_FAMILIES = {
     "llama3": "llama3", "llama-v3": "llama3", "llama-bpe": "llama3", "falcon3": "llama3",
     "dbrx": "llama3", "smaug-bpe": "llama3",
     "qwen2": "qwen2", "stablelm2": "qwen2", "megrez": "qwen2",
+    "gpt-4o": "gpt4o",      # gpt-oss (o200k)
 }
 # llama.cpp sets ignore_merges for these (a word that is itself a piece is not merged).
 _IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3"}
@@ -593,6 +594,17 @@ def _pre_tokenizer(family: str):
     writes it (llm_tokenizer_bpe), with \\p{L}, \\p{N}, \\s spelled out."""
     L, N = _unicode_classes()
     S = _WHITESPACE
+    contraction = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    if family == "gpt4o":
+        # llama.cpp's form of o200k's regex (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_GPT4O): \p{Lu}-ish
+        # runs are "a letter not a-z", \p{Ll}-ish "a letter not A-Z" (only ASCII case is told apart):
+        # [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|...)?
+        # |[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|...)?
+        # |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+        upper, lower = f"(?:(?=[{L}])[^a-z])", f"(?:(?=[{L}])[^A-Z])"
+        pattern = (f"[^\r\n{L}{N}]?{upper}*{lower}+{contraction}|[^\r\n{L}{N}]?{upper}+{lower}*{contraction}"
+                   f"|[{N}]{{1,3}}| ?[^{S}{L}{N}]+[\r\n/]*|[{S}]*[\r\n]+|[{S}]+(?![^{S}])|[{S}]+")
+        return re.compile(pattern).findall
     if family == "gpt2":
         # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
         pattern = (f"'s|'t|'re|'ve|'m|'ll|'d| ?[{L}]+| ?[{N}]+| ?[^{S}{L}{N}]+"
