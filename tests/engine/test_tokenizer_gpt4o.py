@@ -42,3 +42,15 @@ def test_gpt4o_file_tokenizes_as_llama_cpp(tmp_path):
             status, body = peer._request("POST", "/tokenize", {"content": text, "add_special": False})
             assert status == 200
             assert tok.encode(text, add_special=False) == json.loads(body)["tokens"], text
+
+
+def test_harmony_end_closes_a_message_not_the_answer():
+    """llama.cpp (llama-vocab.cpp): a vocabulary with <|return|> and <|call|> is harmony's,
+    whose <|end|> ends the analysis message; generation goes on to the final channel."""
+    from tests.engine.test_tokenizer import bpe_metadata
+    harmony = Tokenizer.from_metadata(bpe_metadata([], specials=("<|start|>", "<|end|>", "<|return|>", "<|call|>")))
+    end, ret, call = (harmony.token_id(t) for t in ("<|end|>", "<|return|>", "<|call|>"))
+    assert harmony.is_eog(ret) and harmony.is_eog(call) and not harmony.is_eog(end)
+    assert harmony.is_control(end)
+    phi = Tokenizer.from_metadata(bpe_metadata([], specials=("<|end|>",)))   # Phi-3's <|end|> ends the turn
+    assert phi.is_eog(phi.token_id("<|end|>"))

@@ -245,6 +245,11 @@ class Tokenizer:
         for tid in eog:
             # llama.cpp: "control-looking token ... its type will be overridden".
             self.types[tid] = int(TokenType.CONTROL)
+        # llama.cpp's workaround for harmony (gpt-oss's o200k_harmony): with <|return|> and <|call|>
+        # in the vocabulary, <|end|> closes a message (the analysis channel), not the answer.
+        ends = {i for i, text in enumerate(self.tokens) if text == "<|end|>"}
+        if ends and {"<|return|>", "<|call|>"} <= set(self.tokens[i] for i in eog):
+            eog -= ends
         if self.eos_id is not None:
             eog.add(self.eos_id)
         self.eog_ids = frozenset(eog)
