@@ -40,12 +40,15 @@ class Assistant:
 
     def __init__(self, tool_format: str | None, reasoning: Reasoning | None):
         self.split = None if reasoning is None else HarmonySplit() if reasoning.harmony else ReasoningSplit(reasoning.open)
-        self.tools = ToolStream(tool_format) if tool_format else None
+        # harmony's calls are messages of their own: HarmonySplit reads them (vramd/server/harmony.py)
+        self.tools = ToolStream(tool_format) if tool_format and tool_format != "harmony" else None
         self.content, self.thought = _Trim(), _Trim()
 
     @property
     def calls(self) -> int:
         """Tool calls opened so far."""
+        if isinstance(self.split, HarmonySplit):
+            return self.split.n_calls
         return self.tools.calls if self.tools is not None else 0
 
     def feed(self, text: str, final: bool = False) -> dict:
@@ -59,6 +62,8 @@ class Assistant:
             if final:
                 tail, more = self.tools.finish()
                 rest, deltas = rest + tail, _merge(deltas + more)
+        if isinstance(self.split, HarmonySplit):
+            deltas = self.split.take_calls()
         out: dict = {}
         thought, rest = self.thought.feed(thought, final), self.content.feed(rest, final)
         if thought:
