@@ -67,6 +67,8 @@ float elem(uint rowb, uint c) {
 #elif defined(TYPE_Q4_1) || defined(TYPE_Q5_0) || defined(TYPE_Q5_1) || defined(TYPE_Q4_K) || defined(TYPE_Q5_K) \
     || defined(TYPE_Q6_K)
 #include "dequant_k.glsl"  // the same interface (ROW_BYTES, elem) for these types
+#elif defined(TYPE_MXFP4)
+#include "dequant_mxfp4.glsl"  // ditto, and matvec.glsl's mv_unit hook
 #else
 #error "define one TYPE_<name>"
 #endif

@@ -79,11 +79,11 @@ N_DECODE = 4
 CTX = 64
 MIN_TOP1 = 0.1
 ROUTE_TIE = 0.1
-MOE = ("qwen3moe", "qwen2moe", "mixtral")
+MOE = ("qwen3moe", "qwen2moe", "mixtral", "gpt-oss")
 
 _GROUP = {"llama": 0, "qwen2": 0, "qwen3": 1, "gemma3": 1, "qwen3moe": 2, "qwen2moe": 2, "mixtral": 2,
           "gemma2": 0, "phi3": 0, "mistral3": 0, "qwen3-yarn": 1, "qwen2-yarn": 0, "llama-yarn": 0,
-          "gemma4": 1, "qwen35": 1, "qwen35moe": 2}
+          "gemma4": 1, "qwen35": 1, "qwen35moe": 2, "gpt-oss": 2}
 # Cases the engine does not run yet (it would refuse their files before opening a device); their
 # references still face llama.cpp.
 ENGINE_PENDING: tuple = ()
@@ -113,12 +113,15 @@ class Case:
         engines) and, per chain step, which steps to keep (MoE: routes decided)."""
         if self._ref is None:
             from tests.engine.reference.gemma3 import Gemma3Reference
+            from tests.engine.reference.gptoss import GptOssReference
             from tests.engine.reference.llama import ReferenceModel
             from tests.engine.reference.moe import ReferenceMoE
             from tests.engine.reference.qwen35 import Qwen35Reference
             gguf_arch = GGUF_ARCH[self.arch]
             if gguf_arch in ("qwen35", "qwen35moe"):
                 ref = Qwen35Reference(self.path)
+            elif self.arch == "gpt-oss":
+                ref = GptOssReference(self.path)
             elif self.arch in MOE:
                 ref = ReferenceMoE(self.path)
             elif gguf_arch in ("gemma3", "gemma2"):

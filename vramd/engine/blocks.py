@@ -81,7 +81,8 @@ def attention(m, i: int, n: int) -> None:
         ops.kv_write(a["v"], kv.v(i), a["pos"], n, KV, kv.ctx)
     # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
     ops.attention(a["q"], kv.k(i), kv.v(i), a["pos"], a["att"], n, s.n_head, n_kv, hd, kv.ctx, s.scale,
-                  window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap)
+                  window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap,
+                  sinks=t.vector(p + "attn_sinks.weight", s.n_head) if s.attn_sinks else None)
     if s.attn_gate:
         deltanet.sigmoid_mul(ops, a["agate"], a["att"], a["att"], n * Q)
     linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)

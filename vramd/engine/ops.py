@@ -57,12 +57,15 @@ WEIGHT_TYPES = {int(F32): ("f32", 1, 4), int(F16): ("f16", 1, 2), int(BF16): ("b
 # GGML's fixed values for Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (native/shaders/dequant_k.glsl)
 WEIGHT_TYPES.update({3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 24), 12: ("q4_k", 256, 144),
                      13: ("q5_k", 256, 176), 14: ("q6_k", 256, 210)})
+# MXFP4 (39, gpt-oss's experts): 17-byte blocks, so rows may start at any byte (native/shaders/dequant_mxfp4.glsl)
+WEIGHT_TYPES[39] = ("mxfp4", 32, 17)
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
-            "kv_write": (3, 32), "attention": (5, 64), "attention_flash": (5, 64), "silu_mul": (3, 16), "add": (3, 20),
-            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (2, 20),
-            "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36)}
+            "kv_write": (3, 32), "attention": (6, 72), "attention_flash": (5, 64), "silu_mul": (3, 16), "add": (3, 20),
+            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (3, 24),
+            "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36),
+            "swiglu_oai": (3, 24), "add_id": (3, 20)}
 
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _FLASH_HEAD_DIM = 256     # attention_flash.comp: MAXW * 2 (larger heads take attention.comp)
@@ -603,7 +606,7 @@ class Ops:
     def attention(self, q, k_cache, v_cache, pos, out, n_tokens: int, n_heads: int, n_kv_heads: int,
                   head_dim: int, ctx: int, scale: float, *, window: int = 0, q_stride: int | None = None,
                   o_stride: int | None = None, tmp=None, softcap: float = 0.0,
-                  flash: bool = True) -> None:
+                  flash: bool = True, sinks=None) -> None:
         """out[t, h*hd:(h+1)*hd] = softmax_j(scale * q[t, h] . K[j, kvh]) V[j, kvh]
         over cache rows j <= pos[t] (and j > pos[t] - window when window > 0),
         kvh = h // (n_heads // n_kv_heads); softcap > 0 caps each score s
@@ -622,7 +625,10 @@ class Ops:
         of query rows, K/V tiles shared by the group's q heads and tokens);
         a single token the split form; what is left (a token without tmp,
         heads over 256; flash=False, the reference the flash form is tested
-        against) attention.comp, a work group per (head, token)."""
+        against; sinks, which the flash form does not take yet) attention.comp, a work
+        group per (head, token).
+        sinks: f32 [n_heads], a logit per head that joins each softmax's
+        denominator without a value (gpt-oss's attention sinks); None: none."""
         if n_kv_heads < 1 or n_heads % n_kv_heads:
             raise ModelError(f"{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads")
         if head_dim % 2 or head_dim > _MAX_HEAD_DIM:
@@ -635,13 +641,15 @@ class Ops:
         vv, vo = self._bind(v_cache, 2 * ctx * width, "attention V cache")
         pv, po = self._bind(pos, 4 * n_tokens, "attention positions")
         ov, oo = self._bind(out, 4 * ((n_tokens - 1) * o_stride + n_heads * head_dim), "attention out")
+        # the sinks' binding: the positions stand in (never read) when there are none
+        sink = (pv, po, 0) if sinks is None else (*self._bind(sinks, 4 * n_heads, "attention sinks"), 1)
         if n_tokens == 1 and tmp is not None and self._attention_split(qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp,
                                                                      n_heads, n_kv_heads, head_dim, ctx, scale, window,
-                                                                     softcap):
+                                                                     softcap, sink):
             return
-        push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
-                           po, oo, o_stride, ctx, int(window), scale, softcap)
-        if flash and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
+        if flash and sinks is None and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
+            push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
+                               po, oo, o_stride, ctx, int(window), scale, softcap)
             tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
             if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
                 raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
@@ -649,10 +657,12 @@ class Ops:
             return
         if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
             raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
-        self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov], push, (n_heads, n_tokens, 1))
+        push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
+                           po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
+        self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_heads, n_tokens, 1))
 
     def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,
-                         scale, window, softcap=0.0) -> bool:
+                         scale, window, softcap=0.0, sink=None) -> bool:
         """One query token (decode): its keys in ranges, a work group per (head,
         range) (attention_split.comp), then a merge per head
         (attention_merge.comp), with the partial states in `tmp` (f32 scratch
@@ -669,8 +679,9 @@ class Ops:
         push = struct.pack("<13I2f", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
                            ctx, int(window), chunk, n_splits, scale, softcap)
         self._dispatch(self._kernel("attention_split"), [qv, kv, vv, pv, tv], push, (n_heads, n_splits, 1))
-        self._dispatch(self._kernel("attention_merge"), [tv, ov], struct.pack("<5I", head_dim, n_splits, to, oo, 0),
-                       (n_heads, 1, 1))
+        sink = sink or (pv, po, 0)   # (view, float offset, has_sink): see attention
+        self._dispatch(self._kernel("attention_merge"), [tv, ov, sink[0]],
+                       struct.pack("<6I", head_dim, n_splits, to, oo, sink[2], sink[1]), (n_heads, 1, 1))
         return True
 
     def silu_mul(self, gate, up, out, n: int) -> None:
@@ -680,6 +691,24 @@ class Ops:
         ov, oo = self._bind(out, 4 * n, "silu_mul out")
         self._dispatch(self._kernel("silu_mul"), [gv, uv, ov], struct.pack("<4I", n, go, uo, oo),
                        self._groups1d(n, self.max_groups))
+
+    def swiglu_oai(self, gate, up, out, n: int, alpha: float, limit: float) -> None:
+        """out[i] = min(g, limit) sigmoid(alpha min(g, limit)) (clamp(u, +-limit) + 1), i < n
+        (gpt-oss's clamped SwiGLU; f32; out may be gate or up)."""
+        gv, go = self._bind(gate, 4 * n, "swiglu_oai gate")
+        uv, uo = self._bind(up, 4 * n, "swiglu_oai up")
+        ov, oo = self._bind(out, 4 * n, "swiglu_oai out")
+        self._dispatch(self._kernel("swiglu_oai"), [gv, uv, ov], struct.pack("<4I2f", n, go, uo, oo, alpha, limit),
+                       self._groups1d(n, self.max_groups))
+
+    def add_id(self, y, bias, ids, n_slots: int, width: int, n_expert: int) -> None:
+        """y[s, :] += bias[ids[s], :] for s < n_slots (f32 rows of `width`; bias
+        [n_expert, width]; ids uint32 per slot, e.g. moe_route's): per-expert biases."""
+        yv, yo = self._bind(y, 4 * n_slots * width, "add_id y")
+        bv, bo = self._bind(bias, 4 * n_expert * width, "add_id bias")
+        iv, io = self._bind(ids, 4 * n_slots, "add_id ids")
+        self._dispatch(self._kernel("add_id"), [yv, bv, iv], struct.pack("<5I", n_slots, width, yo, bo, io),
+                       self._groups1d(n_slots * width, self.max_groups))
 
     def add(self, a, b, out, n: int, b_len: int | None = None) -> None:
         """out[i] = a[i] + b[i % b_len], i < n (f32).  b_len = n (default):

@@ -31,6 +31,8 @@ def required(spec) -> tuple[dict, dict]:
     for i, layer in enumerate(spec.layers):
         p, Q, KV, hd = f"blk.{i}.", spec.q_width_of(i), spec.kv_width_of(i), spec.head_dim_of(i)
         vecs.update({p + "attn_norm.weight": E, p + spec.ffn_norm + ".weight": E})
+        if spec.attn_sinks:
+            vecs[p + "attn_sinks.weight"] = spec.n_head
         if layer.recurrent:   # Gated DeltaNet (vramd/engine/deltanet.py)
             d = spec.deltanet
             mats.update({p + "attn_qkv.weight": (E, d.conv_dim), p + "attn_gate.weight": (E, d.value_dim),
@@ -62,6 +64,10 @@ def required(spec) -> tuple[dict, dict]:
                      p + "ffn_gate_exps.weight": (E, m.n_ff_exp, m.n_expert),
                      p + "ffn_up_exps.weight": (E, m.n_ff_exp, m.n_expert),
                      p + "ffn_down_exps.weight": (m.n_ff_exp, E, m.n_expert)})
+        if m.biases:   # gpt-oss: the router's bias, and F32 [n_expert, rows] stacks of the experts' biases
+            vecs[p + "ffn_gate_inp.bias"] = m.n_expert
+            mats.update({p + "ffn_gate_exps.bias": (m.n_ff_exp, m.n_expert),
+                         p + "ffn_up_exps.bias": (m.n_ff_exp, m.n_expert), p + "ffn_down_exps.bias": (E, m.n_expert)})
         if m.n_ff_shexp:
             S = m.n_ff_shexp
             mats.update({p + "ffn_gate_inp_shexp.weight": (E,), p + "ffn_gate_shexp.weight": (E, S),

@@ -35,6 +35,7 @@ CLOSE = END + "\n\n"      # what a constrained answer writes first under an open
 @dataclass(frozen=True)
 class Reasoning:
     open: bool = False        # the prompt opened the block: the answer starts inside it
+    harmony: bool = False     # gpt-oss's channels instead of a block (vramd/server/harmony.py)
 
 
 def request_format(body: dict, kind: str) -> str | None:
@@ -54,6 +55,9 @@ def plan(template, fmt: str | None, template_kwargs: dict) -> Reasoning | None:
     if fmt == "none" or template is None:
         return None
     src = template.source
+    from vramd.server.harmony import is_harmony
+    if is_harmony(template):
+        return Reasoning(harmony=True)
     if fmt == "auto" and START not in src and END not in src:
         return None
     return Reasoning(open=opens_block(template, template_kwargs))

@@ -12,7 +12,7 @@ use it before a device is opened.
 
 from __future__ import annotations
 
-from vramd.engine.arch import gemma3, gemma4, llama, moe, qwen35
+from vramd.engine.arch import gemma3, gemma4, gptoss, llama, moe, qwen35
 from vramd.engine.arch.hparams import REQUIRED_KEYS, Hparams
 from vramd.engine.arch.spec import ArchSpec, LayerSpec, MoESpec
 from vramd.errors import ModelError
@@ -31,6 +31,7 @@ BUILDERS = {
     "qwen2moe": (None, moe.qwen2moe),
     "qwen35": (qwen35.qwen35, None),
     "qwen35moe": (None, qwen35.qwen35moe),
+    "gpt-oss": (None, gptoss.gptoss),
 }
 ARCHITECTURES = tuple(BUILDERS)
 # Architectures whose files are recognised but not run yet: what the engine lacks for them

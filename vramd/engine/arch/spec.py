@@ -87,6 +87,13 @@ class MoESpec:
     n_ff_exp: int
     n_ff_shexp: int = 0        # qwen2moe's shared expert (0: none)
     renormalize: bool = True   # the chosen experts' weights are scaled to sum 1
+    # gpt-oss: biases on the router and every expert matrix (ffn_*.bias, F32), and the
+    # clamped SwiGLU "swiglu_oai": g = min(g, limit), u = clamp(u, +-limit),
+    # g * sigmoid(alpha * g) * (u + 1); "silu": silu(g) * u
+    biases: bool = False
+    activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,7 @@ class ArchSpec:
     fused_qkv: bool = False     # attn_qkv.weight holds q, k, v rows (phi3): the table hands out row views
     fused_up: bool = False      # ffn_up.weight holds gate then up rows, 2 n_ff (phi3)
     v_norm: bool = False        # V RMS-normed per head, no weight, before the cache (gemma4)
+    attn_sinks: bool = False    # attn_sinks.weight: a logit per head in each softmax's denominator (gpt-oss)
     moe: MoESpec | None = None
     deltanet: DeltaNetSpec | None = None   # the recurrent layers' geometry (LayerSpec.recurrent)
     attn_gate: bool = False    # attn_q holds per head [query | gate]; out *= sigmoid(gate) before Wo (qwen35)

@@ -1,0 +1,59 @@
+"""Attention sinks (gpt-oss) in the attention kernels: attention.comp (prefill,
+and decode without scratch) and attention_split + attention_merge (decode),
+against numpy: out = sum_j e^(s_j - M) v_j / (sum_j e^(s_j - M) + e^(sink_h - M)).
+
+Sinks are drawn around the scores' scale and beyond (-3 .. 6: from a
+negligible share to most of the mass, which shrinks the output towards 0),
+with and without a sliding window; tolerances as test_kernels.py's attention
+(f32 scores against f16 caches)."""
+
+import numpy as np
+import pytest
+
+from tests.engine.test_kernels import f32
+from vramd.engine.ops import view
+
+
+def sink_ref(q, kc, vc, pos, n_kv, scale, sinks, window=0):
+    n_tokens, n_heads, hd = q.shape
+    group = n_heads // n_kv
+    out = np.zeros((n_tokens, n_heads * hd))
+    k = kc.astype(np.float64).reshape(len(kc), n_kv, hd)
+    v = vc.astype(np.float64).reshape(len(vc), n_kv, hd)
+    for t in range(n_tokens):
+        first = max(0, pos[t] + 1 - window) if window else 0
+        for h in range(n_heads):
+            s = k[first:pos[t] + 1, h // group] @ q[t, h].astype(np.float64) * scale
+            m = max(s.max(), sinks[h])
+            p = np.exp(s - m)
+            out[t, h * hd:(h + 1) * hd] = p @ v[first:pos[t] + 1, h // group] / (p.sum() + np.exp(sinks[h] - m))
+    return out
+
+
+@pytest.mark.parametrize("n_tokens,p0,window,split", [(5, 150, 0, False), (3, 40, 16, False), (1, 200, 0, True),
+                                                       (1, 90, 32, True), (1, 0, 0, True), (1, 70, 0, False)])
+def test_sinks(ops, bufs, rng, n_tokens, p0, window, split):
+    n_heads, n_kv, hd, ctx = 4, 2, 64, 256
+    width = n_kv * hd
+    rows = p0 + n_tokens
+    k = rng.standard_normal((rows, width)).astype(np.float32)
+    v = rng.standard_normal((rows, width)).astype(np.float32)
+    q = rng.standard_normal((n_tokens, n_heads, hd)).astype(np.float32)
+    sinks = np.array([-3.0, 0.5, 2.0, 6.0], np.float32)
+    t = bufs(k=k, v=v, rows=np.arange(rows, dtype=np.int32), pos=np.arange(p0, rows, dtype=np.int32), q=q,
+             sinks=np.concatenate([np.zeros(3, np.float32), sinks]), out=4 * n_tokens * n_heads * hd,
+             kc=2 * ctx * width, vc=2 * ctx * width, tmp=4 * 1024 * 1024)
+    ops.kv_write(t["k"], t["kc"], t["rows"], rows, width, ctx)
+    ops.kv_write(t["v"], t["vc"], t["rows"], rows, width, ctx)
+    scale = 1 / np.sqrt(hd)
+    ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], n_tokens, n_heads, n_kv, hd, ctx, scale,
+                  window=window, tmp=t["tmp"] if split else None, sinks=view(t["sinks"], 12, 16))
+    ops.sync()
+    kc = t["kc"].read(np.float16).reshape(ctx, width)
+    vc = t["vc"].read(np.float16).reshape(ctx, width)
+    ref = sink_ref(q, kc, vc, np.arange(p0, rows), n_kv, scale, sinks.astype(np.float64), window)
+    got = f32(t["out"]).reshape(n_tokens, -1)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
+    # the sinks matter: without them the output differs by far more than the tolerance
+    plain = sink_ref(q, kc, vc, np.arange(p0, rows), n_kv, scale, np.full(4, -np.inf), window)
+    assert np.abs(plain - got).max() > 100 * 2e-5
