@@ -22,6 +22,9 @@ MATVEC_ROWS = 8                       # rows per matvec_<type> work group (RPW i
 # types with a unit-per-thread decode matvec (matvec_w_<type>, matvec.glsl's MV_WORDS) -> its
 # rows per work group (MW_NR in matvec_w_<type>.comp)
 MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
+# CPU devices: types with a row-per-invocation matvec (matvec_c_<type>, matvec.glsl's MV_ROWLANE)
+# -> rows per work group (MC_WG in matvec_c_<type>.comp)
+MATVEC_ROWS_C = {t: 128 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
 
 
@@ -32,8 +35,11 @@ class LinearKernel:
     tokens_per_group: int   # 1: one token per z of the grid
 
 
-def select(w, n_tokens: int, wo: int) -> LinearKernel:
-    """The kernel for `w` (an ops.Weight) over `n_tokens`, its rows bound at byte offset `wo`."""
+def select(w, n_tokens: int, wo: int, cpu: bool = False) -> LinearKernel:
+    """The kernel for `w` (an ops.Weight) over `n_tokens`, its rows bound at byte offset `wo`;
+    `cpu`: the device is a CPU (VkPhysicalDeviceType CPU, e.g. lavapipe)."""
+    if cpu and n_tokens < MATMUL_FROM and w.suffix in MATVEC_ROWS_C:
+        return LinearKernel("matvec_c_" + w.suffix, MATVEC_ROWS_C[w.suffix], 1)
     if n_tokens >= MATMUL_FROM:
         return LinearKernel("matmul_" + w.suffix, MATMUL_ROWS, MATMUL_TOKENS)
     if w.suffix in MATVEC_ROWS_W and w.row_bytes % 16 == 0 and wo % 16 == 0:
