@@ -11,6 +11,9 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
   matvec_w_<type>  a quant unit per thread (Q8_0, Q4_K, Q6_K rows on 16 bytes): decode
                    (docs/benchmarks.md "Decode at the roofline" has its figures)
   matmul_<type>    64 rows x 32 tokens a work group, from 4 tokens (prefill)
+  matvec_c_<type>  CPU devices (VkPhysicalDeviceType CPU: lavapipe), decode: a row per
+                   invocation, 4 rows each, 32 invocations a group, a token per z (matvec.glsl
+                   MV_ROWLANE: no subgroup op, shared memory or barrier)
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def select(w, n_tokens: int, wo: int, cpu: bool = False) -> LinearKernel:
     """The kernel for `w` (an ops.Weight) over `n_tokens`, its rows bound at byte offset `wo`;
     `cpu`: the device is a CPU (VkPhysicalDeviceType CPU, e.g. lavapipe)."""
     if cpu and n_tokens < MATMUL_FROM and w.suffix in MATVEC_ROWS_C:
+        # (prefill keeps matmul_<type>: matvec_c per token measured no faster for 64 tokens on lavapipe)
         return LinearKernel("matvec_c_" + w.suffix, MATVEC_ROWS_C[w.suffix], 1)
     if n_tokens >= MATMUL_FROM:
         return LinearKernel("matmul_" + w.suffix, MATMUL_ROWS, MATMUL_TOKENS)
