@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -53,7 +54,10 @@ class Peer:
         deadline = time.monotonic() + 120
         while True:
             if self.proc.poll() is not None:
-                raise click.ClickException(f"{PEER} exited with {self.proc.returncode} on {path}")
+                why = (": an illegal instruction (its CPU backend was built for instructions this CPU lacks)"
+                       if self.proc.returncode == -signal.SIGILL else "")
+                raise click.ClickException(f"{PEER} exited with {self.proc.returncode} on {path}{why}; "
+                                           f"--no-peer measures vramd alone")
             try:
                 if self._request("GET", "/health")[0] == 200:
                     break
@@ -95,7 +99,7 @@ class Peer:
         self.log.close()
 
 
-def run(model: str, prompt: int, tokens: int, rounds: int, threads: int) -> dict:
+def run(model: str, prompt: int, tokens: int, rounds: int, threads: int, peer_on: bool = True) -> dict:
     from vramd.engine.arch import spec_for
     from vramd.engine.model import TransformerModel
     from vramd.engine.scratch import scratch_layout
@@ -110,7 +114,7 @@ def run(model: str, prompt: int, tokens: int, rounds: int, threads: int) -> dict
     ids = [int(x) for x in np.random.default_rng(0).integers(3, cfg.n_vocab, prompt)]
     ours: list[tuple[float, float]] = []
     theirs: list[tuple[float, float]] = []
-    peer = Peer(model, ctx, threads)
+    peer = Peer(model, ctx, threads) if peer_on else None
     try:
         with Device() as dev, Residency(dev) as res:
             lm = loader.load(model, res, ctx, mf=mf, scratch=scratch_layout(cfg))
@@ -119,7 +123,8 @@ def run(model: str, prompt: int, tokens: int, rounds: int, threads: int) -> dict
             try:
                 m.forward(ids[:16], 0)        # warm-up: pipelines compiled (both paths), buffers allocated
                 m.forward([ids[0]], 16)
-                peer.run(ids[:16], 2)
+                if peer:
+                    peer.run(ids[:16], 2)
                 for _ in range(rounds):
                     t0 = time.monotonic()
                     logits = m.forward(ids, 0)
@@ -131,20 +136,22 @@ def run(model: str, prompt: int, tokens: int, rounds: int, threads: int) -> dict
                         steps.append(time.monotonic() - t0)
                         pos += 1
                     ours.append((prompt / pre, 1.0 / statistics.median(steps)))
-                    theirs.append(peer.run(ids, tokens))
+                    if peer:
+                        theirs.append(peer.run(ids, tokens))
             finally:
                 m.close()
             device, dtype = dev.name, dev.type
     finally:
-        peer.close()
-    med = lambda rows, i: statistics.median(r[i] for r in rows)  # noqa: E731
+        if peer:
+            peer.close()
+    med = lambda rows, i: statistics.median(r[i] for r in rows) if rows else None  # noqa: E731
     r = {"model": os.path.basename(model), "device": device, "device_type": dtype, "threads": threads,
          "prompt_tokens": prompt, "decode_tokens": tokens, "rounds": rounds,
          "vramd_prefill_tps": med(ours, 0), "vramd_decode_tps": med(ours, 1),
          "llama_prefill_tps": med(theirs, 0), "llama_decode_tps": med(theirs, 1),
          "per_round": {"vramd": ours, "llama.cpp": theirs}}
-    r["prefill_ratio"] = r["llama_prefill_tps"] / r["vramd_prefill_tps"]
-    r["decode_ratio"] = r["llama_decode_tps"] / r["vramd_decode_tps"]
+    r["prefill_ratio"] = r["llama_prefill_tps"] / r["vramd_prefill_tps"] if theirs else None
+    r["decode_ratio"] = r["llama_decode_tps"] / r["vramd_decode_tps"] if theirs else None
     return r
 
 
@@ -156,16 +163,19 @@ def run(model: str, prompt: int, tokens: int, rounds: int, threads: int) -> dict
               help="Rounds, vramd then llama.cpp each; medians are reported.")
 @click.option("--threads", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default=True,
               help="llama.cpp's --threads (lavapipe uses LP_NUM_THREADS, default the core count).")
+@click.option("--peer/--no-peer", "peer_on", default=True, show_default=True,
+              help="Run llama.cpp alongside (--no-peer: vramd alone, e.g. where the peer cannot run).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def command(model, prompt, tokens, rounds, threads, as_json):
+def command(model, prompt, tokens, rounds, threads, peer_on, as_json):
     """vramd (on this Vulkan device) and llama.cpp's CPU backend side by side: prefill and decode tok/s."""
-    r = run(model, prompt, tokens, rounds, threads)
+    r = run(model, prompt, tokens, rounds, threads, peer_on)
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
-    click.echo(f"{r['model']} on {r['device']} ({r['device_type']}) vs llama.cpp CPU, {threads} threads; "
-               f"medians of {rounds} interleaved rounds")
-    click.echo(f"  prefill {prompt} tokens: vramd {r['vramd_prefill_tps']:.1f} tok/s, llama.cpp "
-               f"{r['llama_prefill_tps']:.1f} tok/s ({r['prefill_ratio']:.1f}x)")
-    click.echo(f"  decode {tokens} tokens:  vramd {r['vramd_decode_tps']:.2f} tok/s, llama.cpp "
-               f"{r['llama_decode_tps']:.1f} tok/s ({r['decode_ratio']:.1f}x)")
+    click.echo(f"{r['model']} on {r['device']} ({r['device_type']})"
+               + (f" vs llama.cpp CPU, {threads} threads" if peer_on else "") + f"; medians of {rounds} rounds")
+    for what, n in (("prefill", prompt), ("decode", tokens)):
+        line = f"  {what} {n} tokens: vramd {r[f'vramd_{what}_tps']:.2f} tok/s"
+        if peer_on:
+            line += f", llama.cpp {r[f'llama_{what}_tps']:.1f} tok/s ({r[f'{what}_ratio']:.1f}x)"
+        click.echo(line)
