@@ -4,7 +4,8 @@
 # dispatch .debs (the NVIDIA ICD needs libglvnd), .whl/ the CPython 3.12
 # wheels the engine imports that the device image lacks, .carry/ the header
 # of the real Gemma 3 270M (its tensors are zero-filled there by truncate:
-# the file is over the carry limit, and a benchmark needs only its shapes).
+# the file is over the carry limit, and a benchmark needs only its shapes),
+# .peer/ llama.cpp's llama-server for side-by-side benchmarks.
 # Idempotent; run it here, in the repository root, before a device run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,4 +35,6 @@ with open(sys.argv[1], "rb") as f, open(".carry/gemma3-270m.header", "wb") as ou
 import os; print("header", start, "bytes of", os.path.getsize(sys.argv[1]))
 PY
 fi
-du -sh .gl .whl .carry
+# The peer: llama.cpp's prebuilt llama-server packed to fit the carry limit (brief §11).
+[ -f .peer/llama-server-vulkan.tar.xz ] || bash ../shared/probes/pack_llama_server.sh .peer
+du -sh .gl .whl .carry .peer

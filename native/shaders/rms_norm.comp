@@ -1,4 +1,5 @@
-// RMSNorm per token row: y = x / sqrt(mean(x^2) + eps) * w (w: f32 [width]).
+// RMSNorm per token row: y = x / sqrt(mean(x^2) + eps) * w (w: f32 [width];
+// w_off = 0xFFFFFFFF: no weight, w taken as 1 and never read).
 // One work group per row (rms_row.glsl).  x and y may be the same buffer
 // (each thread reads its elements before writing them).
 #version 450
@@ -24,6 +25,7 @@ layout(push_constant) uniform Params {
     uint y_stride;
 } p;
 
+#define UNIT_WEIGHT (p.w_off == 0xFFFFFFFFu)
 #include "rms_row.glsl"
 
 void main() {

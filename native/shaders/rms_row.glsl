@@ -11,11 +11,16 @@
 // scalar loop (a uniform branch), still correct.
 //
 // The includer declares x (and x4), w (and w4), y (and y4), and, with
-// ADD_ADDEND, a (and a4); it sets WG and calls rms_row().
+// ADD_ADDEND, a (and a4); it sets WG and calls rms_row().  It may define
+// UNIT_WEIGHT as a uniform condition under which w is not read (a norm
+// without weight, gemma4's V norm: w taken as 1).
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 #define VPT 4u  // vec4s per thread held in registers (rows up to WG * 16 floats)
+#ifndef UNIT_WEIGHT
+#define UNIT_WEIGHT false
+#endif
 
 shared float red[WG];
 
@@ -46,7 +51,7 @@ void rms_row(uint width, float eps, uint xb, uint ab, uint wb, uint yb) {
         [[unroll]] for (uint i = 0u; i < VPT; i++) {
             uint j = min(lid + i * WG, nv - 1u);  // clamped: unconditional, independent loads
             xv[i] = x4[(xb >> 2) + j];
-            wv[i] = w4[(wb >> 2) + j];
+            wv[i] = UNIT_WEIGHT ? vec4(1.0) : w4[(wb >> 2) + j];
 #ifdef ADD_ADDEND
             av[i] = a4[(ab >> 2) + j];
 #endif
@@ -81,6 +86,6 @@ void rms_row(uint width, float eps, uint xb, uint ab, uint wb, uint yb) {
     }
     float inv = inversesqrt(group_sum(s) / float(width) + eps);
     for (uint c = lid; c < width; c += WG) {
-        y[yb + c] = x[xb + c] * inv * w[wb + c];
+        y[yb + c] = x[xb + c] * inv * (UNIT_WEIGHT ? 1.0 : w[wb + c]);
     }
 }

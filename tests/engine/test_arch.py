@@ -15,6 +15,7 @@ from gguf import GGUFValueType as V
 
 from tests.ggufgen.llama import write_llama
 from tests.ggufgen.gemma3 import write_gemma3
+from tests.ggufgen.gemma4 import write_gemma4
 from tests.ggufgen.moe import write_moe
 from tests.ggufgen.check import GGUFImage
 from vramd.engine.arch import ARCHITECTURES, spec_for
@@ -33,6 +34,7 @@ WRITERS = {
     "gemma2": (lambda p, **kw: write_gemma3(p, arch="gemma2", **kw), "gemma2"),
     "phi3": (lambda p, **kw: write_llama(p, arch="phi3", **kw), "phi3"),
     "mistral3": (lambda p, **kw: write_llama(p, arch="mistral3", **kw), "mistral3"),
+    "gemma4": (lambda p, **kw: write_gemma4(p, **kw), "gemma4"),
 }
 
 
@@ -58,9 +60,10 @@ def test_every_architecture_has_a_spec_with_its_conventions(tmp_path):
         "gemma2": ("gemma2", True, False, True, "gelu", False),
         "phi3": ("phi3", True, False, False, "silu", False),
         "mistral3": ("mistral3", False, False, False, "silu", False),
+        "gemma4": ("gemma4", True, True, True, "gelu", False),
     }
     assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gemma2", "phi3",
-                                  "mistral3"}
+                                  "mistral3", "gemma4"}
 
 
 @pytest.mark.parametrize("name", list(WRITERS))
@@ -207,3 +210,38 @@ def test_mistral3_reads_yarn_betas_log_multiplier_and_temperature(tmp_path):
     q = spec_for(validate_gguf(write_llama(tmp_path / "l.gguf", arch="llama", rope_scaling="yarn",
                                            rope_scaling_factor=16.0, orig_ctx=16384, yarn_beta_fast=16.0)))
     assert q.rope_scaling.beta_fast == 32.0 and q.attn_temp_scale == 0.0
+
+
+def test_gemma4_layers_take_their_kinds_geometry_rope_and_scale(tmp_path):
+    """Sliding and global layers differ as the file says (tests/ggufgen/gemma4.py's defaults)."""
+    path = write_gemma4(tmp_path / "g.gguf", weight_type="F32")
+    s = spec_for(validate_gguf(path))
+    slide, glob = s.layers[0], s.layers[2]
+    assert (slide.window, slide.head_dim, slide.n_head_kv, slide.n_rot, slide.rope_base) == (8, 64, 2, 64, 1e4)
+    assert (glob.window, glob.head_dim, glob.n_head_kv, glob.n_rot, glob.rope_base) == (0, 128, 1, 128, 1e6)
+    assert not slide.rope_factors and glob.rope_factors and s.rope_factors_name(64) == "rope_freqs.weight"
+    assert not slide.v_from_k and glob.v_from_k and s.v_norm and s.attn_scale == 1.0 and s.final_softcap == 15.0
+    assert (s.max_q_width, s.max_kv_width) == (512, 128)
+    from tests.engine.reference.gemma4 import Gemma4Reference
+    ref = Gemma4Reference(path)   # the scale read from the file, as the reference reads the tensor
+    assert [layer.out_scale for layer in s.layers] == [float(L["layer_output_scale"][0]) for L in ref.layers]
+
+
+@pytest.mark.parametrize("key,value,what", [
+    ("gemma4.attention.shared_kv_layers", 2, "KV shared across layers"),
+    ("gemma4.embedding_length_per_layer_input", 256, "per-layer token embeddings"),
+    ("gemma4.expert_count", 8, "gemma4 with experts is not supported"),
+])
+def test_gemma4_variants_the_engine_does_not_run_are_refused_by_name(tmp_path, key, value, what):
+    path = write_gemma4(tmp_path / "g.gguf", weight_type="F32")
+    bad = GGUFImage.from_file(path).set_kv(key, V.UINT32, value).write(tmp_path / "b.gguf")
+    with pytest.raises(ModelError, match=what) as e:
+        spec_for(validate_gguf(bad))
+    assert str(e.value).startswith(str(bad)) and "\n" not in str(e.value)
+
+
+def test_gemma4_needs_its_sliding_pattern_array(tmp_path):
+    path = write_gemma4(tmp_path / "g.gguf", weight_type="F32")
+    bad = GGUFImage.from_file(path).drop_kv("gemma4.attention.sliding_window_pattern").write(tmp_path / "b.gguf")
+    with pytest.raises(ModelError, match="missing gemma4.attention.sliding_window_pattern"):
+        spec_for(validate_gguf(bad))

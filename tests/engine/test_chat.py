@@ -94,6 +94,8 @@ def test_file_template_wins_over_default():
     ("qwen2", "gpt2", ["<|im_start|>", "<|im_end|>"], "chatml"),
     ("llama", "llama", [], "llama2"),
     ("phi3", "gpt2", [], "chatml"),
+    ("gemma4", "llama", [], "gemma4"),
+    ("llama", "llama", ["<|turn>", "<turn|>"], "gemma4"),
 ])
 def test_default_template_per_architecture(arch, model, extra, expected):
     _, tok = vocab(arch, model, extra)
@@ -114,6 +116,18 @@ def test_default_templates_render():
         "<|start_header_id|>assistant<|end_header_id|>\n\n")
     assert render_chat(CHATML_TEMPLATE, CONVERSATION[1:2]) == (
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_gemma4_default_renders_a_conversation_as_gemma_4s_own_template():
+    """The fallback (a gemma4 file without a template) equals Google's template
+    (tests/ggufgen/templates/gemma-4.jinja) on plain messages, with and without a system turn."""
+    from pathlib import Path
+    from vramd.engine.chat import GEMMA4_TEMPLATE
+    real = (Path(__file__).parents[1] / "ggufgen" / "templates" / "gemma-4.jinja").read_text()
+    for messages in (CONVERSATION, CONVERSATION[1:], [{"role": "developer", "content": " Terse. "}] + CONVERSATION[1:2]):
+        want = render_chat(real, messages, bos_token="<bos>", eos_token="<eos>")
+        assert render_chat(GEMMA4_TEMPLATE, messages, bos_token="<bos>", eos_token="<eos>") == want
+    assert want == "<bos><|turn>system\nTerse.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
 
 
 def test_template_variables():

@@ -82,7 +82,8 @@ ROUTE_TIE = 0.1
 MOE = ("qwen3moe", "qwen2moe", "mixtral")
 
 _GROUP = {"llama": 0, "qwen2": 0, "qwen3": 1, "gemma3": 1, "qwen3moe": 2, "qwen2moe": 2, "mixtral": 2,
-          "gemma2": 0, "phi3": 0, "mistral3": 0, "qwen3-yarn": 1, "qwen2-yarn": 0, "llama-yarn": 0}
+          "gemma2": 0, "phi3": 0, "mistral3": 0, "qwen3-yarn": 1, "qwen2-yarn": 0, "llama-yarn": 0,
+          "gemma4": 1}
 TOL = {"F32": (0.01, 0.03, 0.015), "F16": (0.01, 0.025, 0.015), "BF16": (0.2, 0.3, 1.0),
        "Q8_0": (0.3, 0.85, 0.7), "Q4_0": (0.32, 0.85, 0.66), "Q4_1": (0.31, 1.1, 0.4),
        "Q5_0": (0.3, 0.85, 0.4), "Q5_1": (0.4, 0.97, 0.3), "Q4_K": (0.52, 1.05, 1.45),
@@ -115,6 +116,9 @@ class Case:
                 ref = ReferenceMoE(self.path)
             elif gguf_arch in ("gemma3", "gemma2"):
                 ref = Gemma3Reference(self.path)
+            elif gguf_arch == "gemma4":
+                from tests.engine.reference.gemma4 import Gemma4Reference
+                ref = Gemma4Reference(self.path)
             else:   # the context picks phi3's LongRoPE factors: vramd's (CTX) and llama.cpp's both exceed 32
                 ref = ReferenceModel(self.path, n_ctx=CTX)
             logits = ref.forward(self.tokens, ref.new_kv(np.float16), 0)
@@ -187,6 +191,10 @@ _FEATURES = [
     ("mistral3", "attention temperature", "attn_temp_scale", 0.0),
     ("mistral3", "YaRN's ramp", "yarn", None),
     ("qwen3-yarn", "YaRN's ramp", "yarn", None),
+    ("gemma4", "final soft-capping", "cap", 0.0),
+    ("gemma4", "the proportional RoPE's factors", "rope_freqs", None),
+    ("gemma4", "the sliding window", "window", 0),
+    ("gemma4", "V's norm", "v_norm", False),
 ]
 
 
@@ -195,7 +203,9 @@ def test_each_long_tail_feature_matters(case, arch, what, attr, off):
     from tests.engine.reference.gemma3 import Gemma3Reference
     from tests.engine.reference.llama import ReferenceModel
     c = case(arch, "F32")
-    ref = Gemma3Reference(c.path) if arch == "gemma2" else ReferenceModel(c.path, n_ctx=CTX)
+    from tests.engine.reference.gemma4 import Gemma4Reference
+    ref = (Gemma3Reference(c.path) if arch == "gemma2" else Gemma4Reference(c.path) if arch == "gemma4"
+           else ReferenceModel(c.path, n_ctx=CTX))
     setattr(ref, attr, off)
     logits = ref.forward(c.tokens, ref.new_kv(np.float16), 0)
     assert compare(c.chain, logits).worst() > 5 * c.tol, f"{arch} without {what} still agrees with llama.cpp"

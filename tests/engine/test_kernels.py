@@ -131,6 +131,18 @@ def test_rms_norm(ops, bufs, rng, n_tokens, width):
     np.testing.assert_allclose(f32(t["x"]).reshape(x.shape), ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("n_tokens,width", [(6, 128), (3, 301)])   # vec4 rows and the scalar loop
+def test_rms_norm_without_weight(ops, bufs, rng, n_tokens, width):
+    """w None (gemma4's V norm): the rows normalised, no weight read."""
+    x = rng.standard_normal((n_tokens, width)).astype(np.float32) * 3
+    t = bufs(x=x, y=4 * x.size)
+    ops.rms_norm(t["x"], None, t["y"], 1e-6, n_tokens, width)
+    ops.sync()
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + 1e-6)
+    np.testing.assert_allclose(f32(t["y"]).reshape(x.shape), ref, rtol=1e-5, atol=1e-6)
+
+
 def rope_ref(x, pos, n_rot, neox, base, scale, factors=None):
     x = x.astype(np.float64).copy()
     i = np.arange(n_rot // 2)

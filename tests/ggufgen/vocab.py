@@ -29,6 +29,12 @@ small deterministic BPE trainer):
   "keys" (tokenizer.ggml.fim_pre/suf/mid_token_id), "legacy" (the older
   prefix/suffix/middle_token_id), "text" (no key: llama.cpp finds them by their
   text), None (no FIM tokens at all).
+    gemma4 tokenizer.ggml.model "gemma4" (Gemma 4's SentencePiece-style BPE, no
+          tokenizer.ggml.pre, as its converter writes it): <pad>=0, <eos>=1, <bos>=2
+          (CONTROL), <unk>=3 (UNKNOWN), <|turn> and <turn|> (CONTROL), "\n" and
+          "\n\n" (NORMAL), <0x00>..<0xFF> (BYTE), the corpus's characters, then
+          one token per learned merge of "▁"-prefixed words (tokenizer.ggml.merges);
+          add_bos_token true, add_space_prefix false.
   tool_tokens=True (a spec's `tool_tokens`) makes Qwen's <tool_call> and </tool_call>
   the last two tokens, USER_DEFINED (text that is one token, as in Qwen's vocabulary).
   llama.cpp loads and tokenizes both (see LLAMA_CPP_TOKENIZATIONS), and the three
@@ -48,7 +54,8 @@ import gguf
 # token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 TOOL_TOKENS = ("<tool_call>", "</tool_call>")
-FIM_TOKENS = {"bpe": ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), "spm": ("<PRE>", "<SUF>", "<MID>")}
+FIM_TOKENS = {"bpe": ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), "spm": ("<PRE>", "<SUF>", "<MID>"),
+              "gemma4": ()}
 FIM_STYLES = ("keys", "legacy", "text")
 
 CORPUS = """\
@@ -135,7 +142,7 @@ def make_vocab(kind: str, n_vocab: int, fim: bool = False, extra: tuple[str, ...
                      dict(v.special) | {t: n_vocab - 2 + i for i, t in enumerate(TOOL_TOKENS)})
     names = (FIM_TOKENS[kind] if fim else ()) + tuple(extra)
     if not names:
-        return _spm_vocab(n_vocab) if kind == "spm" else _bpe_vocab(n_vocab)
+        return {"spm": _spm_vocab, "bpe": _bpe_vocab, "gemma4": _gemma4_vocab}[kind](n_vocab)
     k = len(names)
     v = make_vocab(kind, n_vocab - k)
     special = dict(v.special) | {t: n_vocab - k + i for i, t in enumerate(names)}
@@ -197,6 +204,29 @@ def _spm_vocab(n_vocab: int) -> Vocab:
     scores = [0.0] * len(fixed) + [-float(i) for i in range(len(pieces) + len(chars))] \
         + [-1e9] * len(unused)
     return Vocab("llama", tokens, types, scores, None, bos=1, eos=2, unk=0)
+
+
+def _gemma4_vocab(n_vocab: int) -> Vocab:
+    words = Counter("\u2581" + w for w in CORPUS.split())
+    chars = sorted({c for w in words for c in w})
+    fixed = ["<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "\n", "\n\n"] + [f"<0x{b:02X}>" for b in range(256)]
+    room = n_vocab - len(fixed) - len(chars)
+    if room < 0:
+        raise ValueError(f"a gemma4 vocabulary needs at least {len(fixed) + len(chars)} tokens")
+    tokens = fixed + chars
+    seen, merges = set(tokens), []
+    for a, b in _train_bpe(Counter({tuple(w): c for w, c in words.items()}), room, set(chars)):
+        if len(tokens) == n_vocab:
+            break
+        if a + b not in seen:
+            seen.add(a + b)
+            tokens.append(a + b)
+        merges.append(f"{a} {b}")
+    unused = [f"<unused{i}>" for i in range(n_vocab - len(tokens))]
+    types = [CONTROL, CONTROL, CONTROL, UNKNOWN, CONTROL, CONTROL, NORMAL, NORMAL] + [BYTE] * 256 \
+        + [NORMAL] * (len(tokens) - len(fixed)) + [UNUSED] * len(unused)
+    return Vocab("gemma4", tokens + unused, types, [0.0] * n_vocab, merges, bos=2, eos=1, unk=3,
+                 special={"<|turn>": 4, "<turn|>": 5})
 
 
 def gpt2_byte_chars() -> list[str]:
@@ -312,10 +342,10 @@ def write_vocab(writer: gguf.GGUFWriter, spec) -> None:
         writer.add_unk_token_id(v.unk)
     if v.model == "gpt2":
         writer.add_pad_token_id(v.bos)
-    writer.add_add_bos_token(v.model == "llama")
+    writer.add_add_bos_token(v.model in ("llama", "gemma4"))
     writer.add_add_eos_token(False)
-    if v.model == "llama":
-        writer.add_add_space_prefix(True)
+    if v.model in ("llama", "gemma4"):
+        writer.add_add_space_prefix(v.model == "llama")
     if fim in ("keys", "legacy"):
         pre, suf, mid = (v.special[t] for t in FIM_TOKENS[spec.vocab])
         names = ("fim_pre", "fim_suf", "fim_mid") if fim == "keys" else ("prefix", "suffix", "middle")

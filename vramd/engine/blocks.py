@@ -50,22 +50,27 @@ def attention(m, i: int, n: int) -> None:
     """Layer i's attention, from h = attn_norm(x): x += Wo attention(...) (post-normed
     where the spec says), then h = ffn_norm(x)."""
     s, ops, a, t, kv = m.spec, m.ops, m.act, m.t, m.kv
-    p, layer, hd, E = f"blk.{i}.", s.layers[i], s.head_dim, s.n_embd
-    linears(m, [(p + "attn_q", a["h"], a["q"], s.q_width), (p + "attn_k", a["h"], a["k"], s.kv_width),
-                (p + "attn_v", a["h"], a["v"], s.kv_width)], n)
+    p, layer, E = f"blk.{i}.", s.layers[i], s.n_embd
+    hd, n_kv, Q, KV = s.head_dim_of(i), s.n_head_kv_of(i), s.q_width_of(i), s.kv_width_of(i)
+    items = [(p + "attn_q", a["h"], a["q"], Q), (p + "attn_k", a["h"], a["k"], KV)]
+    linears(m, items if layer.v_from_k else items + [(p + "attn_v", a["h"], a["v"], KV)], n)
+    if layer.v_from_k and not s.v_norm:   # V is K's projection, taken before k's norm (gemma4's k_eq_v)
+        ops.copy(a["k"], a["v"], 4 * n * KV)
+    elif s.v_norm:   # per head, no weight; from k before its norm where V is K
+        ops.rms_norm(a["k"] if layer.v_from_k else a["v"], None, a["v"], s.eps, n * n_kv, hd)
     if s.qk_norm:   # every head's row of head_dim floats is a row of its own
         with ops.parallel():
             ops.rms_norm(a["q"], t.vector(p + "attn_q_norm.weight"), a["q"], s.eps, n * s.n_head, hd)
-            ops.rms_norm(a["k"], t.vector(p + "attn_k_norm.weight"), a["k"], s.eps, n * s.n_head_kv, hd)
-    factors = s.rope_factors_name(kv.ctx)
+            ops.rms_norm(a["k"], t.vector(p + "attn_k_norm.weight"), a["k"], s.eps, n * n_kv, hd)
+    factors = s.rope_factors_name(kv.ctx) if layer.rope_factors else None
     rope = dict(s.rope_params(i), freq_factors=t.vector(factors) if factors else None)
     temperature = (s.attn_temp_scale, s.attn_temp_floor, s.attn_temp_offset) if s.attn_temp_scale else None
     with ops.parallel():   # q rotates in place, k rotated into the cache, v to the cache as it is
         ops.rope(a["q"], a["pos"], n, s.n_head, hd, temperature=temperature, **rope)
-        ops.rope_kv_write(a["k"], kv.k(i), a["pos"], n, s.n_head_kv, hd, kv.ctx, **rope)
-        ops.kv_write(a["v"], kv.v(i), a["pos"], n, s.kv_width, kv.ctx)
+        ops.rope_kv_write(a["k"], kv.k(i), a["pos"], n, n_kv, hd, kv.ctx, **rope)
+        ops.kv_write(a["v"], kv.v(i), a["pos"], n, KV, kv.ctx)
     # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
-    ops.attention(a["q"], kv.k(i), kv.v(i), a["pos"], a["att"], n, s.n_head, s.n_head_kv, hd, kv.ctx, s.scale,
+    ops.attention(a["q"], kv.k(i), kv.v(i), a["pos"], a["att"], n, s.n_head, n_kv, hd, kv.ctx, s.scale,
                   window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap)
     linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)
     if s.post_norms:
@@ -82,7 +87,19 @@ def dense_ffn(m, i: int, n: int) -> None:
     linears(m, [(p + "ffn_down", a["gate"], a["h"], E)], n)
     if s.post_norms:
         ops.rms_norm(a["h"], m.t.vector(p + "post_ffw_norm.weight"), a["h"], s.eps, n, E)
-    ops.add_rms_norm(a["x"], a["h"], next_norm(m, i), a["h"], s.eps, n, E)
+    end_layer(m, i, n)
+
+
+def end_layer(m, i: int, n: int) -> None:
+    """x += h (the layer's last output); x *= the layer's out_scale (gemma4); h = next norm(x)."""
+    s, ops, a, E = m.spec, m.ops, m.act, m.spec.n_embd
+    scale = s.layers[i].out_scale
+    if scale == 1.0:
+        ops.add_rms_norm(a["x"], a["h"], next_norm(m, i), a["h"], s.eps, n, E)
+        return
+    ops.add(a["x"], a["h"], a["x"], n * E, n * E)
+    ops.scale(a["x"], a["x"], n * E, scale)
+    ops.rms_norm(a["x"], next_norm(m, i), a["h"], s.eps, n, E)
 
 
 def logits(m, n: int, rows: tuple) -> None:

@@ -103,6 +103,20 @@ LLAMA2_TEMPLATE = (
     "{% endif %}{% endfor %}"
 )
 
+# Gemma 4's turns, as its template (tests/ggufgen/templates/gemma-4.jinja) renders a
+# conversation of plain text messages: no tools, thinking off (the empty thought channel
+# after the generation prompt), a system or developer message as a system turn.
+GEMMA4_TEMPLATE = (
+    "{{ bos_token }}{% set loop_messages = messages %}"
+    "{% if messages[0]['role'] in ['system', 'developer'] %}"
+    "{{ '<|turn>system\n' + messages[0]['content'] | trim + '<turn|>\n' }}"
+    "{% set loop_messages = messages[1:] %}{% endif %}"
+    "{% for message in loop_messages %}"
+    "{{ '<|turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n'"
+    " + message['content'] | trim + '<turn|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n<|channel>thought\n<channel|>' }}{% endif %}"
+)
+
 # Llama 3 (header tokens around the role, <|eot_id|> after each turn).
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -122,6 +136,8 @@ CHATML_TEMPLATE = (
 
 def default_template(architecture: str | None, tokenizer) -> tuple[str, str]:
     """(name, source) of the template used when a file has none."""
+    if architecture == "gemma4" or tokenizer.token_id("<|turn>") is not None:
+        return "gemma4", GEMMA4_TEMPLATE
     if architecture in ("gemma", "gemma2", "gemma3") or tokenizer.token_id("<start_of_turn>") is not None:
         return "gemma", GEMMA_TEMPLATE
     if tokenizer.token_id("<|start_header_id|>") is not None:

@@ -31,7 +31,9 @@ class KVLayout:
 
     @classmethod
     def for_spec(cls, spec, ctx: int) -> "KVLayout":
-        return cls(spec.n_layer, ctx, spec.kv_width, spec.kv_width)
+        # every layer's rows as wide as the widest layer's (gemma4's sliding and global
+        # layers differ; a narrower layer uses the front of its rows' space)
+        return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width)
 
     def tensors(self) -> list[tuple[str, int]]:
         """[(name, bytes)] of the `state` region that holds the cache."""

@@ -14,10 +14,13 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
   matvec_c_<type>  CPU devices (VkPhysicalDeviceType CPU: lavapipe), decode: a row per
                    invocation, 4 rows each, 32 invocations a group, a token per z (matvec.glsl
                    MV_ROWLANE: no subgroup op, shared memory or barrier)
+  matmul_cm_<type> 128 rows x 128 tokens a work group on the tensor cores (KHR cooperative
+                   matrices, native/shaders/matmul_cm.glsl): prefill where `coopmat_usable`
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 MATMUL_ROWS, MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
@@ -29,6 +32,11 @@ MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
 # -> rows per work group (MC_WG in matvec_c_<type>.comp)
 MATVEC_ROWS_C = {t: 128 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
+CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
+# weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles)
+CM_TYPES = frozenset({"f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
+CM_SUBGROUP = 32                      # matmul_cm.glsl splits its 256 threads into 8 subgroups of 32
+CM_SHARED = 2 * 128 * 18 * 8 + 8 * 256 * 4   # bytes of shared memory it declares (ws, xs: LD4 = 18 f16vec4s a row; st)
 
 
 @dataclass(frozen=True)
@@ -38,13 +46,30 @@ class LinearKernel:
     tokens_per_group: int   # 1: one token per z of the grid
 
 
-def select(w, n_tokens: int, wo: int, cpu: bool = False) -> LinearKernel:
+def coopmat_usable(device) -> bool:
+    """Whether `device` (a gpu.device.Device) runs the matmul_cm_<type> kernels: the
+    cooperative-matrix extension with a 16 x 16 x 16 f16 x f16 -> f32 subgroup shape
+    (what they use), subgroups of 32 lanes and their shared memory.  The environment
+    variable VRAMD_NO_COOPMAT turns them off (benchmarks of the portable path)."""
+    if os.environ.get("VRAMD_NO_COOPMAT"):
+        return False   # set (to anything): the portable kernels, for comparison
+    shapes = getattr(device, "coopmat", None) or []
+    shape = any(s["m"] == 16 and s["n"] == 16 and s["k"] == 16 and s["a"] == "f16" and s["b"] == "f16"
+                and s["c"] == "f32" and s["result"] == "f32" and s["scope"] == "subgroup" for s in shapes)
+    return (shape and device.subgroup_size == CM_SUBGROUP
+            and device.limits.get("maxComputeSharedMemorySize", 0) >= CM_SHARED)
+
+
+def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False) -> LinearKernel:
     """The kernel for `w` (an ops.Weight) over `n_tokens`, its rows bound at byte offset `wo`;
-    `cpu`: the device is a CPU (VkPhysicalDeviceType CPU, e.g. lavapipe)."""
+    `coopmat`: the device runs the cooperative-matrix kernels (coopmat_usable); `cpu`: the
+    device is a CPU (VkPhysicalDeviceType CPU, e.g. lavapipe)."""
     if cpu and n_tokens < MATMUL_FROM and w.suffix in MATVEC_ROWS_C:
         # (prefill keeps matmul_<type>: matvec_c per token measured no faster for 64 tokens on lavapipe)
         return LinearKernel("matvec_c_" + w.suffix, MATVEC_ROWS_C[w.suffix], 1)
     if n_tokens >= MATMUL_FROM:
+        if coopmat and w.suffix in CM_TYPES:
+            return LinearKernel("matmul_cm_" + w.suffix, CM_ROWS, CM_TOKENS)
         return LinearKernel("matmul_" + w.suffix, MATMUL_ROWS, MATMUL_TOKENS)
     if w.suffix in MATVEC_ROWS_W and w.row_bytes % 16 == 0 and wo % 16 == 0:
         return LinearKernel("matvec_w_" + w.suffix, MATVEC_ROWS_W[w.suffix], 1)

@@ -176,6 +176,7 @@ class Ops:
         self.align = max(16, int(lim["minStorageBufferOffsetAlignment"]))
         self.max_groups = lim["maxComputeWorkGroupCount"]
         self.subgroup_size = _check_subgroups(residency.device)
+        self.coopmat = linear.coopmat_usable(residency.device)   # tensor-core matmuls (False: the portable ones)
         self.cpu = residency.device.type == "cpu"   # linear.select(): the row-per-invocation forms
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
@@ -355,7 +356,7 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
-            sel = linear.select(w, n_tokens, wo, cpu=self.cpu)
+            sel = linear.select(w, n_tokens, wo, self.coopmat, cpu=self.cpu)
             k = self._kernel(sel.name, "matvec")
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(-(-n // sel.rows_per_group), self.max_groups)
@@ -483,11 +484,14 @@ class Ops:
         """y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w per token row.
 
         x, y: f32 [n_tokens, stride] (strides default to width; y may be x);
-        w: f32 [width] (GGUF norm weights are F32)."""
+        w: f32 [width] (GGUF norm weights are F32), or None: no weight (w = 1)."""
         x_stride = width if x_stride is None else int(x_stride)
         y_stride = width if y_stride is None else int(y_stride)
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + width), "rms_norm x")
-        wv, wo = self._bind(w, 4 * width, "rms_norm weight")
+        if w is None:   # the shader reads no weight; x stands in for the binding
+            wv, wo = xv, 0xFFFFFFFF
+        else:
+            wv, wo = self._bind(w, 4 * width, "rms_norm weight")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + width), "rms_norm y")
         push = struct.pack("<2If5I", width, n_tokens, eps, xo, x_stride, wo, yo, y_stride)
         gx, gy = grid(n_tokens, self.max_groups)

@@ -21,8 +21,8 @@ def logit_rows(spec, batch: int) -> int:
 def scratch_layout(spec, batch: int | None = None) -> list[tuple[str, int]]:
     """Activation buffers (f32 unless said) for a chunk of `batch` tokens (default: the spec's)."""
     b = batch or spec.batch
-    layout = [("x", 4 * b * spec.n_embd), ("h", 4 * b * spec.n_embd), ("q", 4 * b * spec.q_width),
-              ("k", 4 * b * spec.kv_width), ("v", 4 * b * spec.kv_width), ("att", 4 * b * spec.q_width)]
+    layout = [("x", 4 * b * spec.n_embd), ("h", 4 * b * spec.n_embd), ("q", 4 * b * spec.max_q_width),
+              ("k", 4 * b * spec.max_kv_width), ("v", 4 * b * spec.max_kv_width), ("att", 4 * b * spec.max_q_width)]
     if spec.n_ff:
         layout += [("gate", 4 * b * spec.n_ff), ("up", 4 * b * spec.n_ff)]
     if spec.moe:

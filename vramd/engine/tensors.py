@@ -23,18 +23,20 @@ from vramd.errors import ModelError
 
 def required(spec) -> tuple[dict, dict]:
     """({matrix name: shape}, {vector name: length}) the forward pass of `spec` reads."""
-    E, Q, KV, hd, V = spec.n_embd, spec.q_width, spec.kv_width, spec.head_dim, spec.n_vocab
+    E, V = spec.n_embd, spec.n_vocab
     mats = {"token_embd.weight": (E, V)}
     vecs = {"output_norm.weight": E}
     if not spec.tied_output:
         mats["output.weight"] = (E, V)
     for i, layer in enumerate(spec.layers):
-        p = f"blk.{i}."
+        p, Q, KV, hd = f"blk.{i}.", spec.q_width_of(i), spec.kv_width_of(i), spec.head_dim_of(i)
         vecs.update({p + "attn_norm.weight": E, p + "ffn_norm.weight": E})
         if spec.fused_qkv:
             mats[p + "attn_qkv.weight"] = (E, Q + 2 * KV)
         else:
-            mats.update({p + "attn_q.weight": (E, Q), p + "attn_k.weight": (E, KV), p + "attn_v.weight": (E, KV)})
+            mats.update({p + "attn_q.weight": (E, Q), p + "attn_k.weight": (E, KV)})
+            if not layer.v_from_k:
+                mats[p + "attn_v.weight"] = (E, KV)
         mats[p + "attn_output.weight"] = (Q, E)
         if spec.qk_norm:
             vecs.update({p + "attn_q_norm.weight": hd, p + "attn_k_norm.weight": hd})
@@ -66,8 +68,8 @@ def optional(spec) -> dict:
         vecs.update({"rope_factors_long.weight": spec.n_rot // 2, "rope_factors_short.weight": spec.n_rot // 2})
     for i in range(spec.n_layer):
         p = f"blk.{i}."
-        vecs.update({p + "attn_q.bias": spec.q_width, p + "attn_k.bias": spec.kv_width,
-                     p + "attn_v.bias": spec.kv_width, p + "attn_output.bias": spec.n_embd})
+        vecs.update({p + "attn_q.bias": spec.q_width_of(i), p + "attn_k.bias": spec.kv_width_of(i),
+                     p + "attn_v.bias": spec.kv_width_of(i), p + "attn_output.bias": spec.n_embd})
         if spec.n_ff and not spec.layers[i].moe and not spec.fused_up:
             vecs.update({p + "ffn_gate.bias": spec.n_ff, p + "ffn_up.bias": spec.n_ff, p + "ffn_down.bias": spec.n_embd})
     return vecs
@@ -76,9 +78,9 @@ def optional(spec) -> dict:
 def fused_views(spec) -> dict[str, tuple[str, int, int]]:
     """{unfused name: (fused tensor, first row, rows)} for the spec's fused tensors."""
     views = {}
-    Q, KV, F = spec.q_width, spec.kv_width, spec.n_ff
+    F = spec.n_ff
     for i, layer in enumerate(spec.layers):
-        p = f"blk.{i}."
+        p, Q, KV = f"blk.{i}.", spec.q_width_of(i), spec.kv_width_of(i)
         if spec.fused_qkv:
             qkv = p + "attn_qkv.weight"
             views.update({p + "attn_q.weight": (qkv, 0, Q), p + "attn_k.weight": (qkv, Q, KV),

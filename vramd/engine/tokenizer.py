@@ -3,7 +3,9 @@
 Owns: turning text into token ids and back for the two vocabulary kinds the
 llama family uses: SentencePiece style (`tokenizer.ggml.model = "llama"`:
 pieces merged by score, `▁` for spaces, `<0xNN>` byte fallback) and GPT-2
-byte-level BPE (`"gpt2"`: merges by rank after a pre-tokenizer regex); the
+byte-level BPE (`"gpt2"`: merges by rank after a pre-tokenizer regex), and
+Gemma 4's BPE (`"gemma4"`: merges by rank over characters, `▁` for spaces,
+split only at newline runs, `<0xNN>` byte fallback, BOS always added); the
 special tokens (BOS/EOS/EOT/EOM/PAD/UNK, end-of-generation set) and literal
 special tokens in text; a streaming decoder that only ever hands out complete
 UTF-8.
@@ -79,7 +81,7 @@ _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endofte
               "<EOT>", "_<EOT>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<end_of_utterance>")
 _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
               "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
-              "<|end_of_text|>", "<end_of_utterance>")
+              "<|end_of_text|>", "<end_of_utterance>", "<turn|>")   # <turn|>: Gemma 4's end of turn
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>\Z")
 
@@ -105,6 +107,11 @@ class Tokenizer:
                  special: Mapping[str, int | None], add_bos: bool, add_eos: bool,
                  add_space_prefix: bool):
         self.kind = kind                      # "spm" or "bpe"
+        # Gemma 4's BPE (tokenizer.ggml.model "gemma4"; llama.cpp's LLAMA_VOCAB_PRE_TYPE_GEMMA4):
+        # spaces escaped to "▁", split only into runs of newlines and of everything else,
+        # merges over the characters themselves (no GPT-2 byte alphabet), <0xNN> byte
+        # tokens for a character the merges leave without a token.
+        self.sentencepiece_bpe = pre == "gemma4" and kind == "bpe"
         self.tokens = tokens
         self.types = types
         self.scores = scores
@@ -127,8 +134,8 @@ class Tokenizer:
                 raise ModelError(f"vocabulary: token piece {text!r} appears twice "
                                  f"(ids {previous} and {i})")
 
-        self._byte_of: dict[int, int] = {}    # BYTE token id -> byte value (SPM)
-        if kind == "spm":
+        self._byte_of: dict[int, int] = {}    # BYTE token id -> byte value (SPM, Gemma 4's BPE)
+        if kind == "spm" or self.sentencepiece_bpe:
             for i, t in enumerate(types):
                 if t == TokenType.BYTE:
                     match = _BYTE_PIECE.match(tokens[i])
@@ -144,7 +151,7 @@ class Tokenizer:
                 if cut < 0:
                     continue                  # llama.cpp keeps ("", ""), which never matches
                 self._ranks.setdefault((merge[:cut], merge[cut + 1:]), rank)
-            family = _PRE_FAMILIES.get(pre)
+            family = "gemma4" if self.sentencepiece_bpe else _PRE_FAMILIES.get(pre)
             if family is None:
                 raise ModelError(f"unsupported pre-tokenizer {pre!r} (tokenizer.ggml.pre; "
                                  f"vramd knows {', '.join(sorted(k for k in _PRE_FAMILIES if k))})")
@@ -177,11 +184,11 @@ class Tokenizer:
             raise ModelError("the model has no vocabulary (tokenizer.ggml.model is missing)")
         if model == "llama":
             kind = "spm"
-        elif model == "gpt2":
+        elif model in ("gpt2", "gemma4"):
             kind = "bpe"
         else:
             raise ModelError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model; "
-                             "vramd supports 'llama' (SentencePiece) and 'gpt2' (BPE))")
+                             "vramd supports 'llama' (SentencePiece), 'gpt2' (BPE) and 'gemma4')")
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, (list, tuple)) or not tokens:
             raise ModelError("vocabulary: tokenizer.ggml.tokens is missing or empty")
@@ -199,10 +206,12 @@ class Tokenizer:
         pre = metadata.get("tokenizer.ggml.pre")
         if pre is not None and not isinstance(pre, str):
             raise ModelError("vocabulary: tokenizer.ggml.pre is not a string")
+        if model == "gemma4":
+            pre = "gemma4"   # llama.cpp sets it whatever the file says
         if kind == "bpe":
             merges = metadata.get("tokenizer.ggml.merges")
             if not isinstance(merges, (list, tuple)) or not all(isinstance(m, str) for m in merges):
-                raise ModelError("vocabulary: a gpt2 tokenizer needs tokenizer.ggml.merges (strings)")
+                raise ModelError(f"vocabulary: a {model} tokenizer needs tokenizer.ggml.merges (strings)")
 
         # Defaults as llama.cpp's, then the metadata.
         if kind == "spm":
@@ -210,7 +219,7 @@ class Tokenizer:
             add_bos, add_eos, add_space_prefix = True, False, True
         else:
             special = {"bos": 11, "eos": 11}
-            add_bos, add_eos, add_space_prefix = pre in _ADD_BOS_BY_PRE, False, False
+            add_bos, add_eos, add_space_prefix = pre in _ADD_BOS_BY_PRE or pre == "gemma4", False, False
         special = {k: (v if v < n else None) for k, v in special.items()}
         for name, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
                           ("eot", "eot_token_id"), ("eom", "eom_token_id"),
@@ -222,7 +231,7 @@ class Tokenizer:
                 raise ModelError(f"vocabulary: tokenizer.ggml.{key} = {value!r} is not a token id "
                                  f"(the vocabulary has {n} tokens)")
             special[name] = value
-        add_bos = _flag(metadata, "tokenizer.ggml.add_bos_token", add_bos)
+        add_bos = _flag(metadata, "tokenizer.ggml.add_bos_token", add_bos) or model == "gemma4"   # llama.cpp forces it
         add_eos = _flag(metadata, "tokenizer.ggml.add_eos_token", add_eos)
         add_space_prefix = _flag(metadata, "tokenizer.ggml.add_space_prefix", add_space_prefix)
         return cls(kind=kind, tokens=tokens, types=types, scores=scores, merges=merges, pre=pre,
@@ -382,8 +391,17 @@ class Tokenizer:
         """llm_tokenizer_bpe_session::tokenize on one fragment."""
         vocab, ranks = self._token_to_id, self._ranks
         table = _BYTES_TO_UNICODE
+        spbpe = self.sentencepiece_bpe
+        if spbpe:
+            text = text.replace(" ", SPACE_MARK)
         for word in self._pre_split(text):
-            mapped = "".join([table[b] for b in word.encode("utf-8", "surrogatepass")])
+            if spbpe:
+                mapped = word
+                if word[0] == "\n" and word in vocab:   # a run of newlines that is a token stays whole
+                    out.append(vocab[word])
+                    continue
+            else:
+                mapped = "".join([table[b] for b in word.encode("utf-8", "surrogatepass")])
             if self._ignore_merges:
                 tid = vocab.get(mapped)
                 if tid is not None:
@@ -424,6 +442,8 @@ class Tokenizer:
                 tid = vocab.get(piece)
                 if tid is not None:
                     out.append(tid)
+                elif spbpe:   # Gemma 4: the piece's UTF-8 bytes as <0xNN> tokens
+                    out.extend(self._byte_token(b) for b in piece.encode("utf-8", "surrogatepass"))
                 else:
                     # A merge that produced no piece (an inconsistent vocabulary):
                     # one token per byte where the byte has one, as llama.cpp.
@@ -444,10 +464,10 @@ class Tokenizer:
         if t == TokenType.USER_DEFINED:
             return text.encode("utf-8", "surrogatepass")
         if t == TokenType.NORMAL:
-            if self.kind == "spm":
+            if self.kind == "spm" or self.sentencepiece_bpe:
                 return text.replace(SPACE_MARK, " ").encode("utf-8", "surrogatepass")
             return _byte_level_decode(text)
-        if t == TokenType.BYTE and self.kind == "spm":
+        if t == TokenType.BYTE and (self.kind == "spm" or self.sentencepiece_bpe):
             return bytes((self._byte_of[token],))
         return b""                            # unused, undefined: suppressed as llama.cpp does
 
@@ -591,6 +611,8 @@ def _unicode_classes() -> tuple[str, str]:
 def _pre_tokenizer(family: str):
     """The `findall` of the pre-tokenizer regex of `family`, as llama.cpp
     writes it (llm_tokenizer_bpe), with \\p{L}, \\p{N}, \\s spelled out."""
+    if family == "gemma4":
+        return re.compile("[^\n]+|[\n]+").findall
     L, N = _unicode_classes()
     S = _WHITESPACE
     if family == "gpt2":

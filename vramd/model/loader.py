@@ -50,7 +50,14 @@ def arch_int(mf: ModelFile, key: str, default: int | None = None) -> int | None:
 
 
 def kv_shape(mf: ModelFile, ctx: int) -> KVLayout | None:
-    """KV cache geometry from the metadata; None if the model does not say."""
+    """KV cache geometry from the metadata; None if the model does not say.  Where the
+    geometry differs per layer (head_count_kv an array, a key_length_swa: gemma4's
+    sliding and global layers), no one pair of keys gives it: the engine's spec does."""
+    from vramd.engine.arch import spec_for, supported
+    a, md = mf.architecture, mf.metadata
+    if supported(a) and (isinstance(md.get(f"{a}.attention.head_count_kv"), list)
+                         or f"{a}.attention.key_length_swa" in md):
+        return KVLayout.for_spec(spec_for(mf), ctx)
     layers = arch_int(mf, "block_count")
     n_embd = arch_int(mf, "embedding_length")
     n_head = arch_int(mf, "attention.head_count")

@@ -31,7 +31,12 @@ The long tail (issue 17), in F32, F16, Q8_0 and Q4_K each:
   qwen3-yarn  qwen3 with YaRN factor 4 over an original context of 16, base 1e4 (the
               ramp covers pairs 0..7 of 64): what Qwen3's long-context GGUFs declare
 and in F32 only, the other YaRN-declaring families: qwen2-yarn, llama-yarn (the
-same scaling on qwen2's and llama's case).
+same scaling on qwen2's and llama's case).  And in F32, F16, Q8_0 and Q4_K:
+  gemma4      tests/ggufgen/gemma4.py's default: 5 layers (2 and 4 global), sliding
+              layers 4 heads of 64 over 2 KV heads with a window of 8, global layers
+              4 heads of 128 over 1 KV head with V = K (no attn_v) and a proportional
+              RoPE (rope_freqs: 16 of 64 pairs rotate), attention scale 1, V RMS-normed,
+              a layer_output_scale per layer, logits capped at 15
 """
 
 from __future__ import annotations
@@ -41,10 +46,11 @@ from dataclasses import replace
 from pathlib import Path
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
-         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn")
+         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn", "gemma4")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
-TYPES_OF = {a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:]}
+TYPES_OF = ({a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:13]}
+            | {"gemma4": TAIL_TYPES})
 # gguf general.architecture of each case (the reference and the tolerance group go by it)
 GGUF_ARCH = {a: a.split("-")[0] for a in ARCHS} | {"mixtral": "llama"}
 _YARN = dict(rope_scaling="yarn", rope_scaling_factor=4.0, orig_ctx=16)
@@ -60,7 +66,7 @@ def cases() -> list[tuple[str, str]]:
 
 def _spec(arch: str):
     """The architecture's spec in F32 (the weight type is set per file) and its writer."""
-    from tests.ggufgen import gemma3, llama, moe
+    from tests.ggufgen import gemma3, gemma4, llama, moe
 
     dense = llama.make_weights, llama.write_weights
     if arch in ("llama", "qwen2"):
@@ -81,6 +87,8 @@ def _spec(arch: str):
         return (gemma3.Gemma3Spec(arch=arch, weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=2,
                                   head_dim=64, n_layer=4, window=8, attn_softcap=3.0, softcap=15.0, seed=5),
                 gemma3.make_gemma3_weights, gemma3.write_gemma3_weights)
+    if arch == "gemma4":
+        return gemma4.Gemma4Spec(weight_type="F32", seed=5), gemma4.make_gemma4_weights, gemma4.write_gemma4_weights
     if arch == "gemma3":
         return (gemma3.Gemma3Spec(weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
                                          head_dim=64, n_layer=7, window=8, seed=5),

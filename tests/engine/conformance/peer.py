@@ -189,6 +189,20 @@ class LlamaServer:
             raise RuntimeError(f"llama-server /v1/embeddings answered {status}: {raw[:500]!r}")
         return [d["embedding"] for d in sorted(json.loads(raw)["data"], key=lambda d: d["index"])]
 
+    def tokenize(self, text: str, parse_special: bool = False) -> list[int]:
+        """llama.cpp's /tokenize of `text` (special tokens added as the vocabulary asks)."""
+        status, raw = self._request("POST", "/tokenize", {"content": text, "add_special": True,
+                                                          "parse_special": parse_special})
+        if status != 200:
+            raise RuntimeError(f"llama-server /tokenize answered {status}: {raw[:500]!r}")
+        return json.loads(raw)["tokens"]
+
+    def detokenize(self, ids: list[int]) -> str:
+        status, raw = self._request("POST", "/detokenize", {"tokens": ids})
+        if status != 200:
+            raise RuntimeError(f"llama-server /detokenize answered {status}: {raw[:500]!r}")
+        return json.loads(raw)["content"]
+
     def infill_probs(self, prefix: str, suffix: str, n_probs: int) -> tuple[int, list[tuple[int, float]]]:
         """llama.cpp's /infill (input_prefix, input_suffix, no extra context): how many prompt
         tokens it evaluated and its top-n_probs after them (pinned as next_token_probs)."""

@@ -75,6 +75,26 @@ class Hparams:
             raise self.fail(f"{self.arch}.{key} = {shown(v)} is not a size (0..{MAX_HPARAM})")
         return v
 
+    def per_layer(self, key: str, n_layer: int, default=None) -> tuple:
+        """An integer key that may be one number or an array of one per layer (llama.cpp's
+        get_key_or_arr: gemma4's head_count_kv), as a tuple of n_layer positive integers."""
+        v = self.md.get(f"{self.arch}.{key}", default)
+        if not isinstance(v, list):
+            return (self.get(key, default),) * n_layer
+        limit = MAX_BY_KEY.get(key, MAX_HPARAM)
+        if len(v) != n_layer or any(isinstance(x, bool) or not isinstance(x, int) or not 0 < x <= limit for x in v):
+            raise self.fail(f"{self.arch}.{key} = {shown(v)} is not {n_layer} positive integers (1..{limit})")
+        return tuple(v)
+
+    def flags(self, key: str, n_layer: int) -> tuple:
+        """A required array of one bool per layer (gemma4's attention.sliding_window_pattern)."""
+        v = self.md.get(f"{self.arch}.{key}")
+        if v is None:
+            raise self.fail(f"missing {self.arch}.{key}")
+        if not isinstance(v, list) or len(v) != n_layer or any(not isinstance(x, bool) for x in v):
+            raise self.fail(f"{self.arch}.{key} = {shown(v)} is not an array of {n_layer} bools")
+        return tuple(v)
+
     def n_vocab(self) -> int:
         """The columns of token_embd.weight ([n_embd, n_vocab] in ggml order)."""
         if "token_embd.weight" not in self.tensor_names:

@@ -51,6 +51,14 @@ class LayerSpec:
     rope_scale: float          # freq_scale (1 / linear factor)
     window: int = 0            # sliding-window size; 0: the layer attends to every key
     moe: bool = False          # the FFN is routed experts (else dense)
+    # Per-layer geometry where an architecture mixes kinds of layer (gemma4: sliding
+    # layers of one head size and KV-head count, global ones of another); 0: the spec's.
+    head_dim: int = 0
+    n_head_kv: int = 0
+    n_rot: int = 0
+    rope_factors: bool = True  # the spec's RoPE frequency factors apply here (gemma4: global layers only)
+    v_from_k: bool = False     # no attn_v: V is the K projection, before k's norm and RoPE (gemma4)
+    out_scale: float = 1.0     # the layer's output (the residual stream) times this (gemma4's layer_output_scale)
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class ArchSpec:
     attn_temp_offset: float = 0.0
     fused_qkv: bool = False     # attn_qkv.weight holds q, k, v rows (phi3): the table hands out row views
     fused_up: bool = False      # ffn_up.weight holds gate then up rows, 2 n_ff (phi3)
+    v_norm: bool = False        # V RMS-normed per head, no weight, before the cache (gemma4)
     moe: MoESpec | None = None
     batch: int = 256           # tokens per prefill chunk
     # Capabilities the daemon asks about instead of sniffing the code:
@@ -105,6 +114,30 @@ class ArchSpec:
     @property
     def kv_width(self) -> int:
         return self.n_head_kv * self.head_dim
+
+    def head_dim_of(self, i: int) -> int:
+        return self.layers[i].head_dim or self.head_dim
+
+    def n_head_kv_of(self, i: int) -> int:
+        return self.layers[i].n_head_kv or self.n_head_kv
+
+    def n_rot_of(self, i: int) -> int:
+        return self.layers[i].n_rot or self.n_rot
+
+    def q_width_of(self, i: int) -> int:
+        return self.n_head * self.head_dim_of(i)
+
+    def kv_width_of(self, i: int) -> int:
+        return self.n_head_kv_of(i) * self.head_dim_of(i)
+
+    @property
+    def max_q_width(self) -> int:
+        """The widest layer's query rows (the scratch and KV cache are sized for the widest)."""
+        return max(self.q_width_of(i) for i in range(self.n_layer))
+
+    @property
+    def max_kv_width(self) -> int:
+        return max(self.kv_width_of(i) for i in range(self.n_layer))
 
     @property
     def scale(self) -> float:
@@ -120,11 +153,11 @@ class ArchSpec:
 
     def rope_params(self, i: int) -> dict:
         """Layer i's RoPE as Ops.rope takes it (ordering, base, scale, YaRN ramp, magnitude)."""
-        layer, r = self.layers[i], self.rope_scaling
+        layer, r, n_rot = self.layers[i], self.rope_scaling, self.n_rot_of(i)
         lo = hi = 0.0
         mscale = r.attn_factor
         if r.ext_factor != 0.0:
-            lo, hi = r.corr_dims(self.n_rot, layer.rope_base)
+            lo, hi = r.corr_dims(n_rot, layer.rope_base)
             mscale *= 1.0 + 0.1 * math.log(1.0 / layer.rope_scale)
-        return dict(n_rot=self.n_rot, neox=self.neox, freq_base=layer.rope_base, freq_scale=layer.rope_scale,
+        return dict(n_rot=n_rot, neox=self.neox, freq_base=layer.rope_base, freq_scale=layer.rope_scale,
                     ext_factor=r.ext_factor, corr_dims=(lo, hi), mscale=mscale)

@@ -1,0 +1,170 @@
+"""The tensor-core matmuls (matmul_cm_<type>, native/shaders/matmul_cm.glsl) and
+their choice at the kernel-selection point (vramd/engine/linear.py).
+
+On lavapipe (no cooperative matrices): the device reports none, selection keeps
+the portable matmul_<type>, the capability's parsing and the choice's rules.
+On a GPU (marked native_gpu: `VRAMD_TEST_DEVICE=native pytest -m native_gpu`):
+every matmul_cm_<type> against a numpy reference (gguf.quants.dequantize) and
+against the portable kernel on the same data, at odd row counts, token counts
+that are no tile multiple and every tile edge (rows 1, 127, 128, 129, 300;
+tokens 4, 127, 128, 129, 300), weights bound at a 2-byte offset, x unaligned.
+
+Tolerances.  The kernel rounds each weight and activation to f16 in shared
+memory, then multiplies and accumulates in f32 on the tensor cores.  So
+against numpy on the f16-rounded inputs only f32 accumulation differs:
+|y - ref16| <= 2e-5 * sum|w||x| + 1e-5 (the f32 bound of test_kernels.py, with
+room for a rounding mode of the conversion other than numpy's); against the
+exact f32 inputs and the portable kernel the rounding itself, at most 2^-11 of
+each factor: |y - ref| <= 1.1e-3 * sum|w||x| + 1e-5.  A wrong index, nibble,
+scale or tile edge gives errors of the order of the values themselves.
+"""
+import types
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+
+from vramd.engine import linear
+from vramd.engine.ops import Weight, view
+from vramd.gpu.device import parse_coopmat_shapes
+
+from .test_kernels_kquants import KQUANTS, blocks
+
+TYPES = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+SHAPE_16 = {"m": 16, "n": 16, "k": 16, "a": "f16", "b": "f16", "c": "f32", "result": "f32",
+            "saturating": False, "scope": "subgroup"}
+
+
+def weights(rng, qtype, rows, cols):
+    """(bytes to upload, the float32 matrix they mean)."""
+    if qtype in KQUANTS:
+        return blocks(rng, qtype, rows, cols)
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    if qtype == Q.F16:
+        h = w.astype(np.float16)
+        return h.view(np.uint8), h.astype(np.float32)
+    if qtype == Q.BF16:
+        b = (w.view(np.uint32) >> 16).astype(np.uint16)
+        return b.view(np.uint8), (b.astype(np.uint32) << 16).view(np.float32)
+    q = quantize(w, qtype)
+    return q, dequantize(q, qtype)
+
+
+def _device(shapes, subgroup=32, shared=49152):
+    """What coopmat_usable reads of a gpu.device.Device, as plain data."""
+    return types.SimpleNamespace(coopmat=shapes, subgroup_size=subgroup,
+                                 limits={"maxComputeSharedMemorySize": shared})
+
+
+# -- lavapipe (and any device): capability and selection -----------------------
+
+def test_lavapipe_has_no_coopmat_and_keeps_the_portable_kernels(device, ops):
+    d = device.describe()
+    assert d["coopmat"] == [] and "VK_KHR_cooperative_matrix" not in d["extensions"]
+    if device.type != "cpu":
+        pytest.skip("the lavapipe half of this test")
+    assert ops.coopmat is False
+    w = types.SimpleNamespace(suffix="q4_k", row_bytes=144 * 16)
+    assert linear.select(w, 512, 0, ops.coopmat).name == "matmul_q4_k"
+
+
+def test_parse_coopmat_shapes_reads_the_vulkan_structs():
+    import vulkan as vk
+
+    props = vk.ffi.new("VkCooperativeMatrixPropertiesKHR[]", 2)
+    for p, (a, c, m, n) in zip(props, [(0, 1, 16, 16), (1000141000, 1, 16, 8)]):
+        p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.ResultType = m, n, 16, a, a, c, c
+        p.scope = 3
+    shapes = parse_coopmat_shapes(props)
+    assert shapes[0] == SHAPE_16
+    assert shapes[1]["a"] == "bf16" and shapes[1]["n"] == 8 and shapes[1]["scope"] == "subgroup"
+
+
+def test_coopmat_usable_needs_the_shape_the_kernels_use(monkeypatch):
+    monkeypatch.delenv("VRAMD_NO_COOPMAT", raising=False)
+    assert linear.coopmat_usable(_device([SHAPE_16]))
+    assert not linear.coopmat_usable(_device([]))
+    assert not linear.coopmat_usable(_device([{**SHAPE_16, "c": "f16", "result": "f16"}]))
+    assert not linear.coopmat_usable(_device([{**SHAPE_16, "n": 8}]))
+    assert not linear.coopmat_usable(_device([SHAPE_16], subgroup=64))      # 8 subgroups of 32 per group
+    assert not linear.coopmat_usable(_device([SHAPE_16], shared=16384))
+    monkeypatch.setenv("VRAMD_NO_COOPMAT", "1")
+    assert not linear.coopmat_usable(_device([SHAPE_16]))
+
+
+@pytest.mark.parametrize("suffix", sorted(linear.CM_TYPES) + ["f32"])
+def test_select_by_capability_and_batch(suffix):
+    w = types.SimpleNamespace(suffix=suffix, row_bytes=4096)
+    cm = linear.select(w, linear.MATMUL_FROM, 0, True)
+    if suffix == "f32":
+        assert cm.name == "matmul_f32"     # no tensor-core kernel for f32 weights
+    else:
+        assert (cm.name, cm.rows_per_group, cm.tokens_per_group) == ("matmul_cm_" + suffix, 128, 128)
+    assert linear.select(w, linear.MATMUL_FROM, 0, False).name == "matmul_" + suffix
+    assert linear.select(w, linear.MATMUL_FROM - 1, 0, True).name.startswith("matvec")
+
+
+# -- a GPU: every kernel against numpy and the portable kernel ------------------
+
+def _cols(qtype):
+    if qtype in KQUANTS:
+        return 3 * 256
+    if qtype in (Q.F16, Q.BF16):
+        return 200   # no multiple of the 32-column step: the tile's k edge
+    return 13 * 32
+
+
+def _run(ops, bufs, rng, qtype, rows, n_tokens, cols=None, x_off=1, w_off=2):
+    cols = cols or _cols(qtype)
+    raw, w = weights(rng, qtype, rows, cols)
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    xpad = np.concatenate([np.full(x_off, 7, np.float32), x.reshape(-1)])
+    wpad = np.concatenate([np.full(w_off, 0xAB, np.uint8), np.asarray(raw).view(np.uint8).reshape(-1)])
+    wt = bufs("weights", w=wpad)["w"]
+    t = bufs(x=xpad, y=4 * n_tokens * rows)
+    wgt = Weight(view(wt, w_off), qtype, rows, cols)
+    out = {}
+    for cm in (True, False):
+        ops.coopmat = cm
+        try:
+            ops.matvec(wgt, view(t["x"], 4 * x_off), t["y"], n_tokens)
+            ops.sync()
+        finally:
+            ops.coopmat = linear.coopmat_usable(ops.residency.device)
+        out[cm] = t["y"].read(np.float32).reshape(n_tokens, rows).copy()
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    mag = np.abs(x64) @ np.abs(w64).T + 1e-5
+    ref = x64 @ w64.T
+    ref16 = x.astype(np.float16).astype(np.float64) @ w.astype(np.float16).astype(np.float64).T
+    _close(out[True], ref16, mag, 2e-5, "vs numpy on f16-rounded inputs")
+    _close(out[True], ref, mag, 1.1e-3, "vs numpy")
+    _close(out[True], out[False], mag, 1.1e-3, "vs the portable kernel")
+
+
+def _close(y, ref, mag, rel, what):
+    err = np.abs(y - ref)
+    bound = rel * mag
+    assert np.all(err <= bound), f"{what}: max error {err.max():.3g}, worst ratio {np.max(err / bound):.3g}"
+
+
+@pytest.fixture
+def cm_ops(ops):
+    if not ops.coopmat:
+        pytest.fail(f"{ops.residency.device.name} has no usable cooperative matrices "
+                    "(native_gpu tests need them)")
+    return ops
+
+
+@pytest.mark.native_gpu
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows,n_tokens", [(37, 4), (129, 127), (300, 129), (128, 300), (1, 128), (127, 37)])
+def test_matmul_cm_every_type_and_edge(cm_ops, bufs, rng, qtype, rows, n_tokens):
+    _run(cm_ops, bufs, rng, qtype, rows, n_tokens)
+
+
+@pytest.mark.native_gpu
+@pytest.mark.parametrize("qtype", [Q.F16, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_matmul_cm_long_rows_aligned(cm_ops, bufs, rng, qtype):
+    """An 8B model's row length, weights and x aligned (the engine's usual binding)."""
+    _run(cm_ops, bufs, rng, qtype, 259, 200, cols=4096, x_off=0, w_off=0)
