@@ -141,7 +141,8 @@ def test_matvec_words(ops, linear_form, bufs, rng, qtype, rows, cols, x_off, n_t
     raw, w = blocks(rng, qtype, rows, cols)
     assert raw.shape[1] % 16 == 0
     run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens, x_off, 0)
-    assert f"matvec_w_{qtype.name.lower()}" in ops._kernels  # the word-per-lane kernel is the one that ran
+    form = "matvec_c_" if linear_form == "cpu-form" else "matvec_w_"   # the word-per-lane kernel, or the CPU one
+    assert f"{form}{qtype.name.lower()}" in ops._kernels
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
