@@ -502,8 +502,11 @@ def print_plan(fp, ctx: int, mmproj: bool) -> None:
     for t in fp.plan.tensors:
         click.echo(f"{t['name']:<{width}}  {t['placement']:6s}  {human_bytes(t['bytes']):>10}")
     d, host = fp.device, fp.host
-    device = (f"device {human_bytes(fp.device_bytes)} (weights {human_bytes(d['weights'])}, KV "
-              f"{human_bytes(d['state'])} for --ctx {ctx}, scratch {human_bytes(d['scratch'])})")
+    rec = fp.recurrent_bytes   # a recurrent state (qwen35) shares the state region with K/V
+    state = (f"KV {human_bytes(d['state'] - rec)} for --ctx {ctx} + recurrent state {human_bytes(rec)}" if rec
+             else f"KV {human_bytes(d['state'])} for --ctx {ctx}")
+    device = (f"device {human_bytes(fp.device_bytes)} (weights {human_bytes(d['weights'])}, {state}, "
+              f"scratch {human_bytes(d['scratch'])})")
     if fp.plan.has_experts:
         click.echo(f"\n--n-cpu-moe {fp.plan.n_cpu_moe:g}: {device}, host {human_bytes(sum(host.values()))} "
                    f"(experts {human_bytes(host['experts'])})")

@@ -5,4 +5,4 @@ Each module exposes `command`, a click command; `vramd bench NAME` runs
 recorded in docs/benchmarks.md.
 """
 
-NAMES = ("constrained", "cpu", "decode", "encode", "gateway", "handover", "residency", "soak", "switch")
+NAMES = ("constrained", "cpu", "decode", "encode", "gateway", "handover", "matmul", "residency", "soak", "switch")

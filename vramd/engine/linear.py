@@ -46,17 +46,26 @@ class LinearKernel:
     tokens_per_group: int   # 1: one token per z of the grid
 
 
+def cm_subgroup_size(device) -> int | None:
+    """The subgroup size the matmul_cm pipelines require of `device` (32, where
+    VK_EXT_subgroup_size_control lets a compute pipeline ask for it), else None: the
+    device's own size must then be 32."""
+    sizes = getattr(device, "subgroup_sizes", None)
+    return CM_SUBGROUP if sizes and sizes[0] <= CM_SUBGROUP <= sizes[1] else None
+
+
 def coopmat_usable(device) -> bool:
     """Whether `device` (a gpu.device.Device) runs the matmul_cm_<type> kernels: the
     cooperative-matrix extension with a 16 x 16 x 16 f16 x f16 -> f32 subgroup shape
-    (what they use), subgroups of 32 lanes and their shared memory.  The environment
-    variable VRAMD_NO_COOPMAT turns them off (benchmarks of the portable path)."""
+    (what they use), subgroups of 32 lanes (required at pipeline creation, or the
+    device's size) and their shared memory.  The environment variable
+    VRAMD_NO_COOPMAT turns them off (benchmarks of the portable path)."""
     if os.environ.get("VRAMD_NO_COOPMAT"):
         return False   # set (to anything): the portable kernels, for comparison
     shapes = getattr(device, "coopmat", None) or []
     shape = any(s["m"] == 16 and s["n"] == 16 and s["k"] == 16 and s["a"] == "f16" and s["b"] == "f16"
                 and s["c"] == "f32" and s["result"] == "f32" and s["scope"] == "subgroup" for s in shapes)
-    return (shape and device.subgroup_size == CM_SUBGROUP
+    return (shape and (device.subgroup_size == CM_SUBGROUP or cm_subgroup_size(device) is not None)
             and device.limits.get("maxComputeSharedMemorySize", 0) >= CM_SHARED)
 
 

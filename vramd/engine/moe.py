@@ -105,7 +105,7 @@ def host_routed_layer(m, i: int, n: int) -> None:
     p, E, F = f"blk.{i}.", s.n_embd, moe.n_ff_exp
     shared = moe.n_ff_shexp > 0
     with ops.batch():
-        blocks.attention(m, i, n)
+        blocks.mixer(m, i, n)
         ops.matvec(t.matrix(p + "ffn_gate_inp.weight"), a["h"], a["router"], n)
         if shared:   # qwen2moe's shared expert, and its scalar gate
             ops.matvec(t.matrix(p + "ffn_gate_inp_shexp.weight"), a["h"], a["shgate"], n)

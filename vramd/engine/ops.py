@@ -183,6 +183,10 @@ class Ops:
         self._parallel = False                # inside parallel(): no barrier after each dispatch
         self._spare: Batch | None = None      # reused by batch()
         self._graphs: list[Batch] = []
+        # A vramd.gpu.timing.Timestamps that every batch() writes into (None: untimed): the
+        # prefill profile (`vramd bench decode --profile-prefill`), matmul benchmarks.  Each
+        # batch resets it, so read it after the one batch of interest has completed.
+        self.timer = None
 
     # -- recording ---------------------------------------------------------
 
@@ -194,6 +198,7 @@ class Ops:
             raise UsageError("a batch is already recording")
         b = self._spare or Batch(self.residency)
         self._spare = None
+        b.timer = self.timer
         b.begin()
         self._batch = b
         try:
@@ -278,7 +283,9 @@ class Ops:
         k = self._kernels.get(name)
         if k is None:
             n, push = _KERNELS[family or name]
-            k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push)
+            # the tensor-core kernels assume 32-lane subgroups: asked for where the device can be asked
+            sub = linear.cm_subgroup_size(self.residency.device) if name.startswith("matmul_cm_") else None
+            k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push, subgroup_size=sub)
         return k
 
     def _dispatch(self, kernel: Kernel, views, push: bytes, groups, *, label: str | None = None,

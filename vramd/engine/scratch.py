@@ -27,6 +27,12 @@ def scratch_layout(spec, batch: int | None = None) -> list[tuple[str, int]]:
         layout += [("gate", 4 * b * spec.n_ff), ("up", 4 * b * spec.n_ff)]
     if spec.moe:
         layout += _moe_layout(spec, b)
+    if spec.attn_gate:   # qwen35's attention: the [query | gate] projection, the gate
+        layout += [("qg", 8 * b * spec.q_width), ("agate", 4 * b * spec.q_width)]
+    if spec.deltanet:    # its DeltaNet layers (vramd/engine/deltanet.py)
+        d = spec.deltanet
+        layout += [("mixed", 4 * b * d.conv_dim), ("conv", 4 * b * d.conv_dim), ("z", 4 * b * d.value_dim),
+                   ("alpha", 4 * b * d.hv), ("beta", 4 * b * d.hv), ("dno", 4 * b * d.value_dim)]
     return layout + [("logits", 4 * logit_rows(spec, b) * spec.n_vocab), ("ids", 4 * b), ("pos", 4 * b)]
 
 

@@ -30,15 +30,23 @@ def required(spec) -> tuple[dict, dict]:
         mats["output.weight"] = (E, V)
     for i, layer in enumerate(spec.layers):
         p, Q, KV, hd = f"blk.{i}.", spec.q_width_of(i), spec.kv_width_of(i), spec.head_dim_of(i)
-        vecs.update({p + "attn_norm.weight": E, p + "ffn_norm.weight": E})
-        if spec.fused_qkv:
+        vecs.update({p + "attn_norm.weight": E, p + spec.ffn_norm + ".weight": E})
+        if layer.recurrent:   # Gated DeltaNet (vramd/engine/deltanet.py)
+            d = spec.deltanet
+            mats.update({p + "attn_qkv.weight": (E, d.conv_dim), p + "attn_gate.weight": (E, d.value_dim),
+                         p + "ssm_alpha.weight": (E, d.hv), p + "ssm_beta.weight": (E, d.hv),
+                         p + "ssm_out.weight": (d.value_dim, E), p + "ssm_conv1d.weight": (d.d_conv, d.conv_dim)})
+            vecs.update({p + "ssm_dt.bias": d.hv,
+                         p + "ssm_a": d.hv, p + "ssm_norm.weight": d.s})
+        elif spec.fused_qkv:
             mats[p + "attn_qkv.weight"] = (E, Q + 2 * KV)
         else:
-            mats.update({p + "attn_q.weight": (E, Q), p + "attn_k.weight": (E, KV)})
+            mats.update({p + "attn_q.weight": (E, 2 * Q if spec.attn_gate else Q), p + "attn_k.weight": (E, KV)})
             if not layer.v_from_k:
                 mats[p + "attn_v.weight"] = (E, KV)
-        mats[p + "attn_output.weight"] = (Q, E)
-        if spec.qk_norm:
+        if not layer.recurrent:
+            mats[p + "attn_output.weight"] = (Q, E)
+        if spec.qk_norm and not layer.recurrent:
             vecs.update({p + "attn_q_norm.weight": hd, p + "attn_k_norm.weight": hd})
         if spec.post_norms:
             vecs.update({p + "post_attention_norm.weight": E, p + "post_ffw_norm.weight": E})

@@ -75,6 +75,12 @@ class Footprint:
         """The expert tensors kept in host memory (--n-cpu-moe), outside the residency swap."""
         return [t["name"] for t in self.plan.tensors if t["placement"] == "host"]
 
+    @property
+    def recurrent_bytes(self) -> int:
+        """The state region's part that is a recurrent state (qwen35's DeltaNet layers: conv and
+        delta-rule state and their checkpoint), not K/V: tensor bytes."""
+        return sum(n for name, n in self.layouts.get("kv", ()) if name.startswith("rec_"))
+
     def region_bytes(self, region: str) -> int:
         layout = self.layouts.get(region)
         return packed_bytes(layout, self.limits) if layout else 0
@@ -107,6 +113,7 @@ class Footprint:
         return {"n_cpu_moe": self.plan.n_cpu_moe, "has_experts": self.plan.has_experts, "ctx": self.ctx,
                 "runnable": self.runnable, "tensors": self.plan.tensors,
                 "device_weight_bytes": d["weights"], "kv_bytes": d["state"], "scratch_bytes": d["scratch"],
+                "recurrent_state_bytes": self.recurrent_bytes,
                 "device_bytes": self.device_bytes, "host_bytes": sum(self.host.values()),
                 "encoder_bytes": d["encoder"], "encode_scratch_bytes": self.encode_scratch,
                 "device": d, "host": self.host,

@@ -58,6 +58,12 @@ def kv_shape(mf: ModelFile, ctx: int) -> KVLayout | None:
     if supported(a) and (isinstance(md.get(f"{a}.attention.head_count_kv"), list)
                          or f"{a}.attention.key_length_swa" in md):
         return KVLayout.for_spec(spec_for(mf), ctx)
+    if f"{a}.ssm.state_size" in md:   # a recurrent state beside K/V (qwen35): the spec's
+        from vramd.errors import VramdError
+        try:
+            return KVLayout.for_spec(spec_for(mf), ctx)
+        except VramdError:
+            pass   # not runnable: the K/V estimate below stands in
     layers = arch_int(mf, "block_count")
     n_embd = arch_int(mf, "embedding_length")
     n_head = arch_int(mf, "attention.head_count")

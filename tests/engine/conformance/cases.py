@@ -37,6 +37,14 @@ same scaling on qwen2's and llama's case).  And in F32, F16, Q8_0 and Q4_K:
               4 heads of 128 over 1 KV head with V = K (no attn_v) and a proportional
               RoPE (rope_freqs: 16 of 64 pairs rotate), attention scale 1, V RMS-normed,
               a layer_output_scale per layer, logits capped at 15
+  qwen35      Gated DeltaNet + gated attention (tests/ggufgen/qwen35.py's defaults: 4 layers,
+              DeltaNet at 0 and 2, 2 key heads read by 4 value heads of 64, a conv of 4 taps,
+              attention 4 x 64 on 2 KV heads with partial rotary 32), in QWEN35_TYPES; its
+              prompt is PROMPTS["qwen35"], 80 tokens: llama.cpp's prefill crosses its
+              delta-rule chunk of 64 (and the conv's window) before the chain is read.
+  qwen35moe   the same layers with every FFN routed: 8 experts of 256, 2 used, renormalized,
+              plus the sigmoid-gated shared expert; F32 and F16 (the reference keeps no routes
+              to leave near-tie steps out by, so only the types whose rounding cannot flip them).
 """
 
 from __future__ import annotations
@@ -45,14 +53,24 @@ import functools
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
-         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn", "gemma4")
+         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn", "gemma4",
+         "qwen35", "qwen35moe")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
+# qwen35: the long tail's types and Q6_K.  (Where llama.cpp's server dies with SIGILL on Q8_0 / Q4_0 /
+# BF16 files -- of every architecture: this prebuilt's llamafile_sgemm executes AVX-VNNI, VEX
+# vpdpbusd, which a CPU with AVX512-VNNI only lacks -- those cases fail at the peer, not in vramd.)
+QWEN35_TYPES = ("F32", "F16", "Q8_0", "Q4_K", "Q6_K")
 TYPES_OF = ({a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:13]}
-            | {"gemma4": TAIL_TYPES})
+            | {"gemma4": TAIL_TYPES, "qwen35": QWEN35_TYPES, "qwen35moe": ("F32", "F16")})
 # gguf general.architecture of each case (the reference and the tolerance group go by it)
 GGUF_ARCH = {a: a.split("-")[0] for a in ARCHS} | {"mixtral": "llama"}
+# the prompt of an architecture whose default (test_conformance.PROMPT) is too short for it
+PROMPTS = {"qwen35": [int(t) for t in np.random.default_rng(35).integers(0, 512, 80)]}
+PROMPTS["qwen35moe"] = PROMPTS["qwen35"]
 _YARN = dict(rope_scaling="yarn", rope_scaling_factor=4.0, orig_ctx=16)
 
 _DENSE = dict(n_embd=256, n_ff=512, n_head=4, n_layer=2, n_vocab=512, seed=7)
@@ -66,7 +84,12 @@ def cases() -> list[tuple[str, str]]:
 
 def _spec(arch: str):
     """The architecture's spec in F32 (the weight type is set per file) and its writer."""
-    from tests.ggufgen import gemma3, gemma4, llama, moe
+    from tests.ggufgen import gemma3, gemma4, llama, moe, qwen35
+
+    if arch in ("qwen35", "qwen35moe"):
+        n_expert = 8 if arch == "qwen35moe" else 0
+        return (qwen35.Qwen35Spec(weight_type="F32", seed=11, n_expert=n_expert), qwen35.make_qwen35_weights,
+                qwen35.write_qwen35_weights)
 
     dense = llama.make_weights, llama.write_weights
     if arch in ("llama", "qwen2"):
