@@ -102,7 +102,8 @@ def ask_daemons(report: dict) -> dict:
         row["device_total"] = sum(row["device_bytes"].values())
         row["host_total"] = sum(row["host_bytes"].values())
         row["daemon"] = {k: live.get(k) for k in ("endpoint", "residency", "evict_state", "ctx", "vram_budget",
-                                                   "evictions", "evicted_bytes", "engine", "device_memory")}
+                                                   "evictions", "evicted_bytes", "engine", "device_memory",
+                                                   "recurrent_state_bytes")}
     return report
 
 
@@ -165,6 +166,12 @@ def render_status(r: dict) -> str:
         if m.get("failpoints"):
             lines.append(f"failpoints {m['name']}: {m['failpoints']} armed (VRAMD_FAILPOINTS: fault injection "
                          "for tests; `kill` SIGKILLs it there)")
+    for m in r["members"]:   # KV/STATE of a hybrid model (qwen35) is K/V and a recurrent state: say how much of each
+        rec = (m.get("daemon") or {}).get("recurrent_state_bytes") or 0
+        if rec:
+            total = m["host_bytes"]["state"]
+            lines.append(f"state   {m['name']}: KV/STATE {human_bytes(total)} = recurrent state and its checkpoint "
+                         f"{human_bytes(rec)} + K/V and alignment {human_bytes(total - rec)}")
     for m in r["members"]:
         dm = (m.get("daemon") or {}).get("device_memory") or {}
         if dm.get("foreign_since") is not None:
