@@ -28,6 +28,11 @@
 // MAXR and BK are defines so that other tiles can be tried (glslc -D); the
 // committed .spv is the default, which Ops.attention's flash_rows matches
 // (on lavapipe 32 rows x 32 keys was 1.2-1.45x slower than 64 x 16).
+//
+// Attention sinks (gpt-oss) as attention.comp takes them (binding 5,
+// has_sink, sink_off): head h's logit sinks[sink_off + h] joins each row's
+// denominator without a value, folded in after the last key tile as one more
+// online-softmax step with an all-zero value.
 #version 450
 layout(local_size_x = 256) in;
 #define WG 256u
@@ -49,6 +54,7 @@ layout(std430, set = 0, binding = 1) readonly buffer KCache { uint kc[]; };
 layout(std430, set = 0, binding = 2) readonly buffer VCache { uint vc[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Pos { int pos[]; };
 layout(std430, set = 0, binding = 4) buffer Out { float o[]; };
+layout(std430, set = 0, binding = 5) readonly buffer Sinks { float sinks[]; };
 
 layout(push_constant) uniform Params {
     uint n_tokens;
@@ -67,6 +73,8 @@ layout(push_constant) uniform Params {
     uint window;      // 0: full causal; else a sliding window of that many keys
     float scale;
     float softcap;    // > 0: each score s becomes softcap * tanh(s / softcap) (tanh as softcap.comp writes it)
+    uint has_sink;    // 1: binding 5 holds a sink logit per head (from sink_off); 0: no sinks (binding 5 unread)
+    uint sink_off;
 } p;
 
 const float NEG = -1.0e30;  // finite: exp(NEG - m) is 0 without inf arithmetic
@@ -203,6 +211,16 @@ void main() {
         barrier();  // every thread is done with the tiles before the next ones
     }
 
+    if (live && p.has_sink != 0u) {
+        // A row that saw no key (m = NEG) ends at 0: corr is 0, l the sink's own 1.
+        float sk = sinks[p.sink_off + h];
+        float m_new = max(m, sk);
+        float corr = exp(m - m_new);
+        l = l * corr + exp(sk - m_new);
+        for (uint i = 0u; i < WPT; i++) {
+            acc[i] *= corr;
+        }
+    }
     if (live) {
         uint ob = p.o_off + t * p.o_stride + h * p.head_dim;
         for (uint i = 0u; i < WPT; i++) {

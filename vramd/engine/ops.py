@@ -62,7 +62,7 @@ WEIGHT_TYPES[39] = ("mxfp4", 32, 17)
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
-            "kv_write": (3, 32), "attention": (6, 72), "attention_flash": (5, 64), "silu_mul": (3, 16), "add": (3, 20),
+            "kv_write": (3, 32), "attention": (6, 72), "attention_flash": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (3, 24),
             "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36),
             "swiglu_oai": (3, 24), "add_id": (3, 20)}
@@ -625,8 +625,8 @@ class Ops:
         of query rows, K/V tiles shared by the group's q heads and tokens);
         a single token the split form; what is left (a token without tmp,
         heads over 256; flash=False, the reference the flash form is tested
-        against; sinks, which the flash form does not take yet) attention.comp, a work
-        group per (head, token).
+        against) attention.comp, a work group per (head, token).  Every form
+        takes the sinks.
         sinks: f32 [n_heads], a logit per head that joins each softmax's
         denominator without a value (gpt-oss's attention sinks); None: none."""
         if n_kv_heads < 1 or n_heads % n_kv_heads:
@@ -647,18 +647,17 @@ class Ops:
                                                                      n_heads, n_kv_heads, head_dim, ctx, scale, window,
                                                                      softcap, sink):
             return
-        if flash and sinks is None and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
-            push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
-                               po, oo, o_stride, ctx, int(window), scale, softcap)
+        # both kernels take the same push constants and bindings
+        push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
+                           po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
+        if flash and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
             tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
             if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
                 raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
-            self._dispatch(self._kernel("attention_flash"), [qv, kv, vv, pv, ov], push, (n_kv_heads, tiles, 1))
+            self._dispatch(self._kernel("attention_flash"), [qv, kv, vv, pv, ov, sink[0]], push, (n_kv_heads, tiles, 1))
             return
         if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
             raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
-        push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
-                           po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
         self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_heads, n_tokens, 1))
 
     def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,
