@@ -67,8 +67,11 @@ def test_sinks(ops, bufs, rng, n_tokens, p0, window, split):
     (16, 2, 256, 5, 7, 20, 8),      # 16-row tiles, GQA 8 over work groups, a window
     (4, 4, 40, 3, 9, 17, 0),        # GQA 1; head_dim 40: words not a multiple of a row's threads
 ])
-def test_flash_sinks(ops, bufs, rng, n_heads, n_kv, hd, p0, n_tokens, ctx, window):
-    """Prefill with sinks takes the flash kernel: against numpy and against attention.comp (flash=False)."""
+@pytest.mark.parametrize("kernel", ["attention_flash", "attention_flash_k32"])
+def test_flash_sinks(ops, bufs, rng, kernel, n_heads, n_kv, hd, p0, n_tokens, ctx, window):
+    """Prefill with sinks takes the flash kernel (either K/V tile: test_attention_flash.py): against numpy and
+    against attention.comp (flash=False)."""
+    ops.flash = kernel
     width = n_kv * hd
     kc = rng.standard_normal((ctx, width)).astype(np.float16)
     vc = rng.standard_normal((ctx, width)).astype(np.float16)
@@ -86,7 +89,7 @@ def test_flash_sinks(ops, bufs, rng, n_heads, n_kv, hd, p0, n_tokens, ctx, windo
         ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["old"], n_tokens, n_heads, n_kv, hd, ctx, scale,
                       window=window, sinks=sv, flash=False)
     ops.sync()
-    assert "attention_flash" in ops._kernels   # the tiled form ran
+    assert kernel in ops._kernels   # the tiled form ran
     got = f32(t["out"]).reshape(n_tokens, -1)
     ref = sink_ref(q, kc, vc, pos, n_kv, scale, sinks.astype(np.float64), window)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)

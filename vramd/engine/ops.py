@@ -77,6 +77,16 @@ ROUTE_MAX_EXPERTS = 1024  # moe_route.comp: MAX_EXPERT (its shared copy of a tok
 ROUTE_MAX_USED = 64       # moe_route.comp: MAX_USED
 
 
+FLASH_K32_SHARED = 41856  # attention_flash_k32.comp's shared bytes: Q 2112 vec2, K/V 32 x 129 words, scores 64 x 33
+
+
+def flash_kernel(limits: dict) -> str:
+    """The prefill attention kernel a device takes: K/V tiles of 32 keys where its shared
+    memory holds them (the H200's 48 KiB), else of 16 (29 KiB: lavapipe's 32 KiB, every device)."""
+    return "attention_flash_k32" if limits.get("maxComputeSharedMemorySize", 0) >= FLASH_K32_SHARED \
+        else "attention_flash"
+
+
 def flash_rows(head_dim: int) -> int:
     """Query rows ((token, q head) pairs) of one attention_flash.comp work group: its Q tile's size."""
     return 64 if head_dim <= 64 else 32 if head_dim <= 128 else 16
@@ -186,6 +196,7 @@ class Ops:
         self.max_groups = lim["maxComputeWorkGroupCount"]
         self.subgroup_size = _check_subgroups(residency.device)
         self.coopmat = linear.coopmat_usable(residency.device)   # tensor-core matmuls (False: the portable ones)
+        self.flash = flash_kernel(lim)   # prefill attention's kernel (its K/V tile by the shared memory)
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
@@ -622,7 +633,9 @@ class Ops:
 
         Kernels: several tokens (prefill) with head_dim <= 256 take the
         flash form (attention_flash.comp: a work group per KV head and tile
-        of query rows, K/V tiles shared by the group's q heads and tokens);
+        of query rows, K/V tiles shared by the group's q heads and tokens;
+        attention_flash_k32.comp, tiles of 32 keys, where the shared memory
+        holds them: flash_kernel);
         a single token the split form; what is left (a token without tmp,
         heads over 256; flash=False, the reference the flash form is tested
         against) attention.comp, a work group per (head, token).  Every form
@@ -654,7 +667,8 @@ class Ops:
             tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
             if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
                 raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
-            self._dispatch(self._kernel("attention_flash"), [qv, kv, vv, pv, ov, sink[0]], push, (n_kv_heads, tiles, 1))
+            self._dispatch(self._kernel(self.flash, "attention_flash"), [qv, kv, vv, pv, ov, sink[0]], push,
+                           (n_kv_heads, tiles, 1))
             return
         if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
             raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
