@@ -80,10 +80,12 @@ def test_tile_rows():
     assert max(flash_rows(d) * (d // 2 + 1) for d in range(2, 257, 2)) <= 2112
 
 
-def test_the_key_tile_follows_the_shared_memory():
+def test_the_key_tile_follows_the_shared_memory(monkeypatch):
     """32-key tiles where they fit (the H200's 48 KiB), 16 elsewhere (lavapipe's 32 KiB); the bytes are the
     shader's arrays: Q tile 2112 vec2, K/V 32 rows of 129 words, scores 64 rows of 33 floats."""
     assert FLASH_K32_SHARED == 2112 * 8 + 32 * 129 * 4 + 64 * 33 * 4 <= 48 << 10
     assert flash_kernel({"maxComputeSharedMemorySize": 32768}) == "attention_flash"
     assert flash_kernel({"maxComputeSharedMemorySize": 49152}) == "attention_flash_k32"
     assert 2112 * 8 + 16 * 129 * 4 + 64 * 17 * 4 <= 32 << 10   # the 16-key tile fits every device vramd met
+    monkeypatch.setenv("VRAMD_FLASH_K16", "1")   # the benchmarks' switch back to 16-key tiles
+    assert flash_kernel({"maxComputeSharedMemorySize": 49152}) == "attention_flash"

@@ -38,6 +38,7 @@ the forward pass should record).  Nothing waits for the GPU except `sync()`
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 
 from vramd.engine import linear
@@ -82,7 +83,10 @@ FLASH_K32_SHARED = 41856  # attention_flash_k32.comp's shared bytes: Q 2112 vec2
 
 def flash_kernel(limits: dict) -> str:
     """The prefill attention kernel a device takes: K/V tiles of 32 keys where its shared
-    memory holds them (the H200's 48 KiB), else of 16 (29 KiB: lavapipe's 32 KiB, every device)."""
+    memory holds them (the H200's 48 KiB), else of 16 (29 KiB: lavapipe's 32 KiB, every device).
+    VRAMD_FLASH_K16 (set to anything) keeps the 16-key tiles (benchmarks of one against the other)."""
+    if os.environ.get("VRAMD_FLASH_K16"):
+        return "attention_flash"
     return "attention_flash_k32" if limits.get("maxComputeSharedMemorySize", 0) >= FLASH_K32_SHARED \
         else "attention_flash"
 
