@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import struct
 
-from vramd.engine import linear
+from vramd.engine import attention_cm, linear
 from vramd.errors import DeviceError, ModelError, UsageError
 from vramd.gpu.kernels import Batch, Kernel, grid
 
@@ -186,6 +186,7 @@ class Ops:
         self.max_groups = lim["maxComputeWorkGroupCount"]
         self.subgroup_size = _check_subgroups(residency.device)
         self.coopmat = linear.coopmat_usable(residency.device)   # tensor-core matmuls (False: the portable ones)
+        self.flash_cm = attention_cm.usable(residency.device)    # tensor-core prefill attention (VRAMD_FLASH_CM=0: off)
         self.cpu = residency.device.type == "cpu"   # linear.select(): the row-per-invocation forms
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
@@ -293,7 +294,8 @@ class Ops:
         if k is None:
             n, push = _KERNELS[family or name]
             # the tensor-core kernels assume 32-lane subgroups: asked for where the device can be asked
-            sub = linear.cm_subgroup_size(self.residency.device) if name.startswith("matmul_cm_") else None
+            cm = name.startswith(("matmul_cm_", "attention_flash_cm_"))
+            sub = linear.cm_subgroup_size(self.residency.device) if cm else None
             k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push, subgroup_size=sub)
         return k
 
@@ -623,7 +625,9 @@ class Ops:
 
         Kernels: several tokens (prefill) with head_dim <= 256 take the
         flash form (attention_flash.comp: a work group per KV head and tile
-        of query rows, K/V tiles shared by the group's q heads and tokens);
+        of query rows, K/V tiles shared by the group's q heads and tokens;
+        on a device with cooperative matrices and head_dim 64, 128 or 256 its
+        tensor-core form attention_flash_cm_d<D>, engine/attention_cm.py);
         a single token the split form; what is left (a token without tmp,
         heads over 256; flash=False, the reference the flash form is tested
         against; sinks, which the flash form does not take yet) attention.comp, a work
@@ -651,10 +655,14 @@ class Ops:
         if flash and sinks is None and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
             push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
                                po, oo, o_stride, ctx, int(window), scale, softcap)
-            tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
+            cm = attention_cm.kernel(head_dim, self.residency.device.limits.get("maxComputeSharedMemorySize", 0)) \
+                if self.flash_cm else None
+            tiles = (attention_cm.tiles(n_tokens, n_heads, n_kv_heads) if cm else
+                     -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim)))
             if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
                 raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
-            self._dispatch(self._kernel("attention_flash"), [qv, kv, vv, pv, ov], push, (n_kv_heads, tiles, 1))
+            k = self._kernel(cm, "attention_flash") if cm else self._kernel("attention_flash")
+            self._dispatch(k, [qv, kv, vv, pv, ov], push, (n_kv_heads, tiles, 1))
             return
         if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
             raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
