@@ -4,8 +4,10 @@
 // enables the extensions (GL_KHR_cooperative_matrix there is also what makes
 // vramd/gpu/kernels.py compile it with glslang) and defines HD, the head size.
 //
-// The contract of attention_flash.comp (bindings, push constants, grid, the
-// rows of a tile, the causal / window / softcap semantics): a work group per
+// The contract of attention_flash.comp (bindings 0-4, push constants, grid, the
+// causal / window / softcap semantics) plus attention.comp's sinks (binding 5,
+// has_sink / sink_off: gpt-oss's logit per head in each softmax's denominator,
+// here the online softmax's starting state: max = sink, sum = 1, O = 0): a work group per
 // (KV head, tile of BR = 64 query rows), a row being a (token, q head of this
 // KV group) pair, rows i0 .. i0 + 63 of the pairs t * G + g, so the G q heads
 // of a KV head and the tile's tokens share every K/V tile (the M dimension of
@@ -45,6 +47,7 @@ layout(std430, set = 0, binding = 1) readonly buffer KCache { uint kc[]; };
 layout(std430, set = 0, binding = 2) readonly buffer VCache { uint vc[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Pos { int pos[]; };
 layout(std430, set = 0, binding = 4) buffer Out { float o[]; };
+layout(std430, set = 0, binding = 5) readonly buffer Sinks { float sinks[]; };
 
 layout(push_constant) uniform Params {
     uint n_tokens;
@@ -63,6 +66,8 @@ layout(push_constant) uniform Params {
     uint window;      // 0: full causal; else a sliding window of that many keys
     float scale;
     float softcap;    // > 0: each score s becomes softcap * tanh(s / softcap) (tanh as softcap.comp writes it)
+    uint has_sink;    // 1: binding 5 holds a sink logit per head (from sink_off); 0: no sinks (binding 5 unread)
+    uint sink_off;
 } p;
 
 const float NEG = -1.0e30;  // finite: exp(NEG - m) is 0 without inf arithmetic
@@ -99,8 +104,13 @@ void main() {
     uint row = sg * 16u + rr;
     uint pi = i0 + row;
     uint row_first = 0u, row_end = 0u;
+    float m = NEG, l = 0.0;
     if (pi < n_pairs) {
         span_of(pi / G, row_first, row_end);
+        if (p.has_sink != 0u) {
+            m = sinks[p.sink_off + kvh * G + pi % G];   // a key of value 0 seen first
+            l = 1.0;
+        }
     }
     // The work group's key span: the union of its tokens' (the same in every thread).
     uint lo = p.ctx, hi = 0u;
@@ -138,7 +148,6 @@ void main() {
 
     uint head_w = kvh * hw;  // word offset of this KV head in a cache row
     uint sb = sg * SSG, pb = sg * PSG;
-    float m = NEG, l = 0.0;
     for (uint k0 = lo; k0 < hi; k0 += BC) {
         uint cnt = min(BC, hi - k0);
         // K rows 0 .. BC-1, V rows BC .. 2BC-1: two cache words an f16vec4

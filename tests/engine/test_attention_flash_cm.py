@@ -9,7 +9,8 @@ softmax and rescale, its f16 roundings) against the numpy reference
 attention_flash.comp.  On a GPU (marked native_gpu: `VRAMD_TEST_DEVICE=native
 pytest -m native_gpu`): the kernel against the emulation, the numpy reference
 and attention_flash.comp on the same data, at odd chunk lengths and contexts,
-chunks after earlier ones, windows, softcap, GQA 1/4/8, head sizes 64/128/256.
+chunks after earlier ones, windows, softcap, GQA 1/4/8, head sizes 64/128/256,
+and gpt-oss's attention sinks (against attention.comp, which takes them).
 
 Tolerances.  The kernel rounds Q * scale, K, V and the probabilities P to f16
 and accumulates in f32.  Against the reference fed the same f16 Q * scale,
@@ -23,6 +24,7 @@ weight to the neighbouring f16 (2^-11 of it): 3e-3.
 """
 import numpy as np
 import pytest
+from tests.engine.test_attention_sinks import sink_ref
 from tests.engine.test_kernels import attention_ref, f32
 
 from vramd.engine import attention_cm
@@ -61,6 +63,21 @@ def test_emulated_tiling_matches_reference(rng, n_heads, n_kv, hd, p0, n_tokens,
     np.testing.assert_allclose(got, ref16, rtol=0, atol=2e-3)
     ref = attention_ref(q, kc, vc, pos, n_kv, scale, window, softcap)
     assert np.abs(got - ref).max() < 0.1   # the f16 scores' rounding, not an index
+
+
+SINKS = np.array([-3.0, 0.5, 2.0, 6.0, -1.0, 1.5, 4.0, 0.0], np.float32)
+
+
+@pytest.mark.parametrize("window", [0, 16])
+def test_emulated_sinks_match_reference(rng, window):
+    """gpt-oss's shape (head_dim 64, GQA 8 here), its windowed layers too: the sink is the
+    online softmax's starting state."""
+    kc, vc, q, pos, scale = _case(rng, 8, 1, 64, 20, 45, 65, 0.0)
+    got = attention_cm.emulate(q, kc, vc, pos, 1, scale, window, sinks=SINKS)
+    ref16 = sink_ref(_q16(q, scale), kc, vc, pos, 1, 1.0, SINKS.astype(np.float64), window)
+    np.testing.assert_allclose(got, ref16, rtol=0, atol=2e-3)
+    plain = attention_cm.emulate(q, kc, vc, pos, 1, scale, window)
+    assert np.abs(plain - got).max() > 0.05   # the sinks matter at this size
 
 
 def test_selection_rules(monkeypatch, device):
@@ -159,3 +176,32 @@ def test_flash_cm_strided_rows(cm_ops, bufs, rng):
     emu = attention_cm.emulate(q, kc, vc, pos, n_kv, 0.125)
     assert np.abs(out[:, :n_heads * hd] - emu).max() <= 3e-3
     assert np.all(out[:, n_heads * hd:] == 7.0)
+
+
+@pytest.mark.native_gpu
+@pytest.mark.parametrize("n_heads,n_kv,p0,n_tokens,ctx,window", [(8, 1, 20, 45, 65, 0), (64, 8, 100, 77, 177, 128)])
+def test_flash_cm_sinks(cm_ops, bufs, rng, n_heads, n_kv, p0, n_tokens, ctx, window):
+    """gpt-oss (64 q heads over 8 KV heads, head_dim 64, sliding window 128 on alternate layers):
+    sinks bound at an offset; against the emulation, numpy and attention.comp."""
+    from vramd.engine.ops import view
+    hd = 64
+    kc, vc, q, pos, scale = _case(rng, n_heads, n_kv, hd, p0, n_tokens, ctx, 0.0)
+    sinks = np.resize(SINKS, n_heads)
+    out_bytes = 4 * q.size
+    t = bufs(q=q, kc=kc, vc=vc, pos=pos, sinks=np.concatenate([np.zeros(3, np.float32), sinks]),
+             out=out_bytes, old=out_bytes)
+    sv = view(t["sinks"], 12, 4 * n_heads)
+    cm_ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], n_tokens, n_heads, n_kv, hd, ctx, scale,
+                     window=window, sinks=sv)
+    cm_ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["old"], n_tokens, n_heads, n_kv, hd, ctx, scale,
+                     window=window, sinks=sv, flash=False)   # attention.comp
+    cm_ops.sync()
+    assert "attention_flash_cm_d64" in cm_ops._kernels
+    got = f32(t["out"]).reshape(n_tokens, -1)
+    emu = attention_cm.emulate(q, kc, vc, pos, n_kv, scale, window, sinks=sinks)
+    ref = sink_ref(q, kc, vc, pos, n_kv, scale, sinks.astype(np.float64), window)
+    bound = 2 * np.abs(emu - ref).max() + 1e-3
+    assert np.abs(got - emu).max() <= 3e-3, f"vs the emulation: {np.abs(got - emu).max():.3g}"
+    assert np.abs(got - ref).max() <= bound, f"vs numpy: {np.abs(got - ref).max():.3g} > {bound:.3g}"
+    old = f32(t["old"]).reshape(n_tokens, -1)
+    assert np.abs(got - old).max() <= bound, f"vs attention.comp: {np.abs(got - old).max():.3g}"

@@ -2,8 +2,9 @@
 whether a device runs it, which variant a head size takes, and a numpy model
 of its tiling.
 
-attention_flash_cm_d<D>.comp has attention_flash.comp's contract (Ops.attention
-dispatches either with the same push constants) for head sizes 64, 128, 256,
+attention_flash_cm_d<D>.comp has attention_flash.comp's contract plus
+attention.comp's sinks (so attention.comp's six bindings and push constants)
+for head sizes 64, 128, 256,
 in work groups of 64 query rows ((token, q head) pairs of one KV head) and 4
 subgroups of 32 lanes.  It needs what the matmul_cm kernels need (16 x 16 x 16
 f16 -> f32 cooperative matrices, 32-lane subgroups: linear.coopmat_usable),
@@ -65,9 +66,9 @@ def _span(pos, t, ctx, window):
     return (end - window if window and end > window else 0), end
 
 
-def emulate(q, kc, vc, pos, n_kv, scale, window=0, softcap=0.0):
+def emulate(q, kc, vc, pos, n_kv, scale, window=0, softcap=0.0, sinks=None):
     """The kernel's result, computed its way: q f32 [n, H, D], kc/vc f16 [ctx, n_kv * D],
-    pos int [n] -> f32 [n, H * D]."""
+    pos int [n], sinks f32 [H] or None -> f32 [n, H * D]."""
     n, H, D = q.shape
     ctx, G = kc.shape[0], H // n_kv
     n_pairs = n * G
@@ -91,6 +92,9 @@ def emulate(q, kc, vc, pos, n_kv, scale, window=0, softcap=0.0):
             lo, hi = spans[ok, 0].min(), spans[ok, 1].max()
             m = np.full(ROWS, NEG, np.float32)
             lsum = np.zeros(ROWS, np.float32)
+            if sinks is not None:   # the sink: a key of value 0 seen first (max = sink, sum = 1)
+                for r in np.nonzero(live)[0]:
+                    m[r], lsum[r] = sinks[kvh * G + int(rows[r]) % G], 1.0
             acc = np.zeros((ROWS, D), np.float32)
             for k0 in range(lo, hi, KEYS):
                 cnt = min(KEYS, hi - k0)

@@ -627,7 +627,8 @@ class Ops:
         flash form (attention_flash.comp: a work group per KV head and tile
         of query rows, K/V tiles shared by the group's q heads and tokens;
         on a device with cooperative matrices and head_dim 64, 128 or 256 its
-        tensor-core form attention_flash_cm_d<D>, engine/attention_cm.py);
+        tensor-core form attention_flash_cm_d<D>, engine/attention_cm.py, which
+        takes sinks too);
         a single token the split form; what is left (a token without tmp,
         heads over 256; flash=False, the reference the flash form is tested
         against; sinks, which the flash form does not take yet) attention.comp, a work
@@ -652,17 +653,23 @@ class Ops:
                                                                      n_heads, n_kv_heads, head_dim, ctx, scale, window,
                                                                      softcap, sink):
             return
+        cm = (attention_cm.kernel(head_dim, self.residency.device.limits.get("maxComputeSharedMemorySize", 0))
+              if flash and self.flash_cm and n_tokens > 1 else None)
+        if cm:   # the tensor-core form (sinks too): attention.comp's bindings and push constants
+            tiles = attention_cm.tiles(n_tokens, n_heads, n_kv_heads)
+            if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
+                raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
+            push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
+                               po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
+            self._dispatch(self._kernel(cm, "attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_kv_heads, tiles, 1))
+            return
         if flash and sinks is None and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
             push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
                                po, oo, o_stride, ctx, int(window), scale, softcap)
-            cm = attention_cm.kernel(head_dim, self.residency.device.limits.get("maxComputeSharedMemorySize", 0)) \
-                if self.flash_cm else None
-            tiles = (attention_cm.tiles(n_tokens, n_heads, n_kv_heads) if cm else
-                     -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim)))
+            tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
             if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
                 raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
-            k = self._kernel(cm, "attention_flash") if cm else self._kernel("attention_flash")
-            self._dispatch(k, [qv, kv, vv, pv, ov], push, (n_kv_heads, tiles, 1))
+            self._dispatch(self._kernel("attention_flash"), [qv, kv, vv, pv, ov], push, (n_kv_heads, tiles, 1))
             return
         if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
             raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
