@@ -89,6 +89,7 @@ def test_selection_rules(monkeypatch, device):
     assert attention_cm.kernel(256, 32768) is None and attention_cm.kernel(80, 49152) is None
     assert attention_cm.shared_bytes(256) <= 48 * 1024
     assert attention_cm.tiles(9, 32, 4) == 2 and attention_cm.tiles(64, 1, 1) == 1
+    assert attention_cm.subgroup_ops(device)   # lavapipe and NVIDIA have shuffle and vote
     monkeypatch.setenv("VRAMD_FLASH_CM", "0")
     assert not attention_cm.usable(device)
     if not device.coopmat:

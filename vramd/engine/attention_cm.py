@@ -41,6 +41,11 @@ def usable(device) -> bool:
     shared memory is checked by `kernel`)."""
     if os.environ.get("VRAMD_FLASH_CM", "1") == "0" or not linear.coopmat_usable(device):
         return False
+    return subgroup_ops(device)
+
+
+def subgroup_ops(device) -> bool:
+    """Whether compute shaders on `device` have subgroup shuffle and vote."""
     vk = device.vk
     sp = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
     p2 = vk.VkPhysicalDeviceProperties2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=sp)
