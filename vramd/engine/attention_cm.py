@@ -14,7 +14,7 @@ off (an A/B against attention_flash.comp).
 
 `emulate` runs the kernel's tiling in numpy (the rows of a work group, its key
 span, the BC-key steps, the f16 roundings of Q, K, V and P, the online
-softmax and the per-row rescale) so that its index math is tested where the
+softmax with its lazy max and the per-row rescale) so that its index math is tested where the
 kernel cannot run (lavapipe has no cooperative matrices).
 """
 import os
@@ -26,6 +26,7 @@ from . import linear
 ROWS = 64     # BR: query rows of a work group
 KEYS = 32     # BC: keys a step
 NEG = -1.0e30
+LAZY = 8.0    # the reference max moves only when a score passes it by more than this
 
 
 def shared_bytes(head_dim: int) -> int:
@@ -112,7 +113,8 @@ def emulate(q, kc, vc, pos, n_kv, scale, window=0, softcap=0.0, sinks=None):
                 j = k0 + np.arange(KEYS)
                 mask = (j[None, :] >= spans[:, :1]) & (j[None, :] < spans[:, 1:])
                 s = np.where(mask, s, NEG).astype(np.float32)
-                mt = np.maximum(m, s.max(axis=1))
+                mt = s.max(axis=1)
+                mt = np.where(mt > m + LAZY, mt, m)   # the kernel's lazy reference max
                 e = np.where(s > 0.5 * NEG, np.exp(s - mt[:, None]), 0.0).astype(np.float32)
                 corr = np.exp(m - mt)
                 lsum = lsum * corr + e.sum(axis=1)
