@@ -3,7 +3,8 @@
 Times Ops.attention over a prefill of each of `--tokens` tokens from position
 0, in chunks of `--chunk` tokens (as the engine runs it: each chunk's queries
 over the cache rows up to its last position), on an 8B llama's heads by
-default (32 q heads, 8 KV heads, head_dim 128): attention_flash.comp and,
+default (32 q heads, 8 KV heads, head_dim 128): the portable flash kernel
+(Ops.flash: attention_flash or attention_flash_k32) and,
 where the device runs it (vramd/engine/attention_cm.py), the tensor-core
 attention_flash_cm_d<D>.  Each figure is the median over `--reps` passes of
 the summed GPU time of a pass's dispatches (vramd/gpu/timing.py), after one
@@ -54,7 +55,7 @@ def run(tokens, chunk: int, n_heads: int, n_kv: int, hd: int, reps: int, window:
             t["pos"].write(np.arange(n_max, dtype=np.int32))
             qrow = 4 * n_heads * hd
             scale = 1.0 / np.sqrt(hd)
-            kernels = [("attention_flash", False)] + ([("attention_flash_cm", True)] if cm else [])
+            kernels = [(ops.flash, False)] + ([("attention_flash_cm", True)] if cm else [])
             for n in tokens:
                 outs = {}
                 for name, on in kernels:

@@ -67,17 +67,18 @@ def vramd_runs(path: str, mf, lengths: list[int], reps: int, ctx: int, chunk: in
     facts: device, chunk)."""
     from vramd.engine.arch import spec_for
     from vramd.engine.model import TransformerModel
-    from vramd.engine.scratch import chunk_tokens, scratch_layout
+    from vramd.engine.scratch import buffer_cap, chunk_tokens, scratch_layout
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency
     from vramd.model import loader
     spec = spec_for(mf)
-    tokens = chunk_tokens(spec, chunk)
     ids = prompt_ids(spec.n_vocab, max(lengths))
     out: dict[int, list[float]] = {}
     steps: dict[int, list[float]] = {}
     with Device() as dev, Residency(dev) as res:
-        lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(spec, tokens))
+        cap = buffer_cap(res.limits)   # the chunk as serve cuts it on this device
+        tokens = chunk_tokens(spec, chunk, cap)
+        lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(spec, tokens, cap=cap))
         res.restore(["weights", "state"])
         m = TransformerModel(lm, res, ctx, lm.scratch, tokens, spec=spec)
         try:
