@@ -55,7 +55,7 @@ def run(tokens, chunk: int, n_heads: int, n_kv: int, hd: int, reps: int, window:
             t["pos"].write(np.arange(n_max, dtype=np.int32))
             qrow = 4 * n_heads * hd
             scale = 1.0 / np.sqrt(hd)
-            kernels = [(ops.flash, False)] + ([("attention_flash_cm", True)] if cm else [])
+            kernels = [(ops.flash or "attention", False)] + ([("attention_flash_cm", True)] if cm else [])
             for n in tokens:
                 outs = {}
                 for name, on in kernels:

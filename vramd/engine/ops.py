@@ -79,16 +79,21 @@ ROUTE_MAX_USED = 64       # moe_route.comp: MAX_USED
 
 
 FLASH_K32_SHARED = 41856  # attention_flash_k32.comp's shared bytes: Q 2112 vec2, K/V 32 x 129 words, scores 64 x 33
+FLASH_K16_SHARED = 29504  # attention_flash.comp's (16-key tiles)
 
 
-def flash_kernel(limits: dict) -> str:
+def flash_kernel(limits: dict) -> str | None:
     """The prefill attention kernel a device takes: K/V tiles of 32 keys where its shared
-    memory holds them (the H200's 48 KiB), else of 16 (29 KiB: lavapipe's 32 KiB, every device).
-    VRAMD_FLASH_K16 (set to anything) keeps the 16-key tiles (benchmarks of one against the other)."""
+    memory holds them (the H200's 48 KiB), else of 16 (29 KiB: lavapipe's 32 KiB), else none
+    (Vulkan guarantees only 16 KiB: such a device runs attention.comp, a work group per head
+    and token).  VRAMD_FLASH_K16 (set to anything) keeps the 16-key tiles (benchmarks of one
+    against the other)."""
+    shared = limits.get("maxComputeSharedMemorySize", 0)
+    if shared < FLASH_K16_SHARED:
+        return None
     if os.environ.get("VRAMD_FLASH_K16"):
         return "attention_flash"
-    return "attention_flash_k32" if limits.get("maxComputeSharedMemorySize", 0) >= FLASH_K32_SHARED \
-        else "attention_flash"
+    return "attention_flash_k32" if shared >= FLASH_K32_SHARED else "attention_flash"
 
 
 def flash_rows(head_dim: int) -> int:
@@ -680,7 +685,7 @@ class Ops:
                 raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
             self._dispatch(self._kernel(cm, "attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_kv_heads, tiles, 1))
             return
-        if flash and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
+        if flash and self.flash and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
             tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
             if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
                 raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
