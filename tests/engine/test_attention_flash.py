@@ -15,6 +15,15 @@ from tests.engine.test_kernels import attention_ref, f32
 
 from vramd.engine.ops import FLASH_K16_SHARED, FLASH_K32_SHARED, flash_kernel, flash_rows
 
+
+@pytest.fixture(autouse=True)
+def _portable(ops):
+    """These test the portable kernels at f32 tolerances: the tensor-core form
+    (attention_flash_cm, f16 Q and P) is tested in test_attention_flash_cm.py."""
+    cm, ops.flash_cm = ops.flash_cm, False
+    yield
+    ops.flash_cm = cm
+
 KERNELS = ["attention_flash", "attention_flash_k32"]
 
 

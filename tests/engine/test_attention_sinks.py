@@ -15,6 +15,15 @@ from tests.engine.test_kernels import f32
 from vramd.engine.ops import view
 
 
+@pytest.fixture(autouse=True)
+def _portable(ops):
+    """These test the portable kernels at f32 tolerances: the tensor-core form
+    (attention_flash_cm, f16 Q and P) is tested in test_attention_flash_cm.py."""
+    cm, ops.flash_cm = ops.flash_cm, False
+    yield
+    ops.flash_cm = cm
+
+
 def sink_ref(q, kc, vc, pos, n_kv, scale, sinks, window=0):
     n_tokens, n_heads, hd = q.shape
     group = n_heads // n_kv

@@ -41,7 +41,7 @@ import contextlib
 import os
 import struct
 
-from vramd.engine import linear
+from vramd.engine import attention_cm, linear
 from vramd.errors import DeviceError, ModelError, UsageError
 from vramd.gpu.kernels import Batch, Kernel, grid
 
@@ -206,6 +206,7 @@ class Ops:
         self.subgroup_size = _check_subgroups(residency.device)
         self.coopmat = linear.coopmat_usable(residency.device)   # tensor-core matmuls (False: the portable ones)
         self.flash = flash_kernel(lim)   # prefill attention's kernel (its K/V tile by the shared memory)
+        self.flash_cm = attention_cm.usable(residency.device)    # tensor-core prefill attention (VRAMD_FLASH_CM=0: off)
         self.cpu = residency.device.type == "cpu"   # linear.select(): the row-per-invocation forms
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
@@ -313,7 +314,8 @@ class Ops:
         if k is None:
             n, push = _KERNELS[family or name]
             # the tensor-core kernels assume 32-lane subgroups: asked for where the device can be asked
-            sub = linear.cm_subgroup_size(self.residency.device) if name.startswith("matmul_cm_") else None
+            cm = name.startswith(("matmul_cm_", "attention_flash_cm_"))
+            sub = linear.cm_subgroup_size(self.residency.device) if cm else None
             k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push, subgroup_size=sub)
         return k
 
@@ -645,7 +647,9 @@ class Ops:
         flash form (attention_flash.comp: a work group per KV head and tile
         of query rows, K/V tiles shared by the group's q heads and tokens;
         attention_flash_k32.comp, tiles of 32 keys, where the shared memory
-        holds them: flash_kernel);
+        holds them: flash_kernel; on a device with cooperative matrices and
+        head_dim 64, 128 or 256 the tensor-core form attention_flash_cm_d<D>,
+        engine/attention_cm.py);
         a single token the split form; what is left (a token without tmp,
         heads over 256; flash=False, the reference the flash form is tested
         against) attention.comp, a work group per (head, token).  Every form
@@ -670,9 +674,17 @@ class Ops:
                                                                      n_heads, n_kv_heads, head_dim, ctx, scale, window,
                                                                      softcap, sink):
             return
-        # both kernels take the same push constants and bindings
+        # every prefill and fallback kernel takes the same push constants and bindings
         push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
                            po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
+        cm = (attention_cm.kernel(head_dim, self.residency.device.limits.get("maxComputeSharedMemorySize", 0))
+              if flash and self.flash_cm and n_tokens > 1 else None)
+        if cm:   # the tensor-core form
+            tiles = attention_cm.tiles(n_tokens, n_heads, n_kv_heads)
+            if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
+                raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
+            self._dispatch(self._kernel(cm, "attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_kv_heads, tiles, 1))
+            return
         if flash and self.flash and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
             tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
             if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
