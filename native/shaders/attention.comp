@@ -13,6 +13,12 @@
 // output rescaled per tile), so no context length is too long for shared
 // memory; for the weighted sum of V each thread owns head dimensions
 // lid, lid + WG, ... (head_dim <= 4 * WG = 512).
+//
+// Attention sinks (gpt-oss): with has_sink, head h has a learned logit
+// sinks[sink_off + h] that joins the softmax's denominator but carries no
+// value: out = sum_j exp(s_j - M) v_j / (sum_j exp(s_j - M) + exp(sink - M)),
+// M the max over the scores and the sink.  Folded in once after the last
+// tile, as one more online-softmax step with an all-zero value.
 #version 450
 layout(local_size_x = 128) in;
 #define WG 128u
@@ -23,6 +29,7 @@ layout(std430, set = 0, binding = 1) readonly buffer KCache { uint kc[]; };
 layout(std430, set = 0, binding = 2) readonly buffer VCache { uint vc[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Pos { int pos[]; };
 layout(std430, set = 0, binding = 4) buffer Out { float o[]; };
+layout(std430, set = 0, binding = 5) readonly buffer Sinks { float sinks[]; };
 
 layout(push_constant) uniform Params {
     uint n_tokens;
@@ -41,6 +48,8 @@ layout(push_constant) uniform Params {
     uint window;      // 0: full causal; else a sliding window of that many keys
     float scale;
     float softcap;    // > 0: each score s becomes softcap * tanh(s / softcap) (gemma2; tanh as softcap.comp writes it)
+    uint has_sink;    // 1: binding 5 holds a sink logit per head (from sink_off); 0: no sinks (binding 5 unread)
+    uint sink_off;
 } p;
 
 const float NEG = -1.0e30;  // finite: exp(NEG - m) is 0 without inf arithmetic
@@ -131,6 +140,15 @@ void main() {
         }
         m = m_new;
         barrier();  // every thread is done with ps before the next tile
+    }
+    if (p.has_sink != 0u) {
+        float sk = sinks[p.sink_off + h];
+        float m_new = max(m, sk);
+        float corr = exp(m - m_new);
+        l = l * corr + exp(sk - m_new);
+        for (uint i = 0u; i < MAXD; i++) {
+            acc[i] *= corr;
+        }
     }
     uint ob = p.o_off + t * p.o_stride + h * hd;
     for (uint i = 0u; i < MAXD; i++) {

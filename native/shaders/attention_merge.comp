@@ -3,7 +3,8 @@
 //   M = max_s m_s,  L = sum_s exp(m_s - M) l_s,
 //   out[h, d] = sum_s exp(m_s - M) acc_s[d] / L
 // (empty ranges carry m = -1e30, l = 0 and weigh nothing).  One work group
-// per head.
+// per head.  With has_sink (gpt-oss) the head's sink logit sinks[sink_off + h]
+// is one more partial: m = sink, l = 1, acc = 0 (it joins M and L only).
 //
 // Why this shape: a range is 32 keys, so a long context has many (8192 keys:
 // 256).  The first form ran three serial loops over the ranges in every
@@ -23,13 +24,15 @@ layout(local_size_x = 128) in;
 
 layout(std430, set = 0, binding = 0) readonly buffer Part { float part[]; };
 layout(std430, set = 0, binding = 1) buffer Out { float o[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Sinks { float sinks[]; };
 
 layout(push_constant) uniform Params {
     uint head_dim;
     uint n_splits;
     uint part_off;  // float offset of the partials in binding 0
     uint o_off;     // float offset of out[0, 0] in binding 1
-    uint pad;
+    uint has_sink;  // 1: binding 2 holds a sink logit per head (from sink_off); 0: binding 2 unread
+    uint sink_off;
 } p;
 
 shared float red[WG];
@@ -60,11 +63,13 @@ void main() {
         m = max(m, part[hb + s * stride]);
     }
     float M = group_reduce(m, true);
+    float sk = p.has_sink != 0u ? sinks[p.sink_off + h] : -1.0e30;
+    M = max(M, sk);
     float l = 0.0;
     for (uint s = lid; s < p.n_splits; s += WG) {
         l += exp(part[hb + s * stride] - M) * part[hb + s * stride + 1u];
     }
-    float L = group_reduce(l, false);
+    float L = group_reduce(l, false) + (p.has_sink != 0u ? exp(sk - M) : 0.0);
     float a[MAXD];
     [[unroll]] for (uint k = 0u; k < MAXD; k++) {
         a[k] = 0.0;

@@ -6,8 +6,10 @@
 // Same bindings and push constants as matmul.glsl / matvec.glsl, so
 // Ops.matvec dispatches it unchanged; vramd/engine/linear.py chooses it.
 //
-// A work group (256 threads = 8 subgroups of 32: linear.py only chooses it
-// on such devices) computes 128 weight rows x 128 tokens, stepping through
+// A work group (by default 256 threads = 8 subgroups of 32: the pipeline
+// requires 32 lanes where the device can be asked, VK_EXT_subgroup_size_control,
+// else linear.py chooses it only on devices of 32) computes 128 weight rows x
+// 128 tokens (the defaults below), stepping through
 // the columns BK at a time: each step dequantizes a 128 x BK tile of W
 // (dq16 below: 16 consecutive elements of a row at once, read as uint32
 // words with the block's scales decoded once; dequant.glsl's elem() one by
@@ -21,11 +23,38 @@
 // a per-subgroup 16 x 16 staging area in shared memory and are written with
 // bounds checks, so y needs no alignment and any stride works.
 // Work-group x (+ y * width) is the row tile, z the token tile.
-layout(local_size_x = 256) in;
-#define BR 128u
-#define BT 128u
-#define BK 64u
-#define LD4 (BK / 4u + 2u)   // f16vec4s per tile row: 144 bytes, 16-byte aligned (coopMatLoad), rows in other banks
+//
+// The tile shape is set by the defines below (defaults: the committed kernel;
+// vramd/bench/matmul.py --sweep compiles others with -D to compare them):
+//   CM_BR x CM_BT   rows x tokens of a work group, CM_BK columns a step
+//   CM_SGR x CM_SGT rows x tokens of a subgroup ((CM_SGR/16) x (CM_SGT/16) accumulators)
+//   CM_NT           threads: 32 per subgroup tile (BR/SGR) x (BT/SGT)
+//   CM_PAD          f16vec4s of padding per shared tile row (bank spread; even: 16-byte rows)
+//   CM_DB           1: two shared buffers, the next step stored into the other (one barrier a step)
+#ifndef CM_BR
+#define CM_BR 128
+#define CM_BT 128
+#define CM_BK 64
+#define CM_SGR 32
+#define CM_SGT 64
+#define CM_NT 256
+#define CM_PAD 2
+#define CM_DB 0
+#endif
+layout(local_size_x = CM_NT) in;
+#define BR uint(CM_BR)
+#define BT uint(CM_BT)
+#define BK uint(CM_BK)
+#define SGR uint(CM_SGR)
+#define SGT uint(CM_SGT)
+#define NT uint(CM_NT)
+#define NSG (NT / 32u)
+#define LD4 (BK / 4u + uint(CM_PAD))   // f16vec4s per tile row: 16-byte aligned (coopMatLoad), rows in other banks
+#define CPR (BK / 16u)                 // 16-column chunks per tile row
+#define WCH (BR * CPR / NT)            // chunks of the W tile each thread loads
+#define XCH (BT * CPR / NT)            // and of the X tile
+#define RSTEP (NT / CPR)               // tile rows between a thread's chunks
+#define NB (CM_DB + 1)                 // shared buffers
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Input { float x[]; };
@@ -128,19 +157,22 @@ void dq16(uint rowb, uint c0, out f16vec4 o[4]) {
 #define CM_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define CM_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
-shared f16vec4 ws[BR * LD4];   // W tile, row-major: element (r, k) in ws[r * LD4 + k / 4]
-shared f16vec4 xs[BT * LD4];   // X tile, a token per row (B, column-major)
-shared float st[8u * 256u];    // per subgroup: one 16 x 16 result, st[t * 16 + r]
+shared f16vec4 ws[NB * BR * LD4];   // W tile(s), row-major: element (r, k) in ws[r * LD4 + k / 4]
+shared f16vec4 xs[NB * BT * LD4];   // X tile(s), a token per row (B, column-major)
+shared float st[NSG * 256u];        // per subgroup: one 16 x 16 result, st[t * 16 + r]
 
-// This thread's share of the loads: row (token) lr of the tiles, columns lc .. lc + BK/2 - 1.
-uint lr, lc, wrowb, xrow0;
-bool wrow, xrow, xvec;
+// This thread's chunks of the loads: chunk h of W is tile row lr + h * RSTEP, columns
+// lc .. lc + 15 (of X likewise); consecutive threads read consecutive chunks of a row.
+uint lr, lc, r0, t0;
 
 // The next step's tiles into registers (wr: W, xr: X, 16 columns a chunk), so that the
 // global loads of step k + 1 are in flight while the tensor cores work on step k.
-void fetch(uint k0, out f16vec4 wr[BK / 32u][4], out f16vec4 xr[BK / 32u][4]) {
-    [[unroll]] for (uint h = 0u; h < BK / 32u; h++) {
-        uint c0 = k0 + lc + 16u * h;
+void fetch(uint k0, out f16vec4 wr[WCH][4], out f16vec4 xr[XCH][4]) {
+    uint c0 = k0 + lc;
+    [[unroll]] for (uint h = 0u; h < WCH; h++) {
+        uint r = r0 + lr + h * RSTEP;
+        bool wrow = r < p.rows;
+        uint wrowb = p.w_off + r * ROW_BYTES(p.cols);
         if (wrow && c0 + 16u <= p.cols) {
             dq16(wrowb, c0, wr[h]);
         } else {   // past the last row, or the ragged end of an f16/bf16 row
@@ -154,6 +186,12 @@ void fetch(uint k0, out f16vec4 wr[BK / 32u][4], out f16vec4 xr[BK / 32u][4]) {
                 wr[h][i] = f16vec4(v);
             }
         }
+    }
+    [[unroll]] for (uint h = 0u; h < XCH; h++) {
+        uint t = t0 + lr + h * RSTEP;
+        bool xrow = t < p.n_tokens;
+        uint xrow0 = p.x_off + t * p.x_stride;
+        bool xvec = (xrow0 & 3u) == 0u;
         [[unroll]] for (uint i = 0u; i < 4u; i++) {
             uint c = c0 + 4u * i;
             vec4 v = vec4(0.0);
@@ -172,62 +210,84 @@ void fetch(uint k0, out f16vec4 wr[BK / 32u][4], out f16vec4 xr[BK / 32u][4]) {
     }
 }
 
+void put(uint buf, f16vec4 wr[WCH][4], f16vec4 xr[XCH][4]) {
+    [[unroll]] for (uint h = 0u; h < WCH; h++) {
+        uint sb = buf * BR * LD4 + (lr + h * RSTEP) * LD4 + lc / 4u;
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            ws[sb + i] = wr[h][i];
+        }
+    }
+    [[unroll]] for (uint h = 0u; h < XCH; h++) {
+        uint sb = buf * BT * LD4 + (lr + h * RSTEP) * LD4 + lc / 4u;
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            xs[sb + i] = xr[h][i];
+        }
+    }
+}
+
+#define MI (SGR / 16u)
+#define NJ (SGT / 16u)
+
 void main() {
     uint tile = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    uint r0 = tile * BR;
+    r0 = tile * BR;
     if (r0 >= p.rows) {
         return;  // the whole work group
     }
-    uint t0 = gl_WorkGroupID.z * BT;
+    t0 = gl_WorkGroupID.z * BT;
     uint lid = gl_LocalInvocationID.x;
-    uint sg = lid >> 5, lane = lid & 31u;   // 8 subgroups of 32 (linear.py checks the device's size)
-    uint sr = (sg & 3u) * 32u;   // this subgroup's rows sr .. sr+31 of the tile
-    uint sn = (sg >> 2) * 64u;   // and tokens sn .. sn+63
-    CM_C acc[2][4];
-    [[unroll]] for (uint i = 0u; i < 2u; i++) {
-        [[unroll]] for (uint j = 0u; j < 4u; j++) {
+    uint sg = lid >> 5, lane = lid & 31u;   // subgroups of 32 (required at pipeline creation, or the device's)
+    uint sr = (sg % (BR / SGR)) * SGR;   // this subgroup's rows sr .. sr+SGR-1 of the tile
+    uint sn = (sg / (BR / SGR)) * SGT;   // and tokens sn .. sn+SGT-1
+    CM_C acc[MI][NJ];
+    [[unroll]] for (uint i = 0u; i < MI; i++) {
+        [[unroll]] for (uint j = 0u; j < NJ; j++) {
             acc[i][j] = CM_C(0.0);
         }
     }
-    lr = lid >> 1;
-    lc = (lid & 1u) * (BK / 2u);
-    wrow = r0 + lr < p.rows;
-    wrowb = p.w_off + (r0 + lr) * ROW_BYTES(p.cols);
-    xrow = t0 + lr < p.n_tokens;
-    xrow0 = p.x_off + (t0 + lr) * p.x_stride;
-    xvec = (xrow0 & 3u) == 0u;
-    f16vec4 wr[BK / 32u][4], xr[BK / 32u][4];
+    lr = lid / CPR;
+    lc = (lid % CPR) * 16u;
+    f16vec4 wr[WCH][4], xr[XCH][4];
     fetch(0u, wr, xr);
+#if CM_DB
+    put(0u, wr, xr);
+    barrier();
+#endif
+    uint buf = 0u;
     for (uint k0 = 0u; k0 < p.cols; k0 += BK) {
-        [[unroll]] for (uint h = 0u; h < BK / 32u; h++) {
-            uint sb = lr * LD4 + (lc + 16u * h) / 4u;
-            [[unroll]] for (uint i = 0u; i < 4u; i++) {
-                ws[sb + i] = wr[h][i];
-                xs[sb + i] = xr[h][i];
-            }
-        }
+#if !CM_DB
+        put(0u, wr, xr);
         barrier();
-        if (k0 + BK < p.cols) {
+#endif
+        bool more = k0 + BK < p.cols;
+        if (more) {
             fetch(k0 + BK, wr, xr);
         }
+        uint wb = buf * BR * LD4, xb = buf * BT * LD4;
         [[unroll]] for (uint kk = 0u; kk < BK / 4u; kk += 4u) {   // 16 columns = 4 f16vec4s a step
-            CM_A a[2];
-            [[unroll]] for (uint i = 0u; i < 2u; i++) {
-                coopMatLoad(a[i], ws, (sr + 16u * i) * LD4 + kk, LD4, gl_CooperativeMatrixLayoutRowMajor);
+            CM_A a[MI];
+            [[unroll]] for (uint i = 0u; i < MI; i++) {
+                coopMatLoad(a[i], ws, wb + (sr + 16u * i) * LD4 + kk, LD4, gl_CooperativeMatrixLayoutRowMajor);
             }
-            [[unroll]] for (uint j = 0u; j < 4u; j++) {
+            [[unroll]] for (uint j = 0u; j < NJ; j++) {
                 CM_B b;
-                coopMatLoad(b, xs, (sn + 16u * j) * LD4 + kk, LD4, gl_CooperativeMatrixLayoutColumnMajor);
-                [[unroll]] for (uint i = 0u; i < 2u; i++) {
+                coopMatLoad(b, xs, xb + (sn + 16u * j) * LD4 + kk, LD4, gl_CooperativeMatrixLayoutColumnMajor);
+                [[unroll]] for (uint i = 0u; i < MI; i++) {
                     acc[i][j] = coopMatMulAdd(a[i], b, acc[i][j]);
                 }
             }
         }
+#if CM_DB
+        if (more) {
+            buf ^= 1u;
+            put(buf, wr, xr);   // the other buffer: its last readers passed the barrier below a step ago
+        }
+#endif
         barrier();
     }
     uint base = sg * 256u;
-    [[unroll]] for (uint i = 0u; i < 2u; i++) {
-        [[unroll]] for (uint j = 0u; j < 4u; j++) {
+    [[unroll]] for (uint i = 0u; i < MI; i++) {
+        [[unroll]] for (uint j = 0u; j < NJ; j++) {
             coopMatStore(acc[i][j], st, base, 16u, gl_CooperativeMatrixLayoutColumnMajor);
             subgroupMemoryBarrierShared();
             subgroupBarrier();

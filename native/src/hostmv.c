@@ -234,6 +234,44 @@ VRAMD_CLONES static void rows_q4_0(const vramd_hostmv_job *j, const float *x, ui
     }
 }
 
+/* MXFP4 (gpt-oss's experts): 17-byte blocks, an E8M0 scale byte then Q4_0's
+ * nibble layout (so Q4_0's permutation of x), each nibble an E2M1 value kept
+ * doubled as a small integer (ggml's kvalues_mxfp4), the scale 2^(e - 128)
+ * (half of 2^(e - 127), undoing the doubling; e < 2 a denormal). */
+static float mxfp4_scale(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float d;
+    memcpy(&d, &bits, 4);
+    return d;
+}
+
+VRAMD_CLONES static void rows_mxfp4(const vramd_hostmv_job *j, const float *x, uint32_t r0, uint32_t r1) {
+    static const float kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    const uint32_t cols = j->cols, nb = cols / 32;
+    for (uint32_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)j->w + (size_t)r * nb * 17;
+        for (uint32_t v = 0; v < j->n; v++) {
+            const float *xb = x + (size_t)v * cols;
+            v8f acc = {0};
+            for (uint32_t b = 0; b < nb; b++, xb += 32) {
+                const uint8_t *blk = row + (size_t)b * 17;
+                v8f t = {0};
+                for (int k = 0; k < 4; k++) {  /* nibble k of lane l: element 4l+k (l < 4), 16+4(l-4)+k */
+                    v8f wv;
+                    for (int l = 0; l < 4; l++) {
+                        uint8_t q = blk[1 + 4 * l + k];
+                        wv[l] = kv[q & 15];
+                        wv[l + 4] = kv[q >> 4];
+                    }
+                    t += wv * load8f(xb + 8 * k);
+                }
+                acc += mxfp4_scale(blk[0]) * t;
+            }
+            j->y[(size_t)v * j->rows + r] = hsum(acc);
+        }
+    }
+}
+
 /* -- types ---------------------------------------------------------------- */
 
 uint64_t vramd_hostmv_row_bytes(uint32_t type, uint32_t cols) {
@@ -243,6 +281,7 @@ uint64_t vramd_hostmv_row_bytes(uint32_t type, uint32_t cols) {
     case VRAMD_HOSTMV_BF16: return (uint64_t)cols * 2;
     case VRAMD_HOSTMV_Q8_0: return cols % 32 ? 0 : (uint64_t)cols / 32 * 34;
     case VRAMD_HOSTMV_Q4_0: return cols % 32 ? 0 : (uint64_t)cols / 32 * 18;
+    case VRAMD_HOSTMV_MXFP4: return cols % 32 ? 0 : (uint64_t)cols / 32 * 17;
     default: return 0;
     }
 }
@@ -255,7 +294,8 @@ static int perm_of(uint32_t type) {
     case VRAMD_HOSTMV_F16:
     case VRAMD_HOSTMV_BF16: return PERM_PAIRS;
     case VRAMD_HOSTMV_Q8_0: return PERM_Q8_0;
-    case VRAMD_HOSTMV_Q4_0: return PERM_Q4_0;
+    case VRAMD_HOSTMV_Q4_0:
+    case VRAMD_HOSTMV_MXFP4: return PERM_Q4_0;  /* the same nibble layout */
     default: return PERM_NONE;
     }
 }
@@ -290,6 +330,7 @@ static rows_fn kernel_of(uint32_t type) {
     case VRAMD_HOSTMV_F16: return rows_f16;
     case VRAMD_HOSTMV_BF16: return rows_bf16;
     case VRAMD_HOSTMV_Q8_0: return rows_q8_0;
+    case VRAMD_HOSTMV_MXFP4: return rows_mxfp4;
     default: return rows_q4_0;
     }
 }
@@ -437,10 +478,10 @@ uint32_t vramd_hostmv_threads(void) {
 static int check_job(const vramd_hostmv_job *j, uint32_t i) {
     if (!vramd_hostmv_row_bytes(j->type, 32))
         return vramd_fail(VRAMD_ERR_USAGE, "host matvec job %u: type %u is not one the host matvec reads "
-                          "(F32 0, F16 1, Q4_0 2, Q8_0 8, BF16 30)", i, j->type);
+                          "(F32 0, F16 1, Q4_0 2, Q8_0 8, BF16 30, MXFP4 39)", i, j->type);
     if (!j->cols || !vramd_hostmv_row_bytes(j->type, j->cols))
-        return vramd_fail(VRAMD_ERR_USAGE, "host matvec job %u: %u columns of type %u (Q8_0 and Q4_0 rows are "
-                          "whole blocks of 32)", i, j->cols, j->type);
+        return vramd_fail(VRAMD_ERR_USAGE, "host matvec job %u: %u columns of type %u (Q8_0, Q4_0 and MXFP4 rows "
+                          "are whole blocks of 32)", i, j->cols, j->type);
     if (j->n && j->rows && (!j->w || !j->x || !j->y))
         return vramd_fail(VRAMD_ERR_USAGE, "host matvec job %u: a NULL matrix, input or output", i);
     return VRAMD_OK;

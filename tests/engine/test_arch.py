@@ -17,6 +17,7 @@ from tests.ggufgen.llama import write_llama
 from tests.ggufgen.gemma3 import write_gemma3
 from tests.ggufgen.gemma4 import write_gemma4
 from tests.ggufgen.moe import write_moe
+from tests.ggufgen.qwen35 import write_qwen35
 from tests.ggufgen.check import GGUFImage
 from vramd.engine.arch import ARCHITECTURES, spec_for
 from vramd.engine.scratch import scratch_layout
@@ -34,6 +35,8 @@ WRITERS = {
     "gemma2": (lambda p, **kw: write_gemma3(p, arch="gemma2", **kw), "gemma2"),
     "phi3": (lambda p, **kw: write_llama(p, arch="phi3", **kw), "phi3"),
     "mistral3": (lambda p, **kw: write_llama(p, arch="mistral3", **kw), "mistral3"),
+    "qwen35": (lambda p, **kw: write_qwen35(p, **kw), "qwen35"),
+    "qwen35moe": (lambda p, **kw: write_qwen35(p, n_expert=4, **kw), "qwen35moe"),
     "gemma4": (lambda p, **kw: write_gemma4(p, **kw), "gemma4"),
 }
 
@@ -60,6 +63,8 @@ def test_every_architecture_has_a_spec_with_its_conventions(tmp_path):
         "gemma2": ("gemma2", True, False, True, "gelu", False),
         "phi3": ("phi3", True, False, False, "silu", False),
         "mistral3": ("mistral3", False, False, False, "silu", False),
+        "qwen35": ("qwen35", True, True, False, "silu", False),
+        "qwen35moe": ("qwen35moe", True, True, False, "silu", True),
         "gemma4": ("gemma4", True, True, True, "gelu", False),
     }
     assert set(ARCHITECTURES) >= {"llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "gemma2", "phi3",
@@ -210,6 +215,26 @@ def test_mistral3_reads_yarn_betas_log_multiplier_and_temperature(tmp_path):
     q = spec_for(validate_gguf(write_llama(tmp_path / "l.gguf", arch="llama", rope_scaling="yarn",
                                            rope_scaling_factor=16.0, orig_ctx=16384, yarn_beta_fast=16.0)))
     assert q.rope_scaling.beta_fast == 32.0 and q.attn_temp_scale == 0.0
+
+
+def test_a_missing_deltanet_tensor_is_named(tmp_path, res):
+    """qwen35's recurrent layers have their own tensors (vramd/engine/tensors.py's required):
+    one missing is one line naming it, at load."""
+    from vramd.engine.tensors import TensorTable
+    from vramd.model import loader
+    path, _ = _file(tmp_path, "qwen35")
+    mf = validate_gguf(path)
+    spec = spec_for(mf)
+    lm = loader.load(path, res, 32, mf=mf, scratch=scratch_layout(spec))
+    try:
+        TensorTable(spec, mf, lm.weights.tensors)
+        for name in ("blk.0.ssm_a", "blk.2.ssm_conv1d.weight", "blk.1.attn_q_norm.weight"):
+            less = dataclasses.replace(mf, tensors=[t for t in mf.tensors if t.name != name])
+            with pytest.raises(ModelError, match=rf"missing tensor '{name}' for architecture qwen35"):
+                TensorTable(spec, less, lm.weights.tensors)
+    finally:
+        for region in lm.regions:
+            region.destroy()
 
 
 def test_gemma4_layers_take_their_kinds_geometry_rope_and_scale(tmp_path):

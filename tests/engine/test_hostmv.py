@@ -14,8 +14,8 @@ from gguf import quants
 from vramd.engine import hostmv
 from vramd.errors import UsageError
 
-TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0}
-BLOCKED = {"Q8_0", "Q4_0"}   # rows are whole blocks of 32
+TYPES = {"F32": Q.F32, "F16": Q.F16, "BF16": Q.BF16, "Q8_0": Q.Q8_0, "Q4_0": Q.Q4_0, "MXFP4": Q.MXFP4}
+BLOCKED = {"Q8_0", "Q4_0", "MXFP4"}   # rows are whole blocks of 32
 TOL = 1e-5
 
 

@@ -66,10 +66,12 @@ TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0]
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,cols,n_tokens", [(37, 416, 1), (37, 416, 11), (5, 32 * 150, 3), (3, 64, 8),
                                                     (130, 96, 70)])
-def test_matvec(ops, bufs, rng, qtype, rows, cols, n_tokens):
+def test_matvec(ops, linear_form, bufs, rng, qtype, rows, cols, n_tokens):
     """n_tokens 1 and 3: one token per work group (decode form); 8, 11 and
     70: tiles of 64 rows x 32 tokens (prefill form), partial in both, and 130
-    rows x 70 tokens spanning several tiles each way."""
+    rows x 70 tokens spanning several tiles each way.  The portable kernels:
+    on a GPU with cooperative matrices the prefill form would be matmul_cm,
+    whose f16 tiles are test_matmul_cm.py's (this f32 bound is not theirs)."""
     if qtype in (Q.F32, Q.F16, Q.BF16):
         cols += 1  # odd, not a multiple of the work group (float types have no blocks)
     raw, w = weights(rng, qtype, rows, cols)
@@ -78,15 +80,21 @@ def test_matvec(ops, bufs, rng, qtype, rows, cols, n_tokens):
     xpad = np.concatenate([[np.float32(7)], x.reshape(-1)])
     wt = bufs("weights", w=raw)["w"]
     t = bufs(x=xpad, y=4 * n_tokens * rows)
-    ops.matvec(Weight(wt, qtype, rows, cols), view(t["x"], 4), t["y"], n_tokens)
-    ops.sync()
+    cm, ops.coopmat = ops.coopmat, False
+    try:
+        ops.matvec(Weight(wt, qtype, rows, cols), view(t["x"], 4), t["y"], n_tokens)
+        ops.sync()
+    finally:
+        ops.coopmat = cm
     y = f32(t["y"]).reshape(n_tokens, rows)
     ref = x.astype(np.float64) @ w.astype(np.float64).T
     close_to_dot(y, ref, np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T)
 
 
-def test_matvec_strides_write_into_wider_rows(ops, bufs, rng):
-    """y_stride > rows: three matvecs fill one fused [tokens, q|k|v] buffer."""
+def test_matvec_strides_write_into_wider_rows(ops, linear_form, bufs, rng):
+    """y_stride > rows: three matvecs fill one fused [tokens, q|k|v] buffer.  With
+    cooperative matrices these 4 tokens go to matmul_cm, which rounds x and each
+    dequantized weight to f16 (2^-11 relative each): its bound is 1.1e-3 * sum|w||x|."""
     n_tokens, cols = 4, 64
     parts = [weights(rng, Q.Q8_0, r, cols) for r in (24, 8, 8)]
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
@@ -97,8 +105,12 @@ def test_matvec_strides_write_into_wider_rows(ops, bufs, rng):
         ops.matvec(Weight(wt, Q.Q8_0, w.shape[0], cols), t["x"], view(t["y"], 4 * offset), n_tokens, y_stride=40)
         offset += w.shape[0]
     ops.sync()
-    ref = x.astype(np.float64) @ np.concatenate([w for _, w in parts]).astype(np.float64).T
-    np.testing.assert_allclose(f32(t["y"]).reshape(n_tokens, 40), ref, rtol=1e-5, atol=1e-5)
+    wall = np.concatenate([w for _, w in parts]).astype(np.float64)
+    ref = x.astype(np.float64) @ wall.T
+    if ops.coopmat:
+        close_to_dot(f32(t["y"]).reshape(n_tokens, 40), ref, np.abs(x).astype(np.float64) @ np.abs(wall).T, 1.1e-3)
+    else:
+        np.testing.assert_allclose(f32(t["y"]).reshape(n_tokens, 40), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -183,7 +195,7 @@ def test_rope(ops, bufs, rng, neox, n_rot, freq_scale, factors):
     assert np.array_equal(f32(t["x"]).reshape(x.shape)[:, :, n_rot:], x[:, :, n_rot:])  # untouched dims
 
 
-def attention_ref(q, kc, vc, pos, n_kv, scale, window=0):
+def attention_ref(q, kc, vc, pos, n_kv, scale, window=0, softcap=0.0):
     n_tokens, n_heads, hd = q.shape
     group = n_heads // n_kv
     out = np.zeros((n_tokens, n_heads * hd))
@@ -194,6 +206,8 @@ def attention_ref(q, kc, vc, pos, n_kv, scale, window=0):
         for h in range(n_heads):
             kk, vv = k[first:pos[t] + 1, h // group], v[first:pos[t] + 1, h // group]
             s = kk @ q[t, h].astype(np.float64) * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
             p = np.exp(s - s.max())
             out[t, h * hd:(h + 1) * hd] = p @ vv / p.sum()
     return out

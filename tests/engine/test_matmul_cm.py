@@ -19,6 +19,7 @@ each factor: |y - ref| <= 1.1e-3 * sum|w||x| + 1e-5.  A wrong index, nibble,
 scale or tile edge gives errors of the order of the values themselves.
 """
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,9 +52,10 @@ def weights(rng, qtype, rows, cols):
     return q, dequantize(q, qtype)
 
 
-def _device(shapes, subgroup=32, shared=49152):
-    """What coopmat_usable reads of a gpu.device.Device, as plain data."""
-    return types.SimpleNamespace(coopmat=shapes, subgroup_size=subgroup,
+def _device(shapes, subgroup=32, shared=49152, sizes=None):
+    """What coopmat_usable reads of a gpu.device.Device, as plain data (sizes: the
+    (min, max) subgroup sizes a pipeline may require, None without the control)."""
+    return types.SimpleNamespace(coopmat=shapes, subgroup_size=subgroup, subgroup_sizes=sizes,
                                  limits={"maxComputeSharedMemorySize": shared})
 
 
@@ -87,10 +89,64 @@ def test_coopmat_usable_needs_the_shape_the_kernels_use(monkeypatch):
     assert not linear.coopmat_usable(_device([]))
     assert not linear.coopmat_usable(_device([{**SHAPE_16, "c": "f16", "result": "f16"}]))
     assert not linear.coopmat_usable(_device([{**SHAPE_16, "n": 8}]))
-    assert not linear.coopmat_usable(_device([SHAPE_16], subgroup=64))      # 8 subgroups of 32 per group
+    assert not linear.coopmat_usable(_device([SHAPE_16], subgroup=64))      # subgroups of 32 lanes assumed
+    assert not linear.coopmat_usable(_device([SHAPE_16], subgroup=64, sizes=(64, 64)))
     assert not linear.coopmat_usable(_device([SHAPE_16], shared=16384))
     monkeypatch.setenv("VRAMD_NO_COOPMAT", "1")
     assert not linear.coopmat_usable(_device([SHAPE_16]))
+
+
+def test_cm_pipelines_require_32_lanes_where_the_device_can_be_asked(monkeypatch):
+    """A device of 64-lane subgroups that can run 32 (AMD: 32..64) runs the kernels with the
+    size required; one that cannot be asked only when its own size is 32."""
+    monkeypatch.delenv("VRAMD_NO_COOPMAT", raising=False)
+    wide = _device([SHAPE_16], subgroup=64, sizes=(32, 64))
+    assert linear.cm_subgroup_size(wide) == 32 and linear.coopmat_usable(wide)
+    assert linear.cm_subgroup_size(_device([SHAPE_16], sizes=(32, 32))) == 32
+    assert linear.cm_subgroup_size(_device([SHAPE_16])) is None and linear.coopmat_usable(_device([SHAPE_16]))
+    assert linear.cm_subgroup_size(_device([SHAPE_16], subgroup=8, sizes=(4, 16))) is None
+
+
+def test_the_subgroup_size_control_names_used_have_values():
+    """The `vulkan` binding leaves VK_EXT_subgroup_size_control's _EXT structure types and
+    flags None (a None sType would silently break the feature chain on a GPU that has the
+    extension, which lavapipe here lacks): device.py and kernels.py use the core names."""
+    import vulkan as vk
+
+    from vramd.gpu import kernels
+
+    assert vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES == 1000225002
+    assert vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES == 1000225000
+    assert vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO == 1000225001
+    assert kernels._REQUIRE_FULL_SUBGROUPS == 2   # VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT
+    src = "".join(Path(m.__file__).read_text() for m in (kernels, __import__("vramd.gpu.device").gpu.device))
+    assert "SUBGROUP_SIZE_CONTROL_FEATURES_EXT" not in src and "SIZE_CREATE_INFO_EXT" not in src
+
+
+def test_a_pipeline_can_require_the_subgroup_size(device, res):
+    """Kernel(subgroup_size=) chains the required size into the pipeline where the device
+    has the control: the kernel built so still computes (f32 matvec, a subgroup reduction)."""
+    from vramd.gpu.kernels import Kernel
+    from vramd.engine.ops import Ops
+
+    if device.subgroup_sizes is None:
+        assert "VK_EXT_subgroup_size_control" not in device.describe()["extensions"]
+        pytest.skip("no VK_EXT_subgroup_size_control on this device (lavapipe of LLVM 15)")
+    size = device.subgroup_sizes[0]
+    ops = Ops(res)
+    try:
+        ops._kernels["matvec_f32"] = Kernel(res, "matvec_f32", 3, 32, subgroup_size=size)
+        rng = np.random.default_rng(1)
+        w, xv = rng.standard_normal((24, 64)).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+        r = res.region("weights", "ssc", {"w": w.nbytes, "x": xv.nbytes, "y": 24 * 4})
+        r.restore()
+        r.tensors["w"].write(w), r.tensors["x"].write(xv)
+        ops.matvec(Weight(r.tensors["w"], Q.F32, 24, 64), r.tensors["x"], r.tensors["y"])
+        ops.sync()
+        np.testing.assert_allclose(r.tensors["y"].read(np.float32, 0, 96), w @ xv, rtol=1e-4, atol=1e-4)
+        r.destroy()
+    finally:
+        ops.close()
 
 
 @pytest.mark.parametrize("suffix", sorted(linear.CM_TYPES) + ["f32"])

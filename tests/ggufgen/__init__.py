@@ -9,6 +9,7 @@ One module per model family
     llama.py    llama / mistral-style / qwen2 / qwen3 (write_llama)
     gemma3.py   gemma3 (write_gemma3)
     moe.py      qwen3moe / qwen2moe / mixtral (write_moe)
+    qwen35.py   qwen35: Gated DeltaNet + gated attention (write_qwen35)
     vision.py   mmproj vision projectors (write_mmproj)
     check.py    tiny models of any type mix and byte-level surgery on valid files,
                 for the GGUF checker's tests (write_model, GGUFImage)

@@ -18,6 +18,13 @@ adds the GPU time per kernel and shape summed over a step (median over the
 steps), the weight bytes each matvec reads and so its GB/s, and the GPU time
 of a whole step against the wall time of one (the rest is host work and
 submission).  The profiled tokens are not in the decode rate.
+
+With `--profile-prefill`, at the end the first prefill chunk (min(--prompt,
+the model's chunk size) tokens at positions 0.., which rewrites those K/V rows
+with the same values) runs `--profile-steps` more times with a timestamp after
+every dispatch of its one command buffer (Ops.timer): the report adds the same
+table for a chunk (`prefill_profile`), with each matmul's TFLOP/s (2 x rows x
+cols x tokens over its time) where the label gives the shape.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ def device_bandwidth(device_name: str, given: float | None) -> tuple[float | Non
 
 
 def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx: int, bandwidth: float | None,
-        profile_steps: int = 0) -> dict:
+        profile_steps: int = 0, prefill_steps: int = 0) -> dict:
     from vramd.bench.models import LlamaShape, write_model
     from vramd.engine.model import TransformerModel
     from vramd.engine.arch import spec_for
@@ -109,6 +116,7 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
                         profile["by_kernel"] = _by_kernel(profile["kernels"])
                     finally:
                         timer.close()
+                prefill_profile = _profile_prefill(m, dev, ids, prefill_steps) if prefill_steps else None
             finally:
                 m.close()
             device = dev.name
@@ -131,7 +139,54 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
         "bytes_per_token": bytes_per_token, "bandwidth_gbps": bandwidth, "bandwidth_from": bandwidth_from,
         "roofline_tps": roofline_tps, "roofline_ratio": decode_tps / roofline_tps if roofline_tps else None,
         **({"profile": profile} if profile is not None else {}),
+        **({"prefill_profile": prefill_profile} if prefill_profile is not None else {}),
     }
+
+
+def _profile_prefill(m, dev, ids: list[int], steps: int) -> dict:
+    """The per-dispatch GPU time of the first prefill chunk of `ids`, over `steps` runs."""
+    from vramd.engine.model import REPLAY_TOKENS
+    from vramd.gpu.timing import Timestamps, summarize
+    n = min(len(ids), m.batch)
+    if n <= REPLAY_TOKENS or not m.replays_decode:
+        # a replayed step is the decode profile's; host-routed layers split a chunk into several batches
+        raise click.UsageError(f"--profile-prefill needs more than {REPLAY_TOKENS} prompt tokens and a model "
+                               f"whose chunk is one command buffer (no host-routed layers)")
+    timer = Timestamps(dev)
+    timed, walls = [], []
+    try:
+        m.ops.timer = timer
+        for _ in range(steps):
+            before = timer.resets
+            t0 = time.monotonic()
+            m.forward(ids[:n], 0)
+            walls.append(time.monotonic() - t0)
+            if timer.resets - before != 1:   # each batch resets the pool: only the last would be read
+                raise click.ClickException(f"--profile-prefill: the chunk ran as {timer.resets - before} command "
+                                       f"buffers; the profile times a chunk recorded as one")
+            timed.append(timer.read())
+        truncated = timer.truncated
+    finally:
+        m.ops.timer = None
+        timer.close()
+    prof = summarize(timed)
+    for k in prof["kernels"]:
+        k["tflops"] = _tflops(k["kernel"], n, k["us"], k["dispatches"])
+    prof.update(tokens=n, wall_ms_per_chunk=statistics.median(walls) * 1000, truncated=truncated,
+                by_kernel=_by_kernel(prof["kernels"]))
+    prof["gpu_ms_per_chunk"] = prof.pop("gpu_ms_per_step")
+    return prof
+
+
+def _tflops(label: str, n_tokens: int, us: float, dispatches: int = 1) -> float | None:
+    """TFLOP/s of `dispatches` matmul_* dispatches labelled "kernel ROWSxCOLS" (Ops.matvec) over
+    n_tokens that took `us` together, else None."""
+    parts = label.split()
+    # only matmul_*: the chunk's n tokens (a matvec here is the output head's one row)
+    dims = parts[1].split("x") if len(parts) == 2 and parts[0].startswith("matmul") else []
+    if len(dims) != 2 or not all(d.isdigit() for d in dims) or us <= 0:
+        return None
+    return 2 * int(dims[0]) * int(dims[1]) * n_tokens * dispatches / (us * 1e6)
 
 
 def _by_kernel(kernels: list[dict]) -> list[dict]:
@@ -170,18 +225,22 @@ def _by_kernel(kernels: list[dict]) -> list[dict]:
 @click.option("--profile", is_flag=True, help="Then time every kernel of a decode step on the GPU.")
 @click.option("--profile-steps", type=click.IntRange(min=1), default=8, show_default=True,
               help="Decode steps timed per kernel with --profile (after the timed tokens).")
+@click.option("--profile-prefill", is_flag=True,
+              help="Then time every kernel of one prefill chunk on the GPU (--profile-steps runs).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of text.")
 @click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the result as JSON to this file (the text still goes to stdout).")
 def command(model, shape, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, bandwidth, profile, profile_steps,
-            as_json, json_out):
+            profile_prefill, as_json, json_out):
     """Batch-1 decode and prefill tokens/s, and the fraction of the bandwidth roofline."""
     if shape == "moe30b" or (model and _is_moe(model)):
         return moe_command(model, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, as_json, json_out)
     extra = profile_steps if profile else 0
+    if profile_prefill and prompt <= 8:
+        raise click.UsageError("--profile-prefill needs --prompt above 8 (up to 8 tokens replay the decode step)")
     if prompt + tokens + extra > ctx:
         raise click.UsageError("--prompt + --tokens (+ --profile-steps with --profile) must fit in --ctx")
-    r = run(model, shape, wtype, prompt, tokens, ctx, bandwidth, extra)
+    r = run(model, shape, wtype, prompt, tokens, ctx, bandwidth, extra, profile_steps if profile_prefill else 0)
     if json_out:
         Path(json_out).write_text(json.dumps(r, indent=2) + "\n")
     if as_json:
@@ -202,6 +261,14 @@ def command(model, shape, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, ban
         for k in p["kernels"]:
             gbps = f"{k['gbps']:8.1f} GB/s" if k["gbps"] else " " * 13
             click.echo(f"    {k['kernel']:<34} {k['dispatches']:5d} x  {k['us']:10.1f} us  {gbps}  "
+                       f"{100 * k['share']:5.1f} %")
+    p = r.get("prefill_profile")
+    if p:
+        click.echo(f"  prefill profile ({p['tokens']} tokens a chunk, {p['steps']} runs): GPU "
+                   f"{p['gpu_ms_per_chunk']:.3f} ms of {p['wall_ms_per_chunk']:.3f} ms per chunk")
+        for k in p["kernels"]:
+            tf = f"{k['tflops']:7.2f} TFLOP/s" if k["tflops"] else " " * 14
+            click.echo(f"    {k['kernel']:<34} {k['dispatches']:5d} x  {k['us']:10.1f} us  {tf}  "
                        f"{100 * k['share']:5.1f} %")
 
 

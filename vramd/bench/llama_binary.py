@@ -1,8 +1,9 @@
 """Which llama.cpp `llama-server` executable the oracle and the benchmarks run.
 
 Owns `llama_server_binary()` -> `LlamaBinary(path, origin)`, the one lookup
-that tests/engine/conformance/peer.py (the conformance suite's oracle) and
-`vramd bench` use.  In order:
+of the llama-server to run when none is named: tests/engine/conformance/peer.py
+(the conformance suite's oracle) uses it; `vramd bench prefill --peer` names
+its own (vramd/bench/llama_server.py's find_binary).  In order:
 
   1. $VRAMD_LLAMA_SERVER, when set: a path, or a command looked up like the
      others below (origin "$VRAMD_LLAMA_SERVER");

@@ -5,7 +5,8 @@ vramd/engine/model.py TransformerModel: its spec, ops, scratch `act`,
 tensor table `t` and KV cache `kv`) into the batch being recorded.  What an
 architecture changes is read from `m.spec` (vramd/engine/arch/spec.py), so
 an optimisation made here lands in every architecture at once.  The routed
-FFN of mixture-of-experts layers is vramd/engine/moe.py.
+FFN of mixture-of-experts layers is vramd/engine/moe.py, Qwen3.5's DeltaNet layers and its
+attention gate's kernels vramd/engine/deltanet.py.
 
 The residual stream is `x`; between layers `h` already holds the next
 layer's normed input: every layer starts from h = attn_norm(x) and ends with
@@ -15,6 +16,7 @@ last the output_norm), the residual add fused with that norm.
 
 from __future__ import annotations
 
+from vramd.engine import deltanet
 from vramd.engine.ops import view
 
 
@@ -46,14 +48,22 @@ def next_norm(m, i: int):
     return m.t.vector(f"blk.{i + 1}.attn_norm.weight" if i + 1 < m.spec.n_layer else "output_norm.weight")
 
 
+def mixer(m, i: int, n: int) -> None:
+    """Layer i's token mixer: attention, or Qwen3.5's Gated DeltaNet where the layer is recurrent."""
+    (deltanet.deltanet if m.spec.layers[i].recurrent else attention)(m, i, n)
+
+
 def attention(m, i: int, n: int) -> None:
     """Layer i's attention, from h = attn_norm(x): x += Wo attention(...) (post-normed
     where the spec says), then h = ffn_norm(x)."""
     s, ops, a, t, kv = m.spec, m.ops, m.act, m.t, m.kv
     p, layer, E = f"blk.{i}.", s.layers[i], s.n_embd
     hd, n_kv, Q, KV = s.head_dim_of(i), s.n_head_kv_of(i), s.q_width_of(i), s.kv_width_of(i)
-    items = [(p + "attn_q", a["h"], a["q"], Q), (p + "attn_k", a["h"], a["k"], KV)]
+    q_out, q_rows = (a["qg"], 2 * Q) if s.attn_gate else (a["q"], Q)
+    items = [(p + "attn_q", a["h"], q_out, q_rows), (p + "attn_k", a["h"], a["k"], KV)]
     linears(m, items if layer.v_from_k else items + [(p + "attn_v", a["h"], a["v"], KV)], n)
+    if s.attn_gate:   # qwen35: each head's [query | gate] rows apart
+        deltanet.qgate_split(ops, a["qg"], a["q"], a["agate"], n * Q, hd)
     if layer.v_from_k and not s.v_norm:   # V is K's projection, taken before k's norm (gemma4's k_eq_v)
         ops.copy(a["k"], a["v"], 4 * n * KV)
     elif s.v_norm:   # per head, no weight; from k before its norm where V is K
@@ -71,11 +81,14 @@ def attention(m, i: int, n: int) -> None:
         ops.kv_write(a["v"], kv.v(i), a["pos"], n, KV, kv.ctx)
     # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
     ops.attention(a["q"], kv.k(i), kv.v(i), a["pos"], a["att"], n, s.n_head, n_kv, hd, kv.ctx, s.scale,
-                  window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap)
+                  window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap,
+                  sinks=t.vector(p + "attn_sinks.weight", s.n_head) if s.attn_sinks else None)
+    if s.attn_gate:
+        deltanet.sigmoid_mul(ops, a["agate"], a["att"], a["att"], n * Q)
     linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)
     if s.post_norms:
         ops.rms_norm(a["h"], t.vector(p + "post_attention_norm.weight"), a["h"], s.eps, n, E)
-    ops.add_rms_norm(a["x"], a["h"], t.vector(p + "ffn_norm.weight"), a["h"], s.eps, n, E)
+    ops.add_rms_norm(a["x"], a["h"], t.vector(p + s.ffn_norm + ".weight"), a["h"], s.eps, n, E)
 
 
 def dense_ffn(m, i: int, n: int) -> None:

@@ -8,7 +8,7 @@ keeps in host memory.
     hostmv.run(jobs)                          # one call: every job, on the whole thread pool
 
 or, for one matrix, `hostmv.matvec(raw, type, rows, cols, x)`.  The types
-are F32, F16, BF16, Q8_0 and Q4_0 (`supports`); others (K-quants) are for
+are F32, F16, BF16, Q8_0, Q4_0 and MXFP4 (`supports`); others (K-quants) are for
 the caller to dequantize (vramd/engine/moe.py does, with gguf.quants).  The
 pool has one thread per CPU the process may use, at most 16, unless
 `set_threads` says otherwise.
@@ -29,7 +29,7 @@ if JOB.itemsize != ffi.sizeof("vramd_hostmv_job"):  # pragma: no cover - a heade
     raise ImportError(f"vramd_hostmv_job is {ffi.sizeof('vramd_hostmv_job')} bytes, JOB {JOB.itemsize}")
 
 TYPES = {lib.VRAMD_HOSTMV_F32: "F32", lib.VRAMD_HOSTMV_F16: "F16", lib.VRAMD_HOSTMV_Q4_0: "Q4_0",
-         lib.VRAMD_HOSTMV_Q8_0: "Q8_0", lib.VRAMD_HOSTMV_BF16: "BF16"}
+         lib.VRAMD_HOSTMV_Q8_0: "Q8_0", lib.VRAMD_HOSTMV_BF16: "BF16", lib.VRAMD_HOSTMV_MXFP4: "MXFP4"}
 
 
 def row_bytes(type_id: int, cols: int) -> int:

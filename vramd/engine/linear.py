@@ -11,6 +11,9 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
   matvec_w_<type>  a quant unit per thread (Q8_0, Q4_K, Q6_K rows on 16 bytes): decode
                    (docs/benchmarks.md "Decode at the roofline" has its figures)
   matmul_<type>    64 rows x 32 tokens a work group, from 4 tokens (prefill)
+  matvec_c_<type>  CPU devices (VkPhysicalDeviceType CPU: lavapipe), decode: a row per
+                   invocation, 4 rows each, 32 invocations a group, a token per z (matvec.glsl
+                   MV_ROWLANE: no subgroup op, shared memory or barrier)
   matmul_cm_<type> 128 rows x 128 tokens a work group on the tensor cores (KHR cooperative
                    matrices, native/shaders/matmul_cm.glsl): prefill where `coopmat_usable`
 """
@@ -25,6 +28,9 @@ MATVEC_ROWS = 8                       # rows per matvec_<type> work group (RPW i
 # types with a unit-per-thread decode matvec (matvec_w_<type>, matvec.glsl's MV_WORDS) -> its
 # rows per work group (MW_NR in matvec_w_<type>.comp)
 MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
+# CPU devices: types with a row-per-invocation matvec (matvec_c_<type>, matvec.glsl's MV_ROWLANE)
+# -> rows per work group (MC_WG in matvec_c_<type>.comp)
+MATVEC_ROWS_C = {t: 128 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
 # weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles)
@@ -40,23 +46,36 @@ class LinearKernel:
     tokens_per_group: int   # 1: one token per z of the grid
 
 
+def cm_subgroup_size(device) -> int | None:
+    """The subgroup size the matmul_cm pipelines require of `device` (32, where
+    VK_EXT_subgroup_size_control lets a compute pipeline ask for it), else None: the
+    device's own size must then be 32."""
+    sizes = getattr(device, "subgroup_sizes", None)
+    return CM_SUBGROUP if sizes and sizes[0] <= CM_SUBGROUP <= sizes[1] else None
+
+
 def coopmat_usable(device) -> bool:
     """Whether `device` (a gpu.device.Device) runs the matmul_cm_<type> kernels: the
     cooperative-matrix extension with a 16 x 16 x 16 f16 x f16 -> f32 subgroup shape
-    (what they use), subgroups of 32 lanes and their shared memory.  The environment
-    variable VRAMD_NO_COOPMAT turns them off (benchmarks of the portable path)."""
+    (what they use), subgroups of 32 lanes (required at pipeline creation, or the
+    device's size) and their shared memory.  The environment variable
+    VRAMD_NO_COOPMAT turns them off (benchmarks of the portable path)."""
     if os.environ.get("VRAMD_NO_COOPMAT"):
         return False   # set (to anything): the portable kernels, for comparison
     shapes = getattr(device, "coopmat", None) or []
     shape = any(s["m"] == 16 and s["n"] == 16 and s["k"] == 16 and s["a"] == "f16" and s["b"] == "f16"
                 and s["c"] == "f32" and s["result"] == "f32" and s["scope"] == "subgroup" for s in shapes)
-    return (shape and device.subgroup_size == CM_SUBGROUP
+    return (shape and (device.subgroup_size == CM_SUBGROUP or cm_subgroup_size(device) is not None)
             and device.limits.get("maxComputeSharedMemorySize", 0) >= CM_SHARED)
 
 
-def select(w, n_tokens: int, wo: int, coopmat: bool = False) -> LinearKernel:
+def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False) -> LinearKernel:
     """The kernel for `w` (an ops.Weight) over `n_tokens`, its rows bound at byte offset `wo`;
-    `coopmat`: the device runs the cooperative-matrix kernels (coopmat_usable)."""
+    `coopmat`: the device runs the cooperative-matrix kernels (coopmat_usable); `cpu`: the
+    device is a CPU (VkPhysicalDeviceType CPU, e.g. lavapipe)."""
+    if cpu and n_tokens < MATMUL_FROM and w.suffix in MATVEC_ROWS_C:
+        # (prefill keeps matmul_<type>: matvec_c per token measured no faster for 64 tokens on lavapipe)
+        return LinearKernel("matvec_c_" + w.suffix, MATVEC_ROWS_C[w.suffix], 1)
     if n_tokens >= MATMUL_FROM:
         if coopmat and w.suffix in CM_TYPES:
             return LinearKernel("matmul_cm_" + w.suffix, CM_ROWS, CM_TOKENS)

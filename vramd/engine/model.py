@@ -31,7 +31,7 @@ from vramd.engine.batch import TokenBatch
 from vramd.engine.decode_step import DecodeStep
 from vramd.engine.kvcache import KVCache, KVLayout
 from vramd.engine.ops import Ops
-from vramd.engine.scratch import logit_rows
+from vramd.engine.scratch import buffer_cap, chunk_tokens, logit_rows
 from vramd.engine.tensors import TensorTable
 from vramd.errors import ModelError
 
@@ -46,7 +46,12 @@ class TransformerModel:
                  gpu_routing: bool = True, spec=None):
         self.file = mf = loaded.file
         self.spec = spec or spec_for(mf)
-        self.ctx, self.batch = ctx, batch or self.spec.batch
+        # Tokens per chunk: what the scratch was laid out for (scratch_layout cuts it the same way,
+        # to this device's binding), and never more rows than it holds (a scratch laid out for
+        # the conservative cap, without a device, under a larger device's)
+        self.ctx = ctx
+        self.batch = min(chunk_tokens(self.spec, batch, buffer_cap(residency.limits)),
+                         scratch_region.tensors["ids"].nbytes // 4)
         self.ops = Ops(residency)
         self.residency = residency
         self.t = TensorTable(self.spec, mf, loaded.weights.tensors, loaded.host)
@@ -57,6 +62,10 @@ class TransformerModel:
         self.gpu_routed = [not layer.moe or (gpu_routing and moe.gpu_routable(self, i))
                            for i, layer in enumerate(self.spec.layers)]
         self._steps: dict[int, DecodeStep] = {}   # the replayed decode step, by batch size
+        # A recurrent state (qwen35) holds every position before rec_pos and cannot go back:
+        # a batch continues it (pos0 == rec_pos) or starts over at 0 (reset_state: the kernels
+        # start from zeros instead of reading it).
+        self.rec_pos, self.reset_state = 0, False
         self._timer = None
 
     @property
@@ -83,13 +92,48 @@ class TransformerModel:
         if batch.embeds and not self.spec.takes_embeds:
             raise ModelError(f"{self.file.path}: {self.spec.arch} models do not take input embeddings")
         self.kv.check(batch)
+        after = self._continue_state(batch)
         logits = self._run(batch)
+        self.rec_pos = after
         return logits if len(batch.out) != 1 or all_logits else logits[0]
+
+    def _continue_state(self, batch: TokenBatch) -> int:
+        """With a recurrent state: the batch starts at 0 or where the state is (else a ModelError:
+        the caller, runner.py's prefix reuse, must re-prefill).  Returns the state's position
+        after the batch; until the batch has run it is -1 (a failed batch leaves a state that
+        nothing may continue)."""
+        if not self.kv.recurrent:
+            return 0
+        pos0 = int(batch.pos[0])
+        if pos0 not in (0, self.rec_pos) or not (batch.pos == pos0 + np.arange(len(batch))).all():
+            raise ModelError(f"{self.file.path}: the recurrent state holds positions 0..{self.rec_pos - 1}: "
+                             f"a batch from position {pos0} cannot continue it (it restarts at 0)")
+        self.rec_pos = -1
+        return pos0 + len(batch)
+
+    def save_checkpoint(self) -> int:
+        """Copies the recurrent state (at position rec_pos) to its checkpoint; returns rec_pos."""
+        with self.ops.batch():
+            for state, ck in self.kv.checkpoint_pairs:
+                self.ops.copy(state, ck, state.nbytes)
+        self.ops.sync()
+        return self.rec_pos
+
+    def restore_checkpoint(self, pos: int) -> None:
+        """The recurrent state back to the checkpoint, which holds positions 0..pos-1 (the
+        caller, runner.py, knows which tokens those were)."""
+        with self.ops.batch():
+            for state, ck in self.kv.checkpoint_pairs:
+                self.ops.copy(ck, state, state.nbytes)
+        self.ops.sync()
+        self.rec_pos = pos
 
     def _run(self, batch: TokenBatch) -> np.ndarray:
         """The logits of batch.out's rows, [len(out), n_vocab] (forward() checked the batch)."""
         n = len(batch)
-        if batch.decode_shape and self.replays_decode and n <= REPLAY_TOKENS and len(set(batch.seq)) == 1:
+        if (batch.decode_shape and self.replays_decode and n <= REPLAY_TOKENS and len(set(batch.seq)) == 1
+                and not (self.kv.recurrent and int(batch.pos[0]) == 0)):   # the step never resets the state
+            self.reset_state = False
             return self._step(n).run(batch.ids, batch.pos, lambda: self._record(n, (n - 1,)))[None]
         size = min(self.batch, logit_rows(self.spec, self.batch)) if len(batch.out) > 1 else self.batch
         out = [o for o in (self._chunk(c) for c in batch.chunks(size)) if o is not None]
@@ -103,10 +147,12 @@ class TransformerModel:
         batch = TokenBatch.of(tokens, 0)
         batch.out = ()
         self.kv.check(batch)
+        after = self._continue_state(batch)
         out = []
         for k, chunk in enumerate(batch.chunks(self.batch)):
             start = k * self.batch
             out.append(self._chunk(chunk, hidden=tuple(r - start for r in rows if start <= r < start + len(chunk))))
+        self.rec_pos = after
         return np.concatenate(out, axis=0)
 
     def _step(self, n: int) -> DecodeStep:
@@ -139,7 +185,7 @@ class TransformerModel:
             blocks.logits(self, n, rows)
 
     def _layer(self, i: int, n: int) -> None:
-        blocks.attention(self, i, n)
+        blocks.mixer(self, i, n)
         if self.spec.layers[i].moe:
             moe.gpu_experts(self, i, n)
         else:
@@ -175,6 +221,7 @@ class TransformerModel:
             a["x"].write(np.ascontiguousarray(row), 4 * i * s.n_embd)
         a["ids"].write(ids)
         a["pos"].write(batch.pos.astype(np.int32))
+        self.reset_state = int(batch.pos[0]) == 0   # a recurrent state starts over with position 0
         if self.replays_decode:
             with ops.batch():
                 self._record(n, batch.out)

@@ -64,6 +64,15 @@ def gpu_routable(m, i: int) -> bool:
     return all(name not in m.t.host and m.ops.fits_matvec_id(m.t.stack(name)) for name in names)
 
 
+def activate(m, gate, up, out, n: int) -> None:
+    """The experts' gated activation: silu(gate) * up, or gpt-oss's clamped SwiGLU."""
+    moe = m.spec.moe
+    if moe.activation == "swiglu_oai":
+        m.ops.swiglu_oai(gate, up, out, n, moe.swiglu_alpha, moe.swiglu_limit)
+    else:
+        m.ops.silu_mul(gate, up, out, n)
+
+
 def gpu_experts(m, i: int, n: int) -> None:
     """Layer i's routed FFN on the GPU: x += sum_j w_j expert_j(h) (+ sigmoid(g . h)
     shared(h), qwen2moe); h = next norm.  A dispatch each for the routing, all
@@ -79,6 +88,8 @@ def gpu_experts(m, i: int, n: int) -> None:
             ops.matvec(t.matrix(p + "ffn_gate_inp_shexp.weight"), a["h"], a["shgate"], n)
             ops.matvec(t.matrix(p + "ffn_gate_shexp.weight"), a["h"], a["sg"], n)
             ops.matvec(t.matrix(p + "ffn_up_shexp.weight"), a["h"], a["su"], n)
+    if moe.biases:
+        ops.add(a["router"], t.vector(p + "ffn_gate_inp.bias"), a["router"], n * moe.n_expert, moe.n_expert)
     with ops.parallel():
         ops.moe_route(a["router"], a["route_ids"], a["route_w"], n, moe.n_expert, k, moe.renormalize)
         if shared:
@@ -89,8 +100,14 @@ def gpu_experts(m, i: int, n: int) -> None:
         ops.matvec_id(up, moe.n_expert, a["route_ids"], a["h"], a["eu"], slots, x_div=k)
         if shared:
             ops.matvec(t.matrix(p + "ffn_down_shexp.weight"), a["sg"], a["shexp"], n)
-    ops.silu_mul(a["eg"], a["eu"], a["eg"], slots * F)
+    if moe.biases:
+        with ops.parallel():
+            ops.add_id(a["eg"], t.vector(p + "ffn_gate_exps.bias"), a["route_ids"], slots, F, moe.n_expert)
+            ops.add_id(a["eu"], t.vector(p + "ffn_up_exps.bias"), a["route_ids"], slots, F, moe.n_expert)
+    activate(m, a["eg"], a["eu"], a["eg"], slots * F)
     ops.matvec_id(down, moe.n_expert, a["route_ids"], a["eg"], a["ed"], slots)
+    if moe.biases:
+        ops.add_id(a["ed"], t.vector(p + "ffn_down_exps.bias"), a["route_ids"], slots, E, moe.n_expert)
     ops.moe_combine(a["x"], a["ed"], a["route_w"], n, k, E, shared=a["shexp"] if shared else None,
                     shared_gate=a["shgate"] if shared else None)
     ops.rms_norm(a["x"], blocks.next_norm(m, i), a["h"], s.eps, n, E)
@@ -105,8 +122,10 @@ def host_routed_layer(m, i: int, n: int) -> None:
     p, E, F = f"blk.{i}.", s.n_embd, moe.n_ff_exp
     shared = moe.n_ff_shexp > 0
     with ops.batch():
-        blocks.attention(m, i, n)
+        blocks.mixer(m, i, n)
         ops.matvec(t.matrix(p + "ffn_gate_inp.weight"), a["h"], a["router"], n)
+        if moe.biases:
+            ops.add(a["router"], t.vector(p + "ffn_gate_inp.bias"), a["router"], n * moe.n_expert, moe.n_expert)
         if shared:   # qwen2moe's shared expert, and its scalar gate
             ops.matvec(t.matrix(p + "ffn_gate_inp_shexp.weight"), a["h"], a["shgate"], n)
             _dense_per_token(m, p + "ffn_gate_shexp", p + "ffn_up_shexp", p + "ffn_down_shexp", a["h"], a["shexp"],
@@ -121,7 +140,8 @@ def host_routed_layer(m, i: int, n: int) -> None:
         # The host's share: the gate (1), gate and up (2), or the whole
         # expert (3); the device takes up from `part`, or adds `cpu`.
         h = a["h"].read(np.float32, 0, 4 * n * E).reshape(n, E)
-        a["part" if n_host < 3 else "cpu"].write(_host_experts(m, names[:n_host], ids, weights, h))
+        a["part" if n_host < 3 else "cpu"].write(_host_experts(m, names[:n_host], ids, weights, h,
+                                                                _expert_biases(m, i, n_host)))
     with ops.batch():
         if n_host == 3:
             ops.add(a["x"], a["cpu"], a["x"], n * E)
@@ -135,14 +155,18 @@ def host_routed_layer(m, i: int, n: int) -> None:
                     if n_host == 0:
                         ops.matvec(t.expert(names[0], e), h_t, a["g1"], 1)
                         ops.matvec(t.expert(names[1], e), h_t, a["u1"], 1)
-                        ops.silu_mul(a["g1"], a["u1"], a["g1"], F)
+                        _expert_bias(m, p + "ffn_gate_exps.bias", e, a["g1"], F)
+                        _expert_bias(m, p + "ffn_up_exps.bias", e, a["u1"], F)
+                        activate(m, a["g1"], a["u1"], a["g1"], F)
                         ops.matvec(t.expert(names[2], e), a["g1"], a["tmp"], 1)
                     elif n_host == 1:
                         ops.matvec(t.expert(names[1], e), h_t, a["u1"], 1)
-                        ops.silu_mul(slot, a["u1"], a["g1"], F)
+                        _expert_bias(m, p + "ffn_up_exps.bias", e, a["u1"], F)
+                        activate(m, slot, a["u1"], a["g1"], F)
                         ops.matvec(t.expert(names[2], e), a["g1"], a["tmp"], 1)
                     else:
                         ops.matvec(t.expert(names[2], e), slot, a["tmp"], 1)
+                    _expert_bias(m, p + "ffn_down_exps.bias", e, a["tmp"], E)
                     ops.scale(a["tmp"], a["tmp"], E, float(weights[tok, j]))
                     ops.add(x_t, a["tmp"], x_t, E)
     if shared:
@@ -158,6 +182,33 @@ def host_routed_layer(m, i: int, n: int) -> None:
         ops.rms_norm(a["x"], blocks.next_norm(m, i), a["h"], s.eps, n, E)
 
 
+def _expert_bias(m, name: str, e: int, y, width: int) -> None:
+    """y += expert e's row of a stacked bias (gpt-oss), on the device; nothing without biases."""
+    if m.spec.moe.biases:
+        m.ops.add(y, view(m.t.vector(name), 4 * e * width, 4 * width), y, width)
+
+
+def _expert_biases(m, i: int, n_host: int) -> list[np.ndarray] | None:
+    """The stacked biases [n_expert, rows] of layer i's first n_host expert kinds, for
+    the host's share (read from the device once per model and layer: they are small)."""
+    if not m.spec.moe.biases:
+        return None
+    cache = m.__dict__.setdefault("_host_expert_biases", {})
+    if (i, n_host) not in cache:
+        cache[(i, n_host)] = [m.t.vector(f"blk.{i}.{kind}.bias").read(np.float32).reshape(m.spec.moe.n_expert, -1)
+                              for kind in EXPERT_KINDS[:n_host]]
+    return cache[(i, n_host)]
+
+
+def _activate_host(moe, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """activate()'s numpy twin for the host's experts."""
+    if moe.activation == "swiglu_oai":
+        g = np.minimum(g, moe.swiglu_limit)
+        u = np.clip(u, -moe.swiglu_limit, moe.swiglu_limit)
+        return g * (0.5 * (1.0 + np.tanh(0.5 * moe.swiglu_alpha * g))) * (u + 1.0)
+    return g * (0.5 * (1.0 + np.tanh(0.5 * g))) * u   # silu(gate) * up
+
+
 def _dense_per_token(m, gate: str, up: str, down: str, x, out, n: int, n_ff: int) -> None:
     """A dense SiLU-gated FFN for n tokens (the shared expert), through g1/u1 one token at a time."""
     ops, a, t, E = m.ops, m.act, m.t, m.spec.n_embd
@@ -169,7 +220,8 @@ def _dense_per_token(m, gate: str, up: str, down: str, x, out, n: int, n_ff: int
         ops.matvec(t.matrix(down + ".weight"), a["g1"], o_t, 1)
 
 
-def _host_experts(m, names: list[str], ids: np.ndarray, weights: np.ndarray, h: np.ndarray) -> np.ndarray:
+def _host_experts(m, names: list[str], ids: np.ndarray, weights: np.ndarray, h: np.ndarray,
+                  biases: list[np.ndarray] | None = None) -> np.ndarray:
     """The routed experts' host-placed tensors (names: gate; gate and up;
     or all three) for the slots of ids [n, k], from h [n, E].  Without
     down: [n*k, F] per slot, the gate's output or silu(gate) * up, for the
@@ -177,7 +229,9 @@ def _host_experts(m, names: list[str], ids: np.ndarray, weights: np.ndarray, h: 
 
     The slots are sorted by expert, so an expert several tokens chose is
     one job over all their rows (its weights read once), and a token's
-    experts are one call of the pool: gate and up together, then down."""
+    experts are one call of the pool: gate and up together, then down.
+    biases (gpt-oss): the stacked biases of the kinds in names, added to
+    each slot's output here (the device adds those of its own share)."""
     s = m.spec
     n, k = ids.shape
     flat = ids.reshape(-1)
@@ -185,19 +239,27 @@ def _host_experts(m, names: list[str], ids: np.ndarray, weights: np.ndarray, h: 
     experts, starts, counts = np.unique(flat[order], return_index=True, return_counts=True)
     x = np.ascontiguousarray(h[order // k], dtype=np.float32)   # each slot's token's h, in that order
     g = np.empty((n * k, s.moe.n_ff_exp), dtype=np.float32)
+    by_expert = flat[order]
     if len(names) == 1:
         _host_matmul(m, [(names[0], x, g)], experts, starts, counts)
+        if biases:
+            g += biases[0][by_expert]
         act = g
     else:
         u = np.empty_like(g)
         _host_matmul(m, [(names[0], x, g), (names[1], x, u)], experts, starts, counts)
-        act = g * (0.5 * (1.0 + np.tanh(0.5 * g))) * u   # silu(gate) * up
+        if biases:
+            g += biases[0][by_expert]
+            u += biases[1][by_expert]
+        act = _activate_host(s.moe, g, u).astype(np.float32)
     if len(names) < 3:
         part = np.empty_like(act)
         part[order] = act
         return part
     d = np.empty((n * k, s.n_embd), dtype=np.float32)
     _host_matmul(m, [(names[2], act, d)], experts, starts, counts)
+    if biases:
+        d += biases[2][by_expert]
     by_slot = np.empty_like(d)
     by_slot[order] = d
     return (by_slot.reshape(n, k, s.n_embd) * weights[:, :, None]).sum(axis=1).astype(np.float32)

@@ -1,6 +1,6 @@
 """The compute ops of the forward pass: a small Python API over the GLSL
 kernels in native/shaders/ (matvec_<type>, get_rows_<type>, rms_norm, rope,
-kv_write, attention, silu_mul, add, scale; for mixture-of-experts models
+kv_write, attention (attention_flash for prefill), silu_mul, add, scale; for mixture-of-experts models
 moe_route, matvec_id_<type> and moe_combine).
 
 Owns: `Ops` (one per residency core: the pipelines, the recording batch),
@@ -38,9 +38,10 @@ the forward pass should record).  Nothing waits for the GPU except `sync()`
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 
-from vramd.engine import linear
+from vramd.engine import attention_cm, linear
 from vramd.errors import DeviceError, ModelError, UsageError
 from vramd.gpu.kernels import Batch, Kernel, grid
 
@@ -57,20 +58,47 @@ WEIGHT_TYPES = {int(F32): ("f32", 1, 4), int(F16): ("f16", 1, 2), int(BF16): ("b
 # GGML's fixed values for Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (native/shaders/dequant_k.glsl)
 WEIGHT_TYPES.update({3: ("q4_1", 32, 20), 6: ("q5_0", 32, 22), 7: ("q5_1", 32, 24), 12: ("q4_k", 256, 144),
                      13: ("q5_k", 256, 176), 14: ("q6_k", 256, 210)})
+# MXFP4 (39, gpt-oss's experts): 17-byte blocks, so rows may start at any byte (native/shaders/dequant_mxfp4.glsl)
+WEIGHT_TYPES[39] = ("mxfp4", 32, 17)
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
-            "kv_write": (3, 32), "attention": (5, 64), "silu_mul": (3, 16), "add": (3, 20),
-            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (2, 20),
-            "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36)}
+            "kv_write": (3, 32), "attention": (6, 72), "attention_flash": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
+            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (3, 24),
+            "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36),
+            "swiglu_oai": (3, 24), "add_id": (3, 20)}
 
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
+_FLASH_HEAD_DIM = 256     # attention_flash.comp: MAXW * 2 (larger heads take attention.comp)
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
 _SPLIT_GROUPS = 1024      # decode attention: work groups aimed at (heads x ranges), ~8 per SM of an H200;
                           # more cost more than they share (8192 at ctx 8192 made a step 1.3 ms slower)
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
 ROUTE_MAX_EXPERTS = 1024  # moe_route.comp: MAX_EXPERT (its shared copy of a token's logits)
 ROUTE_MAX_USED = 64       # moe_route.comp: MAX_USED
+
+
+FLASH_K32_SHARED = 41856  # attention_flash_k32.comp's shared bytes: Q 2112 vec2, K/V 32 x 129 words, scores 64 x 33
+FLASH_K16_SHARED = 29504  # attention_flash.comp's (16-key tiles)
+
+
+def flash_kernel(limits: dict) -> str | None:
+    """The prefill attention kernel a device takes: K/V tiles of 32 keys where its shared
+    memory holds them (the H200's 48 KiB), else of 16 (29 KiB: lavapipe's 32 KiB), else none
+    (Vulkan guarantees only 16 KiB: such a device runs attention.comp, a work group per head
+    and token).  VRAMD_FLASH_K16 (set to anything) keeps the 16-key tiles (benchmarks of one
+    against the other)."""
+    shared = limits.get("maxComputeSharedMemorySize", 0)
+    if shared < FLASH_K16_SHARED:
+        return None
+    if os.environ.get("VRAMD_FLASH_K16"):
+        return "attention_flash"
+    return "attention_flash_k32" if shared >= FLASH_K32_SHARED else "attention_flash"
+
+
+def flash_rows(head_dim: int) -> int:
+    """Query rows ((token, q head) pairs) of one attention_flash.comp work group: its Q tile's size."""
+    return 64 if head_dim <= 64 else 32 if head_dim <= 128 else 16
 
 
 def type_name(qtype) -> str:
@@ -177,11 +205,18 @@ class Ops:
         self.max_groups = lim["maxComputeWorkGroupCount"]
         self.subgroup_size = _check_subgroups(residency.device)
         self.coopmat = linear.coopmat_usable(residency.device)   # tensor-core matmuls (False: the portable ones)
+        self.flash = flash_kernel(lim)   # prefill attention's kernel (its K/V tile by the shared memory)
+        self.flash_cm = attention_cm.usable(residency.device)    # tensor-core prefill attention (VRAMD_FLASH_CM=0: off)
+        self.cpu = residency.device.type == "cpu"   # linear.select(): the row-per-invocation forms
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
         self._spare: Batch | None = None      # reused by batch()
         self._graphs: list[Batch] = []
+        # A vramd.gpu.timing.Timestamps that every batch() writes into (None: untimed): the
+        # prefill profile (`vramd bench decode --profile-prefill`), matmul benchmarks.  Each
+        # batch resets it, so read it after the one batch of interest has completed.
+        self.timer = None
 
     # -- recording ---------------------------------------------------------
 
@@ -193,6 +228,7 @@ class Ops:
             raise UsageError("a batch is already recording")
         b = self._spare or Batch(self.residency)
         self._spare = None
+        b.timer = self.timer
         b.begin()
         self._batch = b
         try:
@@ -277,7 +313,10 @@ class Ops:
         k = self._kernels.get(name)
         if k is None:
             n, push = _KERNELS[family or name]
-            k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push)
+            # the tensor-core kernels assume 32-lane subgroups: asked for where the device can be asked
+            cm = name.startswith(("matmul_cm_", "attention_flash_cm_"))
+            sub = linear.cm_subgroup_size(self.residency.device) if cm else None
+            k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push, subgroup_size=sub)
         return k
 
     def _dispatch(self, kernel: Kernel, views, push: bytes, groups, *, label: str | None = None,
@@ -355,7 +394,7 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
-            sel = linear.select(w, n_tokens, wo, self.coopmat)
+            sel = linear.select(w, n_tokens, wo, self.coopmat, cpu=self.cpu)
             k = self._kernel(sel.name, "matvec")
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(-(-n // sel.rows_per_group), self.max_groups)
@@ -589,7 +628,8 @@ class Ops:
 
     def attention(self, q, k_cache, v_cache, pos, out, n_tokens: int, n_heads: int, n_kv_heads: int,
                   head_dim: int, ctx: int, scale: float, *, window: int = 0, q_stride: int | None = None,
-                  o_stride: int | None = None, tmp=None, softcap: float = 0.0) -> None:
+                  o_stride: int | None = None, tmp=None, softcap: float = 0.0,
+                  flash: bool = True, sinks=None) -> None:
         """out[t, h*hd:(h+1)*hd] = softmax_j(scale * q[t, h] . K[j, kvh]) V[j, kvh]
         over cache rows j <= pos[t] (and j > pos[t] - window when window > 0),
         kvh = h // (n_heads // n_kv_heads); softcap > 0 caps each score s
@@ -601,7 +641,21 @@ class Ops:
         out: f32 [n_tokens, o_stride] (default n_heads*head_dim).  The rows
         of the current tokens must be written (kv_write) before, in order.
         tmp: f32 scratch free during the op; given, a single token (decode)
-        runs its keys in ranges over many work groups (_attention_split)."""
+        runs its keys in ranges over many work groups (_attention_split).
+
+        Kernels: several tokens (prefill) with head_dim <= 256 take the
+        flash form (attention_flash.comp: a work group per KV head and tile
+        of query rows, K/V tiles shared by the group's q heads and tokens;
+        attention_flash_k32.comp, tiles of 32 keys, where the shared memory
+        holds them: flash_kernel; on a device with cooperative matrices and
+        head_dim 64, 128 or 256 the tensor-core form attention_flash_cm_d<D>,
+        engine/attention_cm.py);
+        a single token the split form; what is left (a token without tmp,
+        heads over 256; flash=False, the reference the flash form is tested
+        against) attention.comp, a work group per (head, token).  Every form
+        takes the sinks.
+        sinks: f32 [n_heads], a logit per head that joins each softmax's
+        denominator without a value (gpt-oss's attention sinks); None: none."""
         if n_kv_heads < 1 or n_heads % n_kv_heads:
             raise ModelError(f"{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads")
         if head_dim % 2 or head_dim > _MAX_HEAD_DIM:
@@ -609,23 +663,41 @@ class Ops:
         width = n_kv_heads * head_dim
         q_stride = n_heads * head_dim if q_stride is None else int(q_stride)
         o_stride = n_heads * head_dim if o_stride is None else int(o_stride)
-        if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
-            raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
         qv, qo = self._bind(q, 4 * ((n_tokens - 1) * q_stride + n_heads * head_dim), "attention q")
         kv, ko = self._bind(k_cache, 2 * ctx * width, "attention K cache")
         vv, vo = self._bind(v_cache, 2 * ctx * width, "attention V cache")
         pv, po = self._bind(pos, 4 * n_tokens, "attention positions")
         ov, oo = self._bind(out, 4 * ((n_tokens - 1) * o_stride + n_heads * head_dim), "attention out")
+        # the sinks' binding: the positions stand in (never read) when there are none
+        sink = (pv, po, 0) if sinks is None else (*self._bind(sinks, 4 * n_heads, "attention sinks"), 1)
         if n_tokens == 1 and tmp is not None and self._attention_split(qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp,
                                                                      n_heads, n_kv_heads, head_dim, ctx, scale, window,
-                                                                     softcap):
+                                                                     softcap, sink):
             return
-        push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
-                           po, oo, o_stride, ctx, int(window), scale, softcap)
-        self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov], push, (n_heads, n_tokens, 1))
+        # every prefill and fallback kernel takes the same push constants and bindings
+        push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
+                           po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
+        cm = (attention_cm.kernel(head_dim, self.residency.device.limits.get("maxComputeSharedMemorySize", 0))
+              if flash and self.flash_cm and n_tokens > 1 else None)
+        if cm:   # the tensor-core form
+            tiles = attention_cm.tiles(n_tokens, n_heads, n_kv_heads)
+            if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
+                raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
+            self._dispatch(self._kernel(cm, "attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_kv_heads, tiles, 1))
+            return
+        if flash and self.flash and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
+            tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
+            if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
+                raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
+            self._dispatch(self._kernel(self.flash, "attention_flash"), [qv, kv, vv, pv, ov, sink[0]], push,
+                           (n_kv_heads, tiles, 1))
+            return
+        if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
+            raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
+        self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_heads, n_tokens, 1))
 
     def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,
-                         scale, window, softcap=0.0) -> bool:
+                         scale, window, softcap=0.0, sink=None) -> bool:
         """One query token (decode): its keys in ranges, a work group per (head,
         range) (attention_split.comp), then a merge per head
         (attention_merge.comp), with the partial states in `tmp` (f32 scratch
@@ -642,8 +714,9 @@ class Ops:
         push = struct.pack("<13I2f", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
                            ctx, int(window), chunk, n_splits, scale, softcap)
         self._dispatch(self._kernel("attention_split"), [qv, kv, vv, pv, tv], push, (n_heads, n_splits, 1))
-        self._dispatch(self._kernel("attention_merge"), [tv, ov], struct.pack("<5I", head_dim, n_splits, to, oo, 0),
-                       (n_heads, 1, 1))
+        sink = sink or (pv, po, 0)   # (view, float offset, has_sink): see attention
+        self._dispatch(self._kernel("attention_merge"), [tv, ov, sink[0]],
+                       struct.pack("<6I", head_dim, n_splits, to, oo, sink[2], sink[1]), (n_heads, 1, 1))
         return True
 
     def silu_mul(self, gate, up, out, n: int) -> None:
@@ -653,6 +726,24 @@ class Ops:
         ov, oo = self._bind(out, 4 * n, "silu_mul out")
         self._dispatch(self._kernel("silu_mul"), [gv, uv, ov], struct.pack("<4I", n, go, uo, oo),
                        self._groups1d(n, self.max_groups))
+
+    def swiglu_oai(self, gate, up, out, n: int, alpha: float, limit: float) -> None:
+        """out[i] = min(g, limit) sigmoid(alpha min(g, limit)) (clamp(u, +-limit) + 1), i < n
+        (gpt-oss's clamped SwiGLU; f32; out may be gate or up)."""
+        gv, go = self._bind(gate, 4 * n, "swiglu_oai gate")
+        uv, uo = self._bind(up, 4 * n, "swiglu_oai up")
+        ov, oo = self._bind(out, 4 * n, "swiglu_oai out")
+        self._dispatch(self._kernel("swiglu_oai"), [gv, uv, ov], struct.pack("<4I2f", n, go, uo, oo, alpha, limit),
+                       self._groups1d(n, self.max_groups))
+
+    def add_id(self, y, bias, ids, n_slots: int, width: int, n_expert: int) -> None:
+        """y[s, :] += bias[ids[s], :] for s < n_slots (f32 rows of `width`; bias
+        [n_expert, width]; ids uint32 per slot, e.g. moe_route's): per-expert biases."""
+        yv, yo = self._bind(y, 4 * n_slots * width, "add_id y")
+        bv, bo = self._bind(bias, 4 * n_expert * width, "add_id bias")
+        iv, io = self._bind(ids, 4 * n_slots, "add_id ids")
+        self._dispatch(self._kernel("add_id"), [yv, bv, iv], struct.pack("<5I", n_slots, width, yo, bo, io),
+                       self._groups1d(n_slots * width, self.max_groups))
 
     def add(self, a, b, out, n: int, b_len: int | None = None) -> None:
         """out[i] = a[i] + b[i % b_len], i < n (f32).  b_len = n (default):

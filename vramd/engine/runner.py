@@ -20,6 +20,7 @@ import zlib
 from typing import Callable
 
 from vramd.engine.arch import spec_for
+from vramd.engine.batch import TokenBatch
 from vramd.engine.chat import MEDIA_MARKER, ChatTemplate, encode_prompt
 from vramd.engine.embed import embedding, pooling_of, rows_needed
 from vramd.engine.fim import FimTokens
@@ -36,11 +37,13 @@ __all__ = ["Engine", "Prompt"]
 
 class Engine:
     def __init__(self, loaded, residency, ctx: int, encoder=None, text=None, overflow: str = "error",
-                 pooling: str | None = None):
+                 pooling: str | None = None, chunk: int | None = None):
         """text: (tokenizer, template) made by text_front() before the load
         (the daemon does, so that a bad vocabulary costs no GPU time); made
         here when not given.  overflow: the --context-overflow policy
-        (vramd/engine/overflow.py).  pooling: --pooling (None: the file's)."""
+        (vramd/engine/overflow.py).  pooling: --pooling (None: the file's).
+        chunk: --prefill-chunk, the tokens per prefill chunk the scratch was
+        laid out for (None: the spec's default; vramd/engine/scratch.py)."""
         mf = loaded.file
         self.ctx = ctx
         if overflow not in POLICIES:
@@ -52,8 +55,9 @@ class Engine:
         self.spec = spec_for(mf)
         self.pooling = pooling_of(mf, pooling)
         self.fim = FimTokens.find(mf.metadata, self.tokenizer)
-        self.model = TransformerModel(loaded, residency, ctx, loaded.scratch, spec=self.spec)
+        self.model = TransformerModel(loaded, residency, ctx, loaded.scratch, chunk, spec=self.spec)
         self.cached: list[int] = []       # tokens whose K/V are in the cache, positions 0..
+        self.checkpoint: list[int] | None = None   # tokens the recurrent state's checkpoint holds (qwen35)
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
 
     @staticmethod
@@ -173,12 +177,46 @@ class Engine:
         limit = min(len(self.cached), len(ids) - 1)  # recompute at least one token for its logits
         while keep < limit and self.cached[keep] == ids[keep]:
             keep += 1
+        if self.model.kv.recurrent:
+            return self._prefill_recurrent(ids, keep, embeds)
         self.cached = self.cached[:keep]
         if embeds:
             rest = {i - keep: v for i, v in embeds.items() if i >= keep}
             logits = self.model.forward(ids[keep:], keep, embeds=rest)
         else:
             logits = self.model.forward(ids[keep:], keep)
+        self.cached = list(ids)
+        self.stats["prompt_tokens"] += len(ids)
+        self.stats["reused_tokens"] += keep
+        return logits, keep
+
+    def _prefill_recurrent(self, ids: list[int], keep: int, embeds: dict | None):
+        """_prefill with a recurrent state (qwen35), which cannot be cut back to a shared prefix:
+        it continues only from where it is (keep == len(cached)) or from the checkpoint, the state
+        after the last prefilled prompt but its last token (self.checkpoint: those tokens), when
+        that is a prefix of ids; else everything is computed again from position 0.  The
+        checkpoint is then taken after ids[:-1] (the same prompt again, or one that continues a
+        prompt rather than its reply, resumes there).  docs/architecture.md, "Prefix reuse"."""
+        ck = self.checkpoint
+        if keep < len(self.cached) or self.model.rec_pos != len(self.cached):   # (a failed batch: -1)
+            keep = len(ck) if ck is not None and len(ck) < len(ids) and ids[:len(ck)] == ck else 0
+            if keep:
+                self.model.restore_checkpoint(keep)
+        self.cached = []   # what the state holds is being replaced from here on
+        if ck is not None and keep < len(ck):
+            # the batch rewrites the attention layers' K/V rows the checkpoint's state goes with:
+            # it is gone from here on, even if the batch fails before the new one is taken
+            self.checkpoint = None
+        embeds = embeds or {}
+        body = ids[keep:-1]
+        if body:   # no logits wanted: the batch's out rows are none
+            batch = TokenBatch.of(body, keep, embeds={i - keep: v for i, v in embeds.items() if keep <= i < len(ids) - 1})
+            batch.out = ()
+            self.model.forward(batch)
+        self.model.save_checkpoint()
+        self.checkpoint = list(ids[:-1])
+        last = {0: embeds[len(ids) - 1]} if len(ids) - 1 in embeds else None
+        logits = self.model.forward(ids[-1:], len(ids) - 1, embeds=last)
         self.cached = list(ids)
         self.stats["prompt_tokens"] += len(ids)
         self.stats["reused_tokens"] += keep
@@ -253,7 +291,7 @@ class Engine:
             raise UsageError("an embedding input is empty")
         if len(ids) > self.ctx:   # no overflow policy cuts an input: its vector would be of another text
             raise UsageError(f"an embedding input of {len(ids)} tokens: the context holds {self.ctx} (--ctx)")
-        self.cached = []   # rows 0.. are overwritten from here on, whatever happens
+        self.cached, self.checkpoint = [], None   # rows 0.. are overwritten from here on, whatever happens
         rows = self.model.hidden(ids, rows_needed(self.pooling, len(ids)))
         self.cached = list(ids)
         self.stats["prompt_tokens"] += len(ids)

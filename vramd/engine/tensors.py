@@ -30,15 +30,25 @@ def required(spec) -> tuple[dict, dict]:
         mats["output.weight"] = (E, V)
     for i, layer in enumerate(spec.layers):
         p, Q, KV, hd = f"blk.{i}.", spec.q_width_of(i), spec.kv_width_of(i), spec.head_dim_of(i)
-        vecs.update({p + "attn_norm.weight": E, p + "ffn_norm.weight": E})
-        if spec.fused_qkv:
+        vecs.update({p + "attn_norm.weight": E, p + spec.ffn_norm + ".weight": E})
+        if spec.attn_sinks:
+            vecs[p + "attn_sinks.weight"] = spec.n_head
+        if layer.recurrent:   # Gated DeltaNet (vramd/engine/deltanet.py)
+            d = spec.deltanet
+            mats.update({p + "attn_qkv.weight": (E, d.conv_dim), p + "attn_gate.weight": (E, d.value_dim),
+                         p + "ssm_alpha.weight": (E, d.hv), p + "ssm_beta.weight": (E, d.hv),
+                         p + "ssm_out.weight": (d.value_dim, E), p + "ssm_conv1d.weight": (d.d_conv, d.conv_dim)})
+            vecs.update({p + "ssm_dt.bias": d.hv,
+                         p + "ssm_a": d.hv, p + "ssm_norm.weight": d.s})
+        elif spec.fused_qkv:
             mats[p + "attn_qkv.weight"] = (E, Q + 2 * KV)
         else:
-            mats.update({p + "attn_q.weight": (E, Q), p + "attn_k.weight": (E, KV)})
+            mats.update({p + "attn_q.weight": (E, 2 * Q if spec.attn_gate else Q), p + "attn_k.weight": (E, KV)})
             if not layer.v_from_k:
                 mats[p + "attn_v.weight"] = (E, KV)
-        mats[p + "attn_output.weight"] = (Q, E)
-        if spec.qk_norm:
+        if not layer.recurrent:
+            mats[p + "attn_output.weight"] = (Q, E)
+        if spec.qk_norm and not layer.recurrent:
             vecs.update({p + "attn_q_norm.weight": hd, p + "attn_k_norm.weight": hd})
         if spec.post_norms:
             vecs.update({p + "post_attention_norm.weight": E, p + "post_ffw_norm.weight": E})
@@ -54,6 +64,10 @@ def required(spec) -> tuple[dict, dict]:
                      p + "ffn_gate_exps.weight": (E, m.n_ff_exp, m.n_expert),
                      p + "ffn_up_exps.weight": (E, m.n_ff_exp, m.n_expert),
                      p + "ffn_down_exps.weight": (m.n_ff_exp, E, m.n_expert)})
+        if m.biases:   # gpt-oss: the router's bias, and F32 [n_expert, rows] stacks of the experts' biases
+            vecs[p + "ffn_gate_inp.bias"] = m.n_expert
+            mats.update({p + "ffn_gate_exps.bias": (m.n_ff_exp, m.n_expert),
+                         p + "ffn_up_exps.bias": (m.n_ff_exp, m.n_expert), p + "ffn_down_exps.bias": (E, m.n_expert)})
         if m.n_ff_shexp:
             S = m.n_ff_shexp
             mats.update({p + "ffn_gate_inp_shexp.weight": (E,), p + "ffn_gate_shexp.weight": (E, S),

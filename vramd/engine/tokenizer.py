@@ -92,6 +92,7 @@ _PRE_FAMILIES = {
     "llama3": "llama3", "llama-v3": "llama3", "llama-bpe": "llama3", "falcon3": "llama3",
     "dbrx": "llama3", "smaug-bpe": "llama3",
     "qwen2": "qwen2", "stablelm2": "qwen2", "megrez": "qwen2",
+    "gpt-4o": "gpt4o",      # gpt-oss (o200k)
 }
 # llama.cpp sets ignore_merges for these (a word that is itself a piece is not merged).
 _IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "falcon3"}
@@ -253,6 +254,11 @@ class Tokenizer:
         for tid in eog:
             # llama.cpp: "control-looking token ... its type will be overridden".
             self.types[tid] = int(TokenType.CONTROL)
+        # llama.cpp's workaround for harmony (gpt-oss's o200k_harmony): with <|return|> and <|call|>
+        # in the vocabulary, <|end|> closes a message (the analysis channel), not the answer.
+        ends = {i for i, text in enumerate(self.tokens) if text == "<|end|>"}
+        if ends and {"<|return|>", "<|call|>"} <= set(self.tokens[i] for i in eog):
+            eog -= ends
         if self.eos_id is not None:
             eog.add(self.eos_id)
         self.eog_ids = frozenset(eog)
@@ -615,6 +621,17 @@ def _pre_tokenizer(family: str):
         return re.compile("[^\n]+|[\n]+").findall
     L, N = _unicode_classes()
     S = _WHITESPACE
+    contraction = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    if family == "gpt4o":
+        # llama.cpp's form of o200k's regex (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_GPT4O): \p{Lu}-ish
+        # runs are "a letter not a-z", \p{Ll}-ish "a letter not A-Z" (only ASCII case is told apart):
+        # [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|...)?
+        # |[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|...)?
+        # |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+        upper, lower = f"(?:(?=[{L}])[^a-z])", f"(?:(?=[{L}])[^A-Z])"
+        pattern = (f"[^\r\n{L}{N}]?{upper}*{lower}+{contraction}|[^\r\n{L}{N}]?{upper}+{lower}*{contraction}"
+                   f"|[{N}]{{1,3}}| ?[^{S}{L}{N}]+[\r\n/]*|[{S}]*[\r\n]+|[{S}]+(?![^{S}])|[{S}]+")
+        return re.compile(pattern).findall
     if family == "gpt2":
         # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
         pattern = (f"'s|'t|'re|'ve|'m|'ll|'d| ?[{L}]+| ?[{N}]+| ?[^{S}{L}{N}]+"

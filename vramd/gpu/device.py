@@ -24,7 +24,7 @@ INSTALL_HINT = ("install the Vulkan loader and a driver: `apt install libvulkan1
 # Extensions the core uses when present; none is required.  VK_KHR_cooperative_matrix:
 # the tensor-core matmul_cm_<type> kernels (vramd/engine/linear.py chooses them).
 WANTED_EXTENSIONS = ("VK_EXT_external_memory_host", "VK_EXT_memory_budget", "VK_KHR_timeline_semaphore",
-                     "VK_KHR_cooperative_matrix")
+                     "VK_KHR_cooperative_matrix", "VK_EXT_subgroup_size_control")
 
 # VkComponentTypeKHR / VkScopeKHR values -> names (describe(), linear.py's checks).
 _COMPONENTS = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16",
@@ -194,11 +194,16 @@ class Device:
 
         # Timeline semaphores: core in 1.2 (feature bit), else the KHR extension.
         # With them: f16 arithmetic, 16-bit storage and cooperative matrices (queried in one chain).
+        # And the subgroup size control (matmul_cm_<type> asks for subgroups of 32 lanes).
+        has_ssc = "VK_EXT_subgroup_size_control" in available
+        sscf = vk.VkPhysicalDeviceSubgroupSizeControlFeatures(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES)
         cmf = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR)
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
+            pNext=sscf if has_ssc else None)
         s16 = vk.VkPhysicalDevice16BitStorageFeatures(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
-            pNext=cmf if "VK_KHR_cooperative_matrix" in available else None)
+            pNext=cmf if "VK_KHR_cooperative_matrix" in available else (sscf if has_ssc else None))
         f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, pNext=s16)
         tl = vk.VkPhysicalDeviceTimelineSemaphoreFeatures(
@@ -207,11 +212,20 @@ class Device:
         vk.vkGetPhysicalDeviceFeatures2(self.physical, f2)
         self.float16 = api_12 and bool(f16.shaderFloat16)
         self.storage16 = api_12 and bool(s16.storageBuffer16BitAccess)
-        sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
+        sscp = vk.VkPhysicalDeviceSubgroupSizeControlProperties(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES)
+        sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
+                                                    pNext=sscp if has_ssc else None)
         vk.vkGetPhysicalDeviceProperties2(
             self.physical, vk.VkPhysicalDeviceProperties2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
                                                           pNext=sub))
         self.subgroup_size = int(sub.subgroupSize)
+        # Subgroup sizes a compute pipeline may require (VK_EXT_subgroup_size_control, core in
+        # 1.3): (min, max), or None; full_subgroups: every subgroup of a work group complete.
+        ssc = (has_ssc and api_12 and bool(sscf.subgroupSizeControl)
+               and bool(sscp.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT))
+        self.subgroup_sizes = (int(sscp.minSubgroupSize), int(sscp.maxSubgroupSize)) if ssc else None
+        self.full_subgroups = ssc and bool(sscf.computeFullSubgroups)
         self.limits["maxComputeSharedMemorySize"] = int(lim.maxComputeSharedMemorySize)
         # Cooperative matrices: the extension and its feature, on a device with f16 arithmetic
         # (the kernels' tiles are f16); the shapes it offers (linear.py picks by them).
@@ -223,6 +237,8 @@ class Device:
         exts = [e for e in WANTED_EXTENSIONS if e in available]
         if not self.coopmat and "VK_KHR_cooperative_matrix" in exts:
             exts.remove("VK_KHR_cooperative_matrix")
+        if self.subgroup_sizes is None and "VK_EXT_subgroup_size_control" in exts:
+            exts.remove("VK_EXT_subgroup_size_control")
         if api_12 and "VK_KHR_timeline_semaphore" in exts:
             exts.remove("VK_KHR_timeline_semaphore")  # core: the feature bit is enough
         self.extensions = frozenset(exts)
@@ -235,9 +251,14 @@ class Device:
         qinfos = [vk.VkDeviceQueueCreateInfo(queueFamilyIndex=f, queueCount=1, pQueuePriorities=prio)
                   for f in sorted({self.compute_family, self.transfer_family})]
         on = lambda b: vk.VK_TRUE if b else vk.VK_FALSE  # noqa: E731
+        enable_ssc = (vk.VkPhysicalDeviceSubgroupSizeControlFeatures(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES,
+            subgroupSizeControl=vk.VK_TRUE, computeFullSubgroups=on(self.full_subgroups))
+            if self.subgroup_sizes else None)
         enable_cm = (vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, cooperativeMatrix=vk.VK_TRUE)
-            if self.coopmat else None)
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, cooperativeMatrix=vk.VK_TRUE,
+            pNext=enable_ssc)
+            if self.coopmat else enable_ssc)
         enable_s16 = vk.VkPhysicalDevice16BitStorageFeatures(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, pNext=enable_cm,
             storageBuffer16BitAccess=on(self.storage16))
@@ -298,6 +319,7 @@ class Device:
                 "dedicated_transfer": self.dedicated_transfer, "timeline": self.timeline,
                 "extensions": sorted(self.extensions), "limits": self.limits, "heaps": self.heaps,
                 "float16": self.float16, "storage16": self.storage16, "subgroup_size": self.subgroup_size,
+                "subgroup_sizes": list(self.subgroup_sizes) if self.subgroup_sizes else None,
                 "coopmat": self.coopmat}
 
     def wait_idle(self):

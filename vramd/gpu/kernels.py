@@ -24,6 +24,10 @@ _HERE = Path(__file__).resolve().parent
 SHADER_DIRS = (_HERE / "shaders", _HERE.parent.parent / "native" / "shaders")
 LOCAL_SIZE = 256
 _MAX_IN_FLIGHT = 64
+# VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT(_EXT): the `vulkan` binding
+# (1.3.275.1) leaves the extension's flag names None, as it does the _EXT structure types
+# of VK_EXT_subgroup_size_control (device.py and below use the core 1.3 names: same values).
+_REQUIRE_FULL_SUBGROUPS = 0x2
 
 
 def shader_path(name: str) -> Path:
@@ -38,8 +42,11 @@ class Kernel:
     """A compute pipeline with `n_buffers` storage buffers (set 0, bindings
     0..n-1) and `push_bytes` of push constants."""
 
-    def __init__(self, residency, name: str, n_buffers: int, push_bytes: int, spv: Path | None = None):
-        """`spv`: a compiled shader of one's own (tests/gpu's); by default `name`'s in SHADER_DIRS."""
+    def __init__(self, residency, name: str, n_buffers: int, push_bytes: int, spv: Path | None = None,
+                 subgroup_size: int | None = None):
+        """`spv`: a compiled shader of one's own (tests/gpu's); by default `name`'s in SHADER_DIRS.
+        `subgroup_size`: the pipeline requires subgroups of that many lanes, all full
+        (VK_EXT_subgroup_size_control: the caller checked device.subgroup_sizes)."""
         self.residency = residency
         dev = residency.device
         vk = self.vk = dev.vk
@@ -61,8 +68,12 @@ class Kernel:
         self.layout = vk.vkCreatePipelineLayout(
             self.dev, vk.VkPipelineLayoutCreateInfo(pSetLayouts=layouts, pPushConstantRanges=ranges), None)
         # Nested structs stay in locals until the call returns (brief §6).
+        required = (vk.VkPipelineShaderStageRequiredSubgroupSizeCreateInfo(
+            sType=vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO,
+            requiredSubgroupSize=subgroup_size) if subgroup_size else None)
+        full = _REQUIRE_FULL_SUBGROUPS if subgroup_size and dev.full_subgroups else 0
         stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
-                                                   pName="main")
+                                                   pName="main", pNext=required, flags=full)
         info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
         self.pipeline = vk.vkCreateComputePipelines(self.dev, None, 1, [info], None)[0]
         sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,

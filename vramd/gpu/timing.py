@@ -46,12 +46,14 @@ class Timestamps:
         self.labels: list[tuple[str, int]] = []   # per dispatch recorded: (label, bytes read)
         self.count = 0                             # timestamps recorded
         self.truncated = False                     # more dispatches than the pool holds
+        self.resets = 0                            # recordings begun into it (a reader can check it saw one)
         self._data = ffi.new("uint64_t[]", self.capacity)
 
     def reset(self, cmd) -> None:
         """Recorded first in a command buffer: clears the pool, forgets labels."""
         self.vk.lib.vkCmdResetQueryPool(cmd, self.pool, 0, self.capacity)
         self.labels, self.count, self.truncated = [], 0, False
+        self.resets += 1
 
     def stamp(self, cmd, label: str | None = None, nbytes: int = 0) -> None:
         """A timestamp once everything recorded before it is done; `label`

@@ -65,6 +65,11 @@ class Footprint:
     layouts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)   # region -> [(tensor, bytes)]
     limits: dict = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     runnable: bool = True                    # False: the engine does not run it; scratch is the loader's estimate
+    chunk: int | None = None                 # tokens per prefill chunk the scratch holds (None: not runnable)
+    max_buffer: int = 128 << 20              # the bytes of one activation buffer the chunk was cut to
+                                             # (vramd/engine/scratch.py's buffer_cap)
+    max_buffer_source: str = "assumed"       # "device" (its limits), "given" (--max-buffer) or "assumed"
+                                             # (no device: lavapipe's, the Vulkan minimum)
 
     # The regions, their kind, and whether they have a host shadow.
     REGIONS = {"weights": "weights", "kv": "state", "scratch": "scratch", "encoder": "encoder",
@@ -74,6 +79,12 @@ class Footprint:
     def host_tensors(self) -> list[str]:
         """The expert tensors kept in host memory (--n-cpu-moe), outside the residency swap."""
         return [t["name"] for t in self.plan.tensors if t["placement"] == "host"]
+
+    @property
+    def recurrent_bytes(self) -> int:
+        """The state region's part that is a recurrent state (qwen35's DeltaNet layers: conv and
+        delta-rule state and their checkpoint), not K/V: tensor bytes."""
+        return sum(n for name, n in self.layouts.get("kv", ()) if name.startswith("rec_"))
 
     def region_bytes(self, region: str) -> int:
         layout = self.layouts.get(region)
@@ -105,8 +116,11 @@ class Footprint:
     def to_json(self) -> dict:
         d = self.device
         return {"n_cpu_moe": self.plan.n_cpu_moe, "has_experts": self.plan.has_experts, "ctx": self.ctx,
+                "prefill_chunk": self.chunk, "max_buffer_bytes": self.max_buffer,
+                "max_buffer_source": self.max_buffer_source,
                 "runnable": self.runnable, "tensors": self.plan.tensors,
                 "device_weight_bytes": d["weights"], "kv_bytes": d["state"], "scratch_bytes": d["scratch"],
+                "recurrent_state_bytes": self.recurrent_bytes,
                 "device_bytes": self.device_bytes, "host_bytes": sum(self.host.values()),
                 "encoder_bytes": d["encoder"], "encode_scratch_bytes": self.encode_scratch,
                 "device": d, "host": self.host,
@@ -116,21 +130,31 @@ class Footprint:
 
 
 def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj=None,
-              limits: dict | None = None) -> Footprint:
+              limits: dict | None = None, chunk: int | None = None, max_buffer: int | None = None) -> Footprint:
     """What model `mf` (a validated ModelFile) needs at `ctx`, as `vramd serve` allocates it.
 
     n_cpu_moe: None (every tensor on the device), a number of layers (float, or the flag's
     text: "1.5", "4/3") or "auto": the smallest that fits `budget` device bytes (a UsageError
     if nothing does).  mmproj: the --mmproj ModelFile, validated.  limits: the device's
-    `Residency.limits` (serve has them; plan assumes DEFAULT_LIMITS)."""
+    `Residency.limits` (serve has them; plan assumes DEFAULT_LIMITS).  chunk:
+    --prefill-chunk, the tokens per prefill chunk the scratch is laid out for
+    (None: the architecture's default; vramd/engine/scratch.py's chunk_tokens), cut so that
+    no activation buffer passes `max_buffer` bytes (plan's --max-buffer; None: the device's
+    maxStorageBufferRange from `limits`, else the conservative BUFFER_BYTES)."""
     from vramd.engine.arch import spec_for
-    from vramd.engine.scratch import scratch_layout
+    from vramd.engine.scratch import buffer_cap, chunk_tokens, scratch_layout
     lim = dict(limits or DEFAULT_LIMITS)
+    cap = buffer_cap(limits) if max_buffer is None else int(max_buffer)
+    source = ("given" if max_buffer is not None else
+              "device" if limits and "max_storage_range" in limits else "assumed")
     try:
-        scratch = scratch_layout(spec_for(mf))
+        spec = spec_for(mf)
         runnable = True
     except VramdError:  # serve refuses it; the loader's estimate stands in (what it lays out without an engine)
-        scratch, runnable = [("compute", loader.scratch_bytes(mf))], False
+        scratch, runnable, tokens = [("compute", loader.scratch_bytes(mf))], False, None
+    if runnable:
+        tokens = chunk_tokens(spec, chunk, cap)
+        scratch = scratch_layout(spec, tokens, cap=cap)
     shape = loader.kv_shape(mf, ctx)
     kv = loader.kv_layout(shape) if shape is not None else []
     kv_dev, scratch_dev = packed_bytes(kv, lim) if kv else 0, packed_bytes(scratch, lim)
@@ -150,7 +174,7 @@ def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj
         from vramd.engine.vision import layouts as encoder_layouts
         from vramd.model.mmproj import load_mmproj
         layouts["encoder"], layouts["encoder_scratch"] = encoder_layouts(mmproj, *load_mmproj(mmproj))
-    return Footprint(ctx, p, {r: lay for r, lay in layouts.items() if lay}, lim, runnable)
+    return Footprint(ctx, p, {r: lay for r, lay in layouts.items() if lay}, lim, runnable, tokens, cap, source)
 
 
 def _device_layout(p: placement.Plan) -> list[tuple[str, int]]:
@@ -166,7 +190,8 @@ def file_context_length(mf) -> int | None:
     return loader.arch_int(mf, "context_length")
 
 
-def auto_ctx(mf, budget: int, *, n_cpu_moe=None, limits: dict | None = None) -> tuple[int, str]:
+def auto_ctx(mf, budget: int, *, n_cpu_moe=None, limits: dict | None = None,
+             chunk: int | None = None) -> tuple[int, str]:
     """--ctx's default: the file's context length, or the largest multiple of CTX_STEP below it
     whose KV cache fits `budget` with the weights and scratch.  Returns (ctx, why): the one line
     the daemon logs.  A model whose weights leave no room for CTX_STEP gets CTX_STEP (its restore
@@ -177,7 +202,7 @@ def auto_ctx(mf, budget: int, *, n_cpu_moe=None, limits: dict | None = None) -> 
     said = f"the file's context length {trained}" if trained else f"the file says no context length: {DEFAULT_CTX}"
 
     def fits(ctx: int) -> bool:
-        return footprint(mf, ctx, n_cpu_moe=n_cpu_moe, limits=limits).device_bytes <= budget
+        return footprint(mf, ctx, n_cpu_moe=n_cpu_moe, limits=limits, chunk=chunk).device_bytes <= budget
 
     if fits(cap):
         return cap, f"{said}; its KV cache fits the budget of {budget} bytes"

@@ -14,6 +14,7 @@ Does not own the chunk and response envelopes (vramd/server/openai_api.py).
 
 from __future__ import annotations
 
+from vramd.server.harmony import HarmonySplit
 from vramd.server.reasoning import Reasoning, ReasoningSplit
 from vramd.server.toolcalls import ToolStream
 
@@ -38,13 +39,18 @@ class Assistant:
     """Streamed text in, delta fields out (content, reasoning_content, tool_calls)."""
 
     def __init__(self, tool_format: str | None, reasoning: Reasoning | None):
-        self.split = ReasoningSplit(reasoning.open) if reasoning is not None else None
-        self.tools = ToolStream(tool_format) if tool_format else None
+        self.split = (None if reasoning is None else
+                      HarmonySplit(inline=reasoning.inline, calls=tool_format == "harmony") if reasoning.harmony
+                      else ReasoningSplit(reasoning.open))
+        # harmony's calls are messages of their own: HarmonySplit reads them (vramd/server/harmony.py)
+        self.tools = ToolStream(tool_format) if tool_format and tool_format != "harmony" else None
         self.content, self.thought = _Trim(), _Trim()
 
     @property
     def calls(self) -> int:
         """Tool calls opened so far."""
+        if isinstance(self.split, HarmonySplit):
+            return self.split.n_calls
         return self.tools.calls if self.tools is not None else 0
 
     def feed(self, text: str, final: bool = False) -> dict:
@@ -58,6 +64,8 @@ class Assistant:
             if final:
                 tail, more = self.tools.finish()
                 rest, deltas = rest + tail, _merge(deltas + more)
+        if isinstance(self.split, HarmonySplit):
+            deltas = self.split.take_calls()
         out: dict = {}
         thought, rest = self.thought.feed(thought, final), self.content.feed(rest, final)
         if thought:

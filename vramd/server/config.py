@@ -48,6 +48,7 @@ class ServeConfig:
     residency: str = "cache"
     wake_timeout: float = 60.0
     n_cpu_moe: str | None = None   # "auto" or a number >= 0 (see vramd/model/placement.py)
+    prefill_chunk: int | None = None   # tokens per prefill chunk (None: the architecture's; vramd/engine/scratch.py)
     mmproj: str | None = None      # a vision encoder (projector) GGUF
     mmproj_resident: bool = False  # keep it on the device instead of bringing it in per image
     pin: bool = False
@@ -95,6 +96,10 @@ class ServeConfig:
         if self.n_cpu_moe is not None:
             from vramd.model.placement import parse_n_cpu_moe
             parse_n_cpu_moe(self.n_cpu_moe)
+        if self.prefill_chunk is not None:
+            from vramd.engine.scratch import MAX_CHUNK
+            if not 1 <= self.prefill_chunk <= MAX_CHUNK:
+                raise UsageError(f"{where}: prefill_chunk {self.prefill_chunk}: tokens, between 1 and {MAX_CHUNK}")
         if self.residency not in RESIDENCY:
             raise UsageError(f"{where}: residency {self.residency!r}: one of {', '.join(RESIDENCY)}")
         if not -1000 <= self.priority <= 1000:

@@ -310,7 +310,12 @@ class Daemon:
         if n is not None and not placement.expert_tensors(mf):
             log.info("%s: %s has no expert tensors; --n-cpu-moe changes nothing", self.name, self.cfg.model)
             n = None
-        fp = footprint(mf, self.cfg.ctx, n_cpu_moe=n, budget=self._budget(), limits=self.residency.limits)
+        fp = footprint(mf, self.cfg.ctx, n_cpu_moe=n, budget=self._budget(), limits=self.residency.limits,
+                       chunk=self.cfg.prefill_chunk)
+        if self.cfg.prefill_chunk is not None and fp.chunk != self.cfg.prefill_chunk:
+            log.info("%s: --prefill-chunk %d: cut to %d tokens (one activation buffer of a chunk must fit "
+                     "a storage binding)", self.name, self.cfg.prefill_chunk, fp.chunk)
+        self.chunk = fp.chunk
         if n is not None and placement.parse_n_cpu_moe(n) == "auto":
             log.info("%s: --n-cpu-moe auto: %g layers of experts on the host", self.name, fp.plan.n_cpu_moe)
         return fp
@@ -333,7 +338,8 @@ class Daemon:
             self.cfg.ctx = min(trained, DEFAULT_CTX)
             why = f"--n-cpu-moe auto: the file's {trained} capped at {DEFAULT_CTX}; give --ctx to choose"
         else:
-            self.cfg.ctx, why = auto_ctx(mf, self._budget(), n_cpu_moe=n, limits=self.residency.limits)
+            self.cfg.ctx, why = auto_ctx(mf, self._budget(), n_cpu_moe=n, limits=self.residency.limits,
+                                         chunk=self.cfg.prefill_chunk)
         log.info("%s: --ctx %d: %s", self.name, self.cfg.ctx, why)
 
     def _refuse_duplicate_name(self) -> None:
@@ -987,6 +993,8 @@ class Daemon:
         return {"name": self.name, "pid": os.getpid(), "model": self.cfg.model, "arena": str(self.arena.path),
                 "device": self.device.describe(), "state": m.state, "holds_token": self.participant.holds_token,
                 "breakdown": self.residency.breakdown(), "switches": m.switches, "yields": m.yields,
+                # The part of the breakdown's `state` that is a recurrent state (qwen35), not K/V: as `vramd plan` says
+                "recurrent_state_bytes": self._recurrent_state_bytes(),
                 # Per heap: the driver's usage (VK_EXT_memory_budget), else the core's own count of its allocations.
                 "heaps": self.residency.budget(), "device_peak": self.residency.stats()["device_peak"],
                 "host_heap": heap_stats(),   # the C heap (glibc): bytes in use and freed but kept
@@ -999,6 +1007,12 @@ class Daemon:
                 "inflight": self._inflight,   # generation requests submitted and not yet answered
                 "stopping": self.stopping,    # shutting down: draining its replies (`vramd status` says so)
                 "device_memory": self._device_memory_status()}
+
+    def _recurrent_state_bytes(self) -> int:
+        """Tensor bytes of the recurrent state and its checkpoint (footprint.py's recurrent_bytes)."""
+        model = getattr(self.engine, "model", None) if self.engine else None
+        kv = getattr(model, "kv", None)
+        return kv.layout.recurrent_bytes if kv is not None else 0
 
     def _device_memory_status(self) -> dict | None:
         """A fresh look (status and /metrics are how an operator asks); the last one if looking
@@ -1079,7 +1093,7 @@ class Daemon:
             self._ensure_warm(None, cancel=lambda: bool(pending) or self._beat_or_give_up())
             from vramd.engine.runner import Engine
             self.engine = Engine(self.model, self.residency, self.cfg.ctx, encoder=self.encoder, text=self.text,
-                                 overflow=self.cfg.context_overflow, pooling=self.cfg.pooling)
+                                 overflow=self.cfg.context_overflow, pooling=self.cfg.pooling, chunk=self.chunk)
             self.sample_device_memory()   # while we hold the token: the watchdog's baseline
             self.loaded = True
             self.last_activity = time.monotonic()

@@ -40,6 +40,7 @@ from vramd.engine import grammar as g
 from vramd.engine.chat_polyfill import add_system
 from vramd.errors import UsageError
 from vramd.server import reasoning
+from vramd.server.harmony import is_harmony
 
 GENERIC_PROMPT = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with "
                   "`response` reply to the user's request")
@@ -47,6 +48,8 @@ GENERIC_PROMPT = ("Respond in JSON format, either with `tool_call` (a request to
 
 def detect(template) -> str:
     src = template.source if template is not None else ""
+    if is_harmony(template):
+        return "harmony"
     if "<tool_call>" in src:
         return "hermes"
     if "<|start_header_id|>ipython<|end_header_id|>" in src:
@@ -67,17 +70,25 @@ def plan(tokenizer, template, req) -> tuple[str | None, bool]:
     # constrained answer first closes it (an empty thought, as Qwen's enable_thinking=false writes).
     req.reasoning = reasoning.plan(template, req.reasoning_format, req.template_kwargs) if req.kind == "chat" else None
     close = json.dumps(reasoning.CLOSE) + " " if req.reasoning is not None and req.reasoning.open else ""
+    special = req.reasoning is not None and req.reasoning.harmony   # harmony's markers are control tokens
     if s.tools:
         fmt = detect(template)
         if fmt == "llama3":
             req.template_kwargs.update(date_string=time.strftime("%d %b %Y"), tools_in_user_message=False)
-        if s.calls_tools:
+        if fmt == "harmony" and s.calls_tools:
+            # the model writes its calls in its own channels, read after the fact (harmony.py):
+            # nothing constrains them yet, so a forced call cannot be honoured
+            if s.tool_choice != "auto" or s.json_schema is not None:
+                raise UsageError("this model's harmony (gpt-oss) template takes tool_choice 'auto' only, "
+                                 "without response_format, in vramd for now")
+            req.tool_format, special = fmt, True
+        elif s.calls_tools:
             if s.json_schema is not None:
                 fmt = "generic"
             if fmt == "generic":
                 req.messages = add_system(req.messages, GENERIC_PROMPT)
             grammar = _call_grammar(fmt, tokenizer, s, close)
-            special = fmt == "mistral"
+            special = special or fmt == "mistral"
             req.tool_format = fmt
     if grammar is None and s.json_schema is not None and not s.calls_tools:
         grammar = g.lark(f"start: {close}{g.json_in_lark(s.json_schema)}\n") if close else g.json_schema(s.json_schema)

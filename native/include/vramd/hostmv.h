@@ -38,7 +38,8 @@ enum {
     VRAMD_HOSTMV_F16 = 1,
     VRAMD_HOSTMV_Q4_0 = 2,      /* blocks of 32: f16 scale, 16 bytes of nibbles */
     VRAMD_HOSTMV_Q8_0 = 8,      /* blocks of 32: f16 scale, 32 int8 */
-    VRAMD_HOSTMV_BF16 = 30
+    VRAMD_HOSTMV_BF16 = 30,
+    VRAMD_HOSTMV_MXFP4 = 39     /* blocks of 32: E8M0 scale byte, 16 bytes of E2M1 nibbles */
 };
 
 enum {

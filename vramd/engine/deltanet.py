@@ -1,0 +1,116 @@
+"""Qwen3.5's layers (qwen35): the Gated DeltaNet linear-attention layer, and the kernels of its gated attention.
+
+Owns the kernels only qwen35 uses (native/shaders/ssm_conv_silu, gated_delta, qgate_split,
+sigmoid_mul: `ssm_conv_silu`, `gated_delta`, `qgate_split`, `sigmoid_mul` here, on an engine
+Ops) and the layer recorder `deltanet`, which reads its model `m` as blocks.py's recorders do
+(spec, ops, scratch `act`, tensors `t`, cache `kv`: the layer's recurrent state is
+`m.kv.conv(i)` / `m.kv.ssm(i)` in the `state` region, vramd/engine/kvcache.py; `m.reset_state`:
+start it afresh).  The gated attention is blocks.attention with spec.attn_gate.
+
+What they compute is tests/engine/reference/qwen35.py's header (from llama.cpp's
+src/models/qwen35.cpp).  The delta rule runs token by token on the GPU (one work group per
+value head, each invocation's state row in registers), the recurrent form for prefill as for
+decode: correct first.  llama.cpp's chunked form (the reference's delta_rule_chunked: the same
+numbers) is the faster prefill still to write.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from vramd.engine.deltanet_limits import MAX_CONV, MAX_STATE
+from vramd.engine.ops import view
+from vramd.errors import UsageError
+from vramd.gpu.kernels import Kernel, grid
+
+# kernel -> (storage buffers, push-constant bytes): the shaders' layouts
+_KERNELS = {"ssm_conv_silu": (4, 36), "gated_delta": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
+_WG = 256
+
+
+def _kernel(ops, name: str) -> Kernel:
+    k = ops._kernels.get(name)
+    if k is None:
+        n, push = _KERNELS[name]
+        k = ops._kernels[name] = Kernel(ops.residency, name, n_buffers=n, push_bytes=push)
+    return k
+
+
+def _groups(ops, n: int, wg: int = _WG):
+    gx, gy = grid(-(-n // wg), ops.max_groups)
+    return gx, gy, 1
+
+
+def ssm_conv_silu(ops, x, state, w, out, n: int, c: int, d: int, *, x_stride: int | None = None,
+                  reset: bool = False) -> None:
+    """out[t, ch] = silu(sum_j w[ch, j] win_t[j]) over the d - 1 inputs before t (the state's rows
+    first; zeros with reset) and x[t, ch]; state [d - 1, c] then holds the last d - 1 inputs.
+    f32 throughout; x rows x_stride floats apart (default c), out [n, c] contiguous."""
+    if not 1 <= d <= MAX_CONV:
+        raise UsageError(f"ssm_conv_silu: {d} taps (at most {MAX_CONV})")
+    x_stride = c if x_stride is None else int(x_stride)
+    xv, xo = ops._bind(x, 4 * ((n - 1) * x_stride + c), "ssm_conv x")
+    sv, so = ops._bind(state, 4 * max(1, (d - 1) * c), "ssm_conv state")
+    wv, wo = ops._bind(w, 4 * c * d, "ssm_conv weight")
+    ov, oo = ops._bind(out, 4 * n * c, "ssm_conv out")
+    push = struct.pack("<9I", n, c, d, xo, so, wo, oo, x_stride, int(reset))
+    ops._dispatch(_kernel(ops, "ssm_conv_silu"), [xv, sv, wv, ov], push, _groups(ops, c, 64))
+
+
+def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: int, hv: int, eps: float, *,
+                reset: bool = False) -> None:
+    """The gated delta rule over n tokens (gated_delta.comp's header): conv [n, 2 hk s + hv s],
+    alpha / beta [n, hv] (the raw projections), dt / a [hv] (ssm_dt.bias, ssm_a), state
+    [hv, s, s] (read, or zeros with reset; then the new state), out [n, hv, s]."""
+    if not 1 <= s <= MAX_STATE or hv % hk:
+        raise UsageError(f"gated_delta: head size {s} (at most {MAX_STATE}), {hv} value heads on {hk} key heads")
+    c = 2 * hk * s + hv * s
+    cv, co = ops._bind(conv, 4 * n * c, "gated_delta conv")
+    av, ao = ops._bind(alpha, 4 * n * hv, "gated_delta alpha")
+    bv, bo = ops._bind(beta, 4 * n * hv, "gated_delta beta")
+    dv, do = ops._bind(dt, 4 * hv, "gated_delta dt")
+    gv, go = ops._bind(a, 4 * hv, "gated_delta a")
+    sv, so = ops._bind(state, 4 * hv * s * s, "gated_delta state")
+    ov, oo = ops._bind(out, 4 * n * hv * s, "gated_delta out")
+    push = struct.pack("<4If8I", n, s, hk, hv, eps, co, ao, bo, do, go, so, oo, int(reset))
+    ops._dispatch(_kernel(ops, "gated_delta"), [cv, av, bv, dv, gv, sv, ov], push, (hv, 1, 1))
+
+
+def qgate_split(ops, qg, q, gate, n: int, hd: int) -> None:
+    """qg [n / hd heads x rows, 2 hd] (per head query then gate) -> q and gate [n] each."""
+    qv, qo = ops._bind(qg, 8 * n, "qgate_split qg")
+    v1, o1 = ops._bind(q, 4 * n, "qgate_split q")
+    v2, o2 = ops._bind(gate, 4 * n, "qgate_split gate")
+    ops._dispatch(_kernel(ops, "qgate_split"), [qv, v1, v2], struct.pack("<5I", n, hd, qo, o1, o2),
+                  _groups(ops, n))
+
+
+def sigmoid_mul(ops, gate, x, out, n: int) -> None:
+    """out[i] = x[i] * sigmoid(gate[i]), i < n (f32; out may be x)."""
+    gv, go = ops._bind(gate, 4 * n, "sigmoid_mul gate")
+    xv, xo = ops._bind(x, 4 * n, "sigmoid_mul x")
+    ov, oo = ops._bind(out, 4 * n, "sigmoid_mul out")
+    ops._dispatch(_kernel(ops, "sigmoid_mul"), [gv, xv, ov], struct.pack("<4I", n, go, xo, oo), _groups(ops, n))
+
+
+def deltanet(m, i: int, n: int) -> None:
+    """Layer i's Gated DeltaNet, from h = attn_norm(x): x += ssm_out(rms_norm(o, ssm_norm) *
+    silu(z)), then h = the FFN's input norm of x.  The conv and delta-rule states of the layer
+    (m.kv.conv(i), m.kv.ssm(i)) are continued, or started afresh where m.reset_state says."""
+    from vramd.engine.blocks import linears   # blocks imports this module for the attention gate
+    s, ops, a, t = m.spec, m.ops, m.act, m.t
+    d, p, E = s.deltanet, f"blk.{i}.", s.n_embd
+    C, V, reset = d.conv_dim, d.value_dim, m.reset_state
+    linears(m, [(p + "attn_qkv", a["h"], a["mixed"], C), (p + "attn_gate", a["h"], a["z"], V),
+                (p + "ssm_alpha", a["h"], a["alpha"], d.hv), (p + "ssm_beta", a["h"], a["beta"], d.hv)], n)
+    ssm_conv_silu(ops, a["mixed"], m.kv.conv(i), t.vector(p + "ssm_conv1d.weight", C * d.d_conv), a["conv"], n, C, d.d_conv,
+                  reset=reset)
+    gated_delta(ops, a["conv"], a["alpha"], a["beta"], t.vector(p + "ssm_dt.bias"), t.vector(p + "ssm_a"),
+                m.kv.ssm(i), a["dno"], n, d.s, d.hk, d.hv, s.eps, reset=reset)
+    ops.rms_norm(a["dno"], t.vector(p + "ssm_norm.weight"), a["dno"], s.eps, n * d.hv, d.s)
+    ops.silu_mul(a["z"], a["dno"], a["dno"], n * V)
+    linears(m, [(p + "ssm_out", a["dno"], a["h"], E)], n)
+    ops.add_rms_norm(a["x"], a["h"], t.vector(p + s.ffn_norm + ".weight"), a["h"], s.eps, n, E)
+
+
+__all__ = ["deltanet", "gated_delta", "qgate_split", "sigmoid_mul", "ssm_conv_silu", "view"]
