@@ -1,0 +1,143 @@
+// The gated delta rule of Gated DeltaNet in its chunked (WY / UT-transform) form, for prefill:
+// the same numbers as gated_delta.comp (its header: the inputs, the gates, the state layout),
+// computed CH tokens at a time as llama.cpp's build_delta_net_chunking / the numpy reference's
+// delta_rule_chunked.  One work group per value head h, the chunks in order; invocation j < S
+// keeps row j of the state M (value row j) in registers, as the recurrent kernel does.
+// Per chunk of cn <= CH tokens, G = cumsum(g) within the chunk, D[i, l] = e^(G_i - G_l), l <= i:
+//   A[i, l] = beta_i (k_i . k_l) D[i, l] (l < i), QK[i, l] = (q_i . k_l) D[i, l] (l <= i);
+//   V'[i] = beta_i (v_i - e^G_i M k_i) - sum_{l<i} A[i, l] V'[l]   (forward substitution:
+//           V' = (I + A)^-1 (beta v) - (I + A)^-1 (beta e^G k) M^T);
+//   out[i] = e^G_i M q_i + sum_{l<=i} QK[i, l] V'[l];
+//   M <- e^G_last M + sum_l V'[l] (e^(G_last - G_l) k_l)^T.
+// Each of these is a column-j computation given M's row j, so apart from q, k, A, QK (shared
+// memory, the chunk's tiles) an invocation needs only its own registers: a few barriers per chunk
+// instead of the recurrent kernel's dozen per token.  Decays are exponentials of differences of
+// G (never quotients of e^G), so strong gating underflows to zero instead of 0/0.
+// Shared memory: q and k tiles of CH x S <= TILE floats each, A and QK of CMAX^2: 24.5 KiB,
+// inside lavapipe's 32 KiB.  CH = min(CMAX, TILE / S): 16 tokens at S = 128, 32 at S <= 64.
+#version 450
+layout(local_size_x = 128) in;
+
+layout(std430, set = 0, binding = 0) readonly buffer Conv { float cv[]; };
+layout(std430, set = 0, binding = 1) readonly buffer Alpha { float al[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Beta { float be[]; };
+layout(std430, set = 0, binding = 3) readonly buffer Dt { float dt[]; };
+layout(std430, set = 0, binding = 4) readonly buffer A { float av[]; };
+layout(std430, set = 0, binding = 5) buffer State { float st[]; };
+layout(std430, set = 0, binding = 6) writeonly buffer Out { float o[]; };
+
+layout(push_constant) uniform Params {
+    uint n;         // tokens
+    uint s;         // head size S <= MAXS
+    uint hk;        // key heads
+    uint hv;        // value heads
+    float eps;
+    uint c_off;     // float offsets in each binding
+    uint al_off;
+    uint be_off;
+    uint dt_off;
+    uint a_off;
+    uint s_off;
+    uint o_off;
+    uint reset;     // 1: start from M = 0 (a sequence's start), the state unread
+} p;
+
+const uint WG = 128;
+const uint MAXS = 128;
+const uint CMAX = 32;
+const uint TILE = 2048;
+shared float sq[TILE];          // the chunk's q rows, l2-normalised and scaled by 1/sqrt(S)
+shared float sk[TILE];          // its k rows, l2-normalised
+shared float sa[CMAX * CMAX];   // A[i * CMAX + l]
+shared float sqk[CMAX * CMAX];  // QK[i * CMAX + l]
+shared float sg[CMAX];          // g, then G = its cumulative sum
+shared float sb[CMAX];          // beta
+shared float sn[2 * CMAX];      // per row: q's scale, then k's
+
+void main() {
+    uint h = gl_WorkGroupID.x, j = gl_LocalInvocationID.x;
+    uint S = p.s, C = 2 * p.hk * S + p.hv * S, kh = h % p.hk;
+    uint CH = min(CMAX, TILE / S);
+    bool live = j < S;
+    float m[MAXS];
+    float vn[CMAX];
+    uint base = p.s_off + (h * S + j) * S;
+    for (uint i = 0; i < S; ++i) m[i] = live && p.reset == 0 ? st[base + i] : 0.0;
+    float inv_sqrt_s = 1.0 / sqrt(float(S));
+    for (uint c0 = 0; c0 < p.n; c0 += CH) {
+        uint cn = min(CH, p.n - c0);
+        for (uint e = j; e < cn * S; e += WG) {
+            uint row = p.c_off + (c0 + e / S) * C + kh * S + e % S;
+            sq[e] = cv[row];
+            sk[e] = cv[row + p.hk * S];
+        }
+        if (j < cn) {
+            float x = al[p.al_off + (c0 + j) * p.hv + h] + dt[p.dt_off + h];
+            sg[j] = (x > 20.0 ? x : log(1.0 + exp(x))) * av[p.a_off + h];
+            sb[j] = 1.0 / (1.0 + exp(-be[p.be_off + (c0 + j) * p.hv + h]));
+        }
+        barrier();
+        if (j < cn) {
+            float ss = 0.0;
+            for (uint i = 0; i < S; ++i) ss += sq[j * S + i] * sq[j * S + i];
+            sn[j] = inv_sqrt_s / max(sqrt(ss), p.eps);
+        } else if (j >= CMAX && j < CMAX + cn) {
+            uint t = j - CMAX;
+            float ss = 0.0;
+            for (uint i = 0; i < S; ++i) ss += sk[t * S + i] * sk[t * S + i];
+            sn[j] = 1.0 / max(sqrt(ss), p.eps);
+        } else if (j == WG - 1) {
+            for (uint t = 1; t < cn; ++t) sg[t] += sg[t - 1];
+        }
+        barrier();
+        for (uint e = j; e < cn * S; e += WG) {
+            sq[e] *= sn[e / S];
+            sk[e] *= sn[CMAX + e / S];
+        }
+        barrier();
+        for (uint e = j; e < cn * cn; e += WG) {
+            uint i = e / cn, l = e % cn;
+            if (l <= i) {
+                float kk = 0.0, qk = 0.0;
+                for (uint x = 0; x < S; ++x) {
+                    float kl = sk[l * S + x];
+                    kk += sk[i * S + x] * kl;
+                    qk += sq[i * S + x] * kl;
+                }
+                float d = exp(sg[i] - sg[l]);
+                sa[i * CMAX + l] = sb[i] * kk * d;
+                sqk[i * CMAX + l] = qk * d;
+            }
+        }
+        barrier();
+        if (live) {
+            for (uint i = 0; i < cn; ++i) {
+                float mk = 0.0;
+                for (uint x = 0; x < S; ++x) mk += m[x] * sk[i * S + x];
+                float v = cv[p.c_off + (c0 + i) * C + 2 * p.hk * S + h * S + j];
+                float r = sb[i] * (v - exp(sg[i]) * mk);
+                for (uint l = 0; l < i; ++l) r -= sa[i * CMAX + l] * vn[l];
+                vn[i] = r;
+            }
+            for (uint i = 0; i < cn; ++i) {
+                float mq = 0.0;
+                for (uint x = 0; x < S; ++x) mq += m[x] * sq[i * S + x];
+                float acc = exp(sg[i]) * mq;
+                for (uint l = 0; l <= i; ++l) acc += sqk[i * CMAX + l] * vn[l];
+                o[p.o_off + ((c0 + i) * p.hv + h) * S + j] = acc;
+            }
+            float gl = sg[cn - 1];
+            for (uint l = 0; l < cn; ++l) vn[l] *= exp(gl - sg[l]);
+            float dl = exp(gl);
+            for (uint x = 0; x < S; ++x) {
+                float acc = dl * m[x];
+                for (uint l = 0; l < cn; ++l) acc += vn[l] * sk[l * S + x];
+                m[x] = acc;
+            }
+        }
+        barrier();   // the tiles are rewritten by the next chunk
+    }
+    if (live) {
+        for (uint i = 0; i < S; ++i) st[base + i] = m[i];
+    }
+}
