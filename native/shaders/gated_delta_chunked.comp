@@ -10,14 +10,15 @@
 //   out[i] = e^G_i M q_i + sum_{l<=i} QK[i, l] V'[l];
 //   M <- e^G_last M + sum_l V'[l] (e^(G_last - G_l) k_l)^T.
 // Each of these is a column-j computation given M's row j, so apart from q, k, A, QK (shared
-// memory, the chunk's tiles) an invocation needs only its own registers: a few barriers per chunk
-// instead of the recurrent kernel's dozen per token, and M's row is read once per four tokens
-// (M k_i and M q_i together, then the update) instead of three times per token.  The FMAs are as
+// memory, the chunk's tiles) an invocation touches only its own data: its registers, column j of
+// the V' tile, its outputs (which hold e^G M q until the intra-chunk part is added): a few
+// barriers per chunk instead of the recurrent kernel's dozen per token, and M's row is read once
+// per four tokens (M k_i and M q_i together, then the update) instead of three times per token.  The FMAs are as
 // many as the recurrent form's: on lavapipe the two run at about the same speed; the gain is
 // meant for GPUs, where the recurrent kernel's per-token barriers and reductions serialise.  Decays are exponentials of differences of
 // G (never quotients of e^G), so strong gating underflows to zero instead of 0/0.
-// Shared memory: q and k tiles of CH x S <= TILE floats each, A and QK of CMAX^2: 24.5 KiB,
-// inside lavapipe's 32 KiB.  CH = min(CMAX, TILE / S): 16 tokens at S = 128, 32 at S <= 64.
+// Shared memory: q, k and V' tiles of CH x S <= TILE floats each, A and QK in one CMAX^2 square
+// (their triangles), the gates: 28.5 KiB, inside lavapipe's 32 KiB.  CH = min(CMAX, TILE / S): 16 tokens at S = 128, 32 at S <= 64.
 #version 450
 layout(local_size_x = 128) in;
 
@@ -27,7 +28,7 @@ layout(std430, set = 0, binding = 2) readonly buffer Beta { float be[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Dt { float dt[]; };
 layout(std430, set = 0, binding = 4) readonly buffer A { float av[]; };
 layout(std430, set = 0, binding = 5) buffer State { float st[]; };
-layout(std430, set = 0, binding = 6) writeonly buffer Out { float o[]; };
+layout(std430, set = 0, binding = 6) buffer Out { float o[]; };   // also holds e^G M q until the output is added
 
 layout(push_constant) uniform Params {
     uint n;         // tokens
@@ -51,8 +52,8 @@ const uint CMAX = 32;
 const uint TILE = 2048;
 shared float sq[TILE];          // the chunk's q rows, l2-normalised and scaled by 1/sqrt(S)
 shared float sk[TILE];          // its k rows, l2-normalised
-shared float sa[CMAX * CMAX];   // A[i * CMAX + l]
-shared float sqk[CMAX * CMAX];  // QK[i * CMAX + l]
+shared float sv[TILE];          // V'[i * S + j]: column j is invocation j's alone
+shared float saq[CMAX * CMAX];  // QK[i, l] at i * CMAX + l (l <= i), A[i, l] at l * CMAX + i (l < i)
 shared float sg[CMAX];          // g, then G = its cumulative sum
 shared float sb[CMAX];          // beta
 shared float sn[2 * CMAX];      // per row: q's scale, then k's
@@ -63,8 +64,6 @@ void main() {
     uint CH = min(CMAX, TILE / S) & ~3u;   // whole passes of four tokens
     bool live = j < S;
     float m[MAXS];
-    float vn[CMAX];
-    float mq[CMAX];
     uint base = p.s_off + (h * S + j) * S;
     for (uint i = 0; i < S; ++i) m[i] = live && p.reset == 0 ? st[base + i] : 0.0;
     float inv_sqrt_s = 1.0 / sqrt(float(S));
@@ -111,15 +110,15 @@ void main() {
                     qk += sq[i * S + x] * kl;
                 }
                 float d = exp(sg[i] - sg[l]);
-                sa[i * CMAX + l] = sb[i] * kk * d;
-                sqk[i * CMAX + l] = qk * d;
+                if (l < i) saq[l * CMAX + i] = sb[i] * kk * d;
+                saq[i * CMAX + l] = qk * d;
             }
         }
         barrier();
         if (live) {
-            // M k_i and M q_i of the chunk-start state, four tokens per pass over the state row
-            // (its entries are the costly reads: private arrays indexed at run time); the rows
-            // past cn are zeros, their results unused.
+            // M k_i (into V') and e^G_i M q_i (into out) of the chunk-start state, four tokens
+            // per pass over the state row (a private array indexed at run time: the costly
+            // reads); the rows past cn are zeros, their results unused.
             for (uint i = 0; i < cn; i += 4) {
                 float k0 = 0.0, k1 = 0.0, k2 = 0.0, k3 = 0.0, q0 = 0.0, q1 = 0.0, q2 = 0.0, q3 = 0.0;
                 for (uint x = 0; x < S; ++x) {
@@ -134,26 +133,30 @@ void main() {
                     q2 += mx * sq[e + 2 * S];
                     q3 += mx * sq[e + 3 * S];
                 }
-                vn[i] = k0; vn[i + 1] = k1; vn[i + 2] = k2; vn[i + 3] = k3;
-                mq[i] = q0; mq[i + 1] = q1; mq[i + 2] = q2; mq[i + 3] = q3;
+                uint e = i * S + j, oo = p.o_off + ((c0 + i) * p.hv + h) * S + j, os = p.hv * S;
+                sv[e] = k0; sv[e + S] = k1; sv[e + 2 * S] = k2; sv[e + 3 * S] = k3;
+                if (i < cn) o[oo] = exp(sg[i]) * q0;
+                if (i + 1 < cn) o[oo + os] = exp(sg[i + 1]) * q1;
+                if (i + 2 < cn) o[oo + 2 * os] = exp(sg[i + 2]) * q2;
+                if (i + 3 < cn) o[oo + 3 * os] = exp(sg[i + 3]) * q3;
             }
             for (uint i = 0; i < cn; ++i) {
                 float v = cv[p.c_off + (c0 + i) * C + 2 * p.hk * S + h * S + j];
-                float r = sb[i] * (v - exp(sg[i]) * vn[i]);
-                for (uint l = 0; l < i; ++l) r -= sa[i * CMAX + l] * vn[l];
-                vn[i] = r;
+                float r = sb[i] * (v - exp(sg[i]) * sv[i * S + j]);
+                for (uint l = 0; l < i; ++l) r -= saq[l * CMAX + i] * sv[l * S + j];
+                sv[i * S + j] = r;
             }
             for (uint i = 0; i < cn; ++i) {
-                float acc = exp(sg[i]) * mq[i];
-                for (uint l = 0; l <= i; ++l) acc += sqk[i * CMAX + l] * vn[l];
-                o[p.o_off + ((c0 + i) * p.hv + h) * S + j] = acc;
+                uint oo = p.o_off + ((c0 + i) * p.hv + h) * S + j;
+                float acc = o[oo];
+                for (uint l = 0; l <= i; ++l) acc += saq[i * CMAX + l] * sv[l * S + j];
+                o[oo] = acc;
             }
             float gl = sg[cn - 1];
-            for (uint l = 0; l < cn; ++l) vn[l] *= exp(gl - sg[l]);
-            for (uint l = cn; l < cp; ++l) vn[l] = 0.0;
+            for (uint l = 0; l < cp; ++l) sv[l * S + j] = l < cn ? sv[l * S + j] * exp(gl - sg[l]) : 0.0;
             float dl = exp(gl);
             for (uint l = 0; l < cn; l += 4) {
-                float w0 = vn[l], w1 = vn[l + 1], w2 = vn[l + 2], w3 = vn[l + 3];
+                float w0 = sv[l * S + j], w1 = sv[(l + 1) * S + j], w2 = sv[(l + 2) * S + j], w3 = sv[(l + 3) * S + j];
                 float d = l == 0 ? dl : 1.0;
                 for (uint x = 0; x < S; ++x) {
                     uint e = l * S + x;

@@ -28,8 +28,9 @@ from vramd.gpu.kernels import Kernel, grid
 _KERNELS = {"ssm_conv_silu": (4, 36), "gated_delta": (7, 52), "gated_delta_chunked": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
 _WG = 256
 # More tokens than this take the chunked kernel: its per-chunk set-up (the q/k tiles, A, QK) costs
-# about what a few recurrent tokens do, and decode (1 token) keeps the recurrent kernel.
-CHUNKED_MIN = 4
+# about what a few recurrent tokens do; on lavapipe the two cross near one chunk (16 tokens at
+# S = 128) and run level at 256 tokens.  Decode (1 token) keeps the recurrent kernel.
+CHUNKED_MIN = 16
 
 
 def _kernel(ops, name: str) -> Kernel:
