@@ -161,3 +161,18 @@ def test_qgate_split_and_sigmoid_mul(ops, bufs, rng):
     assert np.array_equal(b["q"].read(np.float32), qg[..., :hd].ravel())
     gate = qg[..., hd:].ravel().astype(np.float64)
     assert np.abs(b["x"].read(np.float32) - x * sigmoid(gate)).max() < 1e-6
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_gated_delta_long_prefill(ops, bufs, rng, chunked):
+    """A prefill long enough (600 tokens at S = 128) that one dispatch's loops over the state row
+    would pass lavapipe's 65535 iterations a loop (the recurrent kernel went wrong from token 244
+    so): gated_delta splits it into dispatches that continue the state."""
+    n, s, hk, hv = 600, 128, 1, 1
+    inputs = delta_inputs(rng, n, s, hk, hv)
+    got, got_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=chunked)
+    want, want_state = delta_ref(*(z.astype(np.float64) for z in inputs), s, hk, hv)
+    scale = np.abs(want).max()
+    assert scale > 0.01
+    assert np.abs(got - want).max() < 1e-4 * scale + 1e-5
+    assert np.abs(got_state - want_state).max() < 1e-4

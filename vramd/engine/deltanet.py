@@ -31,6 +31,7 @@ _WG = 256
 # about what a few recurrent tokens do; on lavapipe the two cross near one chunk (16 tokens at
 # S = 128) and run level at 256 tokens.  Decode (1 token) keeps the recurrent kernel.
 CHUNKED_MIN = 16
+_LOOP_BUDGET = 16384   # state-row loop iterations a gated_delta dispatch (see gated_delta)
 
 
 def _kernel(ops, name: str) -> Kernel:
@@ -78,11 +79,21 @@ def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: i
     gv, go = ops._bind(a, 4 * hv, "gated_delta a")
     sv, so = ops._bind(state, 4 * hv * s * s, "gated_delta state")
     ov, oo = ops._bind(out, 4 * n * hv * s, "gated_delta out")
-    push = struct.pack("<4If8I", n, s, hk, hv, eps, co, ao, bo, do, go, so, oo, int(reset))
     if chunked is None:
         chunked = n > CHUNKED_MIN
     name = "gated_delta_chunked" if chunked else "gated_delta"
-    ops._dispatch(_kernel(ops, name), [cv, av, bv, dv, gv, sv, ov], push, (hv, 1, 1))
+    # At most `piece` tokens a dispatch, each continuing the state the one before left: lavapipe
+    # (gallivm) cuts a shader's loops short after 65535 iterations, which it counts over the whole
+    # invocation: the recurrent kernel's loops over the state row run 2 S times a token, and it
+    # went wrong from token 244 at S = 128 (the chunked one's, about half as often).  Pieces of
+    # _LOOP_BUDGET / S tokens (recurrent) or twice that (chunked) stay near half the limit; other
+    # devices pay one dispatch a piece.
+    piece = max(1, _LOOP_BUDGET // s) * (2 if chunked else 1)
+    for t0 in range(0, n, piece):
+        k = min(piece, n - t0)
+        push = struct.pack("<4If8I", k, s, hk, hv, eps, co + t0 * c, ao + t0 * hv, bo + t0 * hv, do, go, so,
+                           oo + t0 * hv * s, int(reset and t0 == 0))
+        ops._dispatch(_kernel(ops, name), [cv, av, bv, dv, gv, sv, ov], push, (hv, 1, 1))
 
 
 def qgate_split(ops, qg, q, gate, n: int, hd: int) -> None:
