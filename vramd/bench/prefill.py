@@ -62,8 +62,10 @@ def prompt_ids(n_vocab: int, n: int) -> list[int]:
     return [int(x) for x in np.random.default_rng(0).integers(3, n_vocab, n)]
 
 
-def vramd_runs(path: str, mf, lengths: list[int], reps: int, ctx: int, chunk: int | None) -> tuple[dict, dict]:
-    """({length: [seconds of each timed forward]}, facts: device, chunk)."""
+def vramd_runs(path: str, mf, lengths: list[int], reps: int, ctx: int, chunk: int | None,
+               decode: int = 0) -> tuple[dict, dict]:
+    """({length: [seconds of each timed forward]}, facts: device, chunk, and with `decode` the
+    seconds of each of that many greedy steps after a prompt of lengths[0] tokens)."""
     from vramd.engine.arch import spec_for
     from vramd.engine.model import TransformerModel
     from vramd.engine.scratch import chunk_tokens, scratch_layout
@@ -87,15 +89,24 @@ def vramd_runs(path: str, mf, lengths: list[int], reps: int, ctx: int, chunk: in
                     m.forward(ids[:n], 0)
                     runs.append(time.monotonic() - t0)
                 out[n] = runs
+            steps = []
+            if decode:
+                logits = m.forward(ids[:lengths[0]], 0)
+                for pos in range(lengths[0], lengths[0] + decode + 1):
+                    t0 = time.monotonic()
+                    logits = m.forward([int(np.argmax(logits))], pos)
+                    steps.append(time.monotonic() - t0)
+                steps = steps[1:]   # the first step records the replayed decode step (a warm-up)
         finally:
             m.close()
         device = dev.name
-    return out, {"device": device, "chunk": tokens, "n_vocab": spec.n_vocab}
+    return out, {"device": device, "chunk": tokens, "n_vocab": spec.n_vocab, "decode_s": steps}
 
 
 def peer_runs(binary: str, path: str, n_vocab: int, lengths: list[int], reps: int, ctx: int,
-              threads: int | None, log: Path) -> tuple[dict, list[str]]:
-    """({length: [prompt tokens/s of each timed request]}, the server's flags)."""
+              threads: int | None, log: Path, decode: int = 0) -> tuple[dict, list[str]]:
+    """({length: [prompt tokens/s of each timed request]} and with `decode` {"decode": [generated
+    tokens/s of each timed request of that many tokens after lengths[0]]}, the server's flags)."""
     from vramd.bench.llama_server import LlamaServerProcess, pinned_token
     flags = [*PEER_FLAGS, "-c", str(ctx)] + (["-t", str(threads)] if threads else [])
     try:
@@ -118,15 +129,28 @@ def peer_runs(binary: str, path: str, n_vocab: int, lengths: list[int], reps: in
                 if k:
                     rates.append(float(t["prompt_per_second"]))
             out[n] = rates
+        if decode:
+            body = {"prompt": ids[:lengths[0]], "n_predict": decode, "ignore_eos": True, "cache_prompt": False,
+                    "temperature": 0.0, "logit_bias": bias}
+            rates = []
+            for k in range(reps + 1):
+                _status, chunks = server.stream("/completion", body, timeout=3600)
+                t = chunks[-1].get("timings") or {}
+                if t.get("predicted_n") != decode or not t.get("predicted_per_second"):
+                    raise RuntimeError(f"llama-server decoded {t.get('predicted_n')} of {decode} tokens: "
+                                       f"{json.dumps(t)}")
+                if k:
+                    rates.append(float(t["predicted_per_second"]))
+            out["decode"] = rates
     return out, flags
 
 
 def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[int], reps: int,
-        chunk: int | None, peer_threads: int | None, scale: tuple = (None, None, None)) -> dict:
+        chunk: int | None, peer_threads: int | None, scale: tuple = (None, None, None), decode: int = 0) -> dict:
     from vramd.bench.models import LlamaShape, write_model
     from vramd.model.gguf_check import validate_gguf
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    ctx = max(lengths) + 16
+    ctx = max(max(lengths), lengths[0] + decode + 1) + 16
     with tempfile.TemporaryDirectory(prefix="vramd-prefill-", dir=base) as tmp:
         path = model or synthetic(tmp, shape, wtype, *scale)   # a 2026 shape (arch_models.py), else a llama
         if path is None:
@@ -135,9 +159,9 @@ def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[in
             shp = LlamaShape.for_bytes(64 << 20) if shape == "small" else LlamaShape.preset(shape)
             path = str(write_model(Path(tmp) / "model.gguf", shp, wtype=wtype, fill="zeros"))
         mf = validate_gguf(path)
-        ours, facts = vramd_runs(path, mf, lengths, reps, ctx, chunk)
+        ours, facts = vramd_runs(path, mf, lengths, reps, ctx, chunk, decode)
         theirs, flags = peer_runs(binary, path, facts["n_vocab"], lengths, reps, ctx, peer_threads,
-                                  Path(tmp) / "llama-server.log")
+                                  Path(tmp) / "llama-server.log", decode)
         types = sorted({t.type.name for t in mf.tensors})
     rows = []
     for n in lengths:
@@ -149,7 +173,14 @@ def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[in
                                                     if v is not None))
     return {"device": facts["device"], "model": os.path.basename(model) if model else label,
             "types": types, "weight_bytes": sum(t.nbytes for t in mf.tensors), "ctx": ctx, "reps": reps,
-            "vramd_chunk": facts["chunk"], "peer": {"binary": binary, "flags": flags}, "lengths": rows}
+            "vramd_chunk": facts["chunk"], "peer": {"binary": binary, "flags": flags}, "lengths": rows,
+            **({"decode": _decode_row(decode, lengths[0], facts["decode_s"], theirs["decode"])} if decode else {})}
+
+
+def _decode_row(n: int, after: int, ours: list[float], theirs: list[float]) -> dict:
+    v, p = 1.0 / statistics.median(ours), statistics.median(theirs)
+    return {"tokens": n, "after_prompt": after, "vramd_tps": v, "peer_tps": p, "ratio": v / p,
+            "vramd_steps_s": ours, "peer_runs_tps": theirs}
 
 
 @click.command(name="prefill")
@@ -172,17 +203,21 @@ def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[in
               help="vramd's prefill chunk in tokens, as `vramd serve --prefill-chunk` [the architecture's].")
 @click.option("--peer-threads", type=click.IntRange(min=1), default=None,
               help="llama-server -t (its CPU threads) [its default].")
+@click.option("--decode", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also greedy-decode this many tokens after a prompt of the first length, in both engines "
+                   "(vramd: the median step; llama.cpp: timings.predicted_per_second, ignore_eos).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of text.")
 @click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the result as JSON to this file.")
-def command(peer, model, shape, wtype, layers, vocab, experts, lengths, reps, chunk, peer_threads, as_json, json_out):
+def command(peer, model, shape, wtype, layers, vocab, experts, lengths, reps, chunk, peer_threads, decode, as_json,
+            json_out):
     """Prefill tokens/s of vramd and llama.cpp's llama-server on the same file, and the ratio."""
     from vramd.bench.llama_server import find_binary
     if model and (shape or wtype or layers or vocab or experts):
         raise UsageError("give --model or --shape/--type/--layers/--vocab/--experts (a synthetic model), not both")
     binary = find_binary(peer)
     r = run(binary, model, shape or "8b", wtype or "F16", parse_lengths(lengths), reps, chunk, peer_threads,
-            (layers, vocab, experts))
+            (layers, vocab, experts), decode)
     if json_out:
         Path(json_out).write_text(json.dumps(r, indent=2) + "\n")
     if as_json:
@@ -194,6 +229,10 @@ def command(peer, model, shape, wtype, layers, vocab, experts, lengths, reps, ch
     for row in r["lengths"]:
         click.echo(f"  {row['tokens']:>7}  {row['vramd_tps']:>12.1f}  {row['peer_tps']:>15.1f}  "
                    f"{row['ratio']:>6.3f}")
+    d = r.get("decode")
+    if d:
+        click.echo(f"  decode {d['tokens']} tokens after {d['after_prompt']}: vramd {d['vramd_tps']:.1f} tok/s, "
+                   f"llama.cpp {d['peer_tps']:.1f} tok/s, ratio {d['ratio']:.3f}")
 
 
 if __name__ == "__main__":
