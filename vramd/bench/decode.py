@@ -2,7 +2,9 @@
 
 The model is a GGUF file (`--model`) or a synthetic llama of a named shape
 (`--shape 8b`, weights zero in a sparse file: the speed of a matrix-vector
-product does not depend on the values).  In one process: load, restore,
+product does not depend on the values; `--shape qwen35-27b|qwen35moe-35b-a3b|
+gptoss-20b` the 2026 models', vramd/bench/arch_models.py, MoE ones through
+vramd/bench/moe.py's report).  In one process: load, restore,
 prefill `--prompt` tokens (timed), then decode `--tokens` tokens one at a
 time, greedy (each timed).  The roofline of one decode step is the bytes it
 must read — every weight once, plus the K and V rows attended to — divided

@@ -23,6 +23,13 @@ memory is given back before the peer starts):
              chunk's `timings.prompt_per_second` (the server's own clock:
              no HTTP in it), checked to cover every prompt token.
 
+With `--decode N`, after the lengths each engine also decodes N tokens
+greedily after a prompt of the first length (vramd: the median of N timed
+steps after one untimed; llama.cpp: `--reps` requests of n_predict N with
+ignore_eos, each's `timings.predicted_per_second`).  `--shape` also takes
+the 2026 models' shapes (vramd/bench/arch_models.py; `--layers`, `--vocab`,
+`--experts` scale them down).
+
 The report: per length the median tokens/s of each and vramd's ratio to
 llama.cpp (>= 1: vramd is faster), and with `--json` every run.  Results
 and the command go to docs/benchmarks.md.
