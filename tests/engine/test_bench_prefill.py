@@ -17,7 +17,8 @@ def test_prefill_bench_against_llama_server(tmp_path):
     path = write_llama(tmp_path / "tiny.gguf", seed=3, n_vocab=384, n_embd=64, n_ff=160, n_head=4, n_head_kv=2)
     out = tmp_path / "r.json"
     res = CliRunner().invoke(command, ["--peer", "llama-server-vulkan", "--model", str(path), "--lengths", "9,23",
-                                       "--reps", "2", "--chunk", "8", "--peer-threads", "1", "--json-out", str(out)])
+                                       "--reps", "2", "--chunk", "8", "--peer-threads", "1", "--decode", "5",
+                                       "--json-out", str(out)])
     assert res.exit_code == 0, res.output
     r = json.loads(out.read_text())
     assert [row["tokens"] for row in r["lengths"]] == [9, 23] and r["reps"] == 2 and r["vramd_chunk"] == 8
@@ -29,7 +30,11 @@ def test_prefill_bench_against_llama_server(tmp_path):
         assert row["vramd_tps"] == row["tokens"] / statistics.median(row["vramd_runs_s"]) > 0
         assert row["peer_tps"] == statistics.median(row["peer_runs_tps"]) > 0
         assert abs(row["ratio"] - row["vramd_tps"] / row["peer_tps"]) < 1e-9 * row["ratio"]
-    assert "ratio" in res.output and "     23" in res.output   # the text table too
+    d = r["decode"]   # --decode 5: five greedy steps after the 9-token prompt, in both engines
+    assert d["tokens"] == 5 and d["after_prompt"] == 9 and len(d["vramd_steps_s"]) == 5
+    assert len(d["peer_runs_tps"]) == 2 and d["vramd_tps"] == 1 / statistics.median(d["vramd_steps_s"]) > 0
+    assert r["ctx"] >= 9 + 5 + 1
+    assert "ratio" in res.output and "     23" in res.output and "decode 5 tokens after 9" in res.output
 
 
 def test_prefill_bench_refuses_a_model_with_a_shape_and_a_missing_peer(tmp_path):
