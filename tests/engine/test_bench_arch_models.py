@@ -21,8 +21,8 @@ from vramd.engine.tokenizer import Tokenizer
 from vramd.errors import UsageError
 from vramd.model.gguf_check import validate_gguf
 
-# (preset, type) -> published total parameters (billions), and for gpt-oss the size of
-# ggml-org's gpt-oss-20b-mxfp4.gguf (12.1 GB).
+# preset -> published total parameters (billions); for gpt-oss also the size of
+# bartowski's openai_gpt-oss-20b-MXFP4.gguf (12.1 GB on its model card).
 PARAMS = {"qwen35-27b": 27.0, "qwen35moe-35b-a3b": 35.0, "gptoss-20b": 20.9}
 
 
