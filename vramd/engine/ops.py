@@ -186,6 +186,7 @@ class Ops:
         self.max_groups = lim["maxComputeWorkGroupCount"]
         self.subgroup_size = _check_subgroups(residency.device)
         self.coopmat = linear.coopmat_usable(residency.device)   # tensor-core matmuls (False: the portable ones)
+        self.q8_dp = linear.q8_decode_usable(residency.device)   # Q8_0 decode by integer dot products
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
@@ -371,7 +372,7 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
-            sel = linear.select(w, n_tokens, wo, self.coopmat)
+            sel = linear.select(w, n_tokens, wo, self.coopmat, self.q8_dp)
             k = self._kernel(sel.name, "matvec")
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(-(-n // sel.rows_per_group), self.max_groups)
