@@ -20,7 +20,7 @@
 //    quant word is stitched from the two aligned words covering it (adjacent,
 //    one cache line); then one OpSDot (4 x int8 -> int32, exact) replaces four
 //    extracts, conversions and multiply-adds, and the f32 scales d_w * d_x are
-//    applied per word.
+//    applied per word.  The first trip's weight loads are issued before step 1.
 // GL_EXT_integer_dot_product needs a newer glslang than the one pinned here,
 // so OpSDot (SPV_KHR_integer_dot_product; DotProduct, DotProductInput4x8BitPacked)
 // is declared through GL_EXT_spirv_intrinsics.
@@ -81,6 +81,26 @@ void quantize_block(uint xb, uint blk, bool aligned) {
     xd[blk] = d;
 }
 
+uint rowb[NR];
+uint qw[MW_WU][NR];   // a trip's quant words
+float dw[MW_WU][NR];  // and their blocks' scales
+
+// Issues the loads of the trip from word w0 (MW_WU words a thread, WG apart; past the end: the
+// last word again, counted 0 by the caller).
+void load_trip(uint w0, uint nw) {
+    [[unroll]] for (uint u = 0u; u < MW_WU; u++) {
+        uint wi = min(w0 + u * WG, nw - 1u);
+        uint blk = wi >> 3, j = wi & 7u;
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            uint b = rowb[k] + blk * 34u;
+            uint o = b + 2u + 4u * j, i = o >> 2;
+            uint lo = w[i], hi = w[i + 1u], sw = w[b >> 2];
+            qw[u][k] = (o & 2u) == 0u ? lo : (lo >> 16) | (hi << 16);
+            dw[u][k] = unpackHalf2x16((b & 2u) == 0u ? sw : sw >> 16).x;
+        }
+    }
+}
+
 void main() {
     uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     uint t = gl_WorkGroupID.z;
@@ -89,35 +109,33 @@ void main() {
         return;  // the whole group: uniform
     }
     uint xb = p.x_off + t * p.x_stride;
-    uint nb = p.cols / 32u;
+    uint nb = p.cols / 32u, nw = nb * 8u;
+    float acc[NR];
+    [[unroll]] for (uint k = 0u; k < NR; k++) {
+        rowb[k] = p.w_off + min(r0 + k, p.rows - 1u) * (nb * 34u);  // past the end: the last row again
+        acc[k] = 0.0;
+    }
+    // The first trip's weight loads go out before x is quantized: they do not depend on it, and
+    // a 4096-column row is only two trips a thread, so the prologue would otherwise stall them.
+    load_trip(gl_LocalInvocationID.x, nw);
     bool aligned = (xb & 3u) == 0u;
     for (uint blk = gl_LocalInvocationID.x; blk < nb; blk += WG) {
         quantize_block(xb, blk, aligned);
     }
     barrier();
 
-    uint rowb[NR];
-    float acc[NR];
-    [[unroll]] for (uint k = 0u; k < NR; k++) {
-        rowb[k] = p.w_off + min(r0 + k, p.rows - 1u) * (nb * 34u);  // past the end: the last row again
-        acc[k] = 0.0;
-    }
-    uint nw = nb * 8u;
     for (uint w0 = gl_LocalInvocationID.x; w0 < nw; w0 += MW_WU * WG) {
+        if (w0 != gl_LocalInvocationID.x) {
+            load_trip(w0, nw);
+        }
         [[unroll]] for (uint u = 0u; u < MW_WU; u++) {
             uint wi = w0 + u * WG;
             float keep = wi < nw ? 1.0 : 0.0;  // branch-free: a word past the end is recomputed, counted 0
             wi = min(wi, nw - 1u);
-            uint blk = wi >> 3, j = wi & 7u;
             uint xw = xq[wi];
-            float dx = keep * xd[blk];
+            float dx = keep * xd[wi >> 3];
             [[unroll]] for (uint k = 0u; k < NR; k++) {
-                uint b = rowb[k] + blk * 34u;
-                uint o = b + 2u + 4u * j, i = o >> 2;
-                uint lo = w[i], hi = w[i + 1u], dw = w[b >> 2];
-                uint q = (o & 2u) == 0u ? lo : (lo >> 16) | (hi << 16);
-                float d = unpackHalf2x16((b & 2u) == 0u ? dw : dw >> 16).x;
-                acc[k] += float(sdot4x8(q, xw, 0)) * (d * dx);
+                acc[k] += float(sdot4x8(qw[u][k], xw, 0)) * (dw[u][k] * dx);
             }
         }
     }

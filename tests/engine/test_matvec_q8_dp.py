@@ -117,3 +117,18 @@ def test_select_and_switch(device, monkeypatch):
     monkeypatch.setenv("VRAMD_Q8_DECODE", "fast")
     with pytest.raises(UsageError, match="VRAMD_Q8_DECODE='fast'"):
         linear.q8_decode_usable(device)
+
+
+def test_decode_bench_takes_the_path_the_switch_names(monkeypatch):
+    """`vramd bench decode --type Q8_0` under VRAMD_Q8_DECODE=new: the profile names the integer kernel
+    and not the word kernel (the A/B the lead runs on the GPU is this command with old and new;
+    test_bench_decode.py checks the default on lavapipe, old, names matvec_w_q8_0)."""
+    mode, kernel = "new", "matvec_q8_0_dp"
+    from click.testing import CliRunner
+    from vramd.bench.decode import command
+
+    monkeypatch.setenv("VRAMD_Q8_DECODE", mode)
+    res = CliRunner().invoke(command, ["--shape", "small", "--type", "Q8_0", "--prompt", "8", "--tokens", "2",
+                                       "--ctx", "32", "--profile", "--profile-steps", "2"])
+    assert res.exit_code == 0, res.output
+    assert kernel in res.output and ({"matvec_q8_0_dp", "matvec_w_q8_0"} - {kernel}).pop() not in res.output
