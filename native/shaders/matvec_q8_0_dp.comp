@@ -31,7 +31,7 @@
 #extension GL_EXT_spirv_intrinsics : require
 
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
-int sdot4x8(uint a, uint b, spirv_literal int packed_format);  // OpSDot, format 0: PackedVectorFormat4x8Bit
+int sdot4x8(int a, int b, spirv_literal int packed_format);  // OpSDot, format 0: PackedVectorFormat4x8Bit (as glslang emits dotPacked4x8EXT(int, int))
 
 layout(local_size_x = 128) in;
 #define WG 128u
@@ -135,7 +135,7 @@ void main() {
             uint xw = xq[wi];
             float dx = keep * xd[wi >> 3];
             [[unroll]] for (uint k = 0u; k < NR; k++) {
-                acc[k] += float(sdot4x8(qw[u][k], xw, 0)) * (dw[u][k] * dx);
+                acc[k] += float(sdot4x8(int(qw[u][k]), int(xw), 0)) * (dw[u][k] * dx);
             }
         }
     }

@@ -102,6 +102,8 @@ def test_q8_dp_matches_numpy_and_the_portable_kernel(ops_new, ops_old, bufs, rng
 
 
 def test_select_and_switch(device, monkeypatch):
+    if device.integer_dot:  # the feature is reported only with its extension enabled
+        assert "VK_KHR_shader_integer_dot_product" in device.extensions
     class W:
         suffix, cols, row_bytes = "q8_0", 4096, 4352
     assert linear.select(W, 1, 0, q8_dp=True).name == "matvec_q8_0_dp"
