@@ -102,7 +102,8 @@ def ask_daemons(report: dict) -> dict:
         row["device_total"] = sum(row["device_bytes"].values())
         row["host_total"] = sum(row["host_bytes"].values())
         row["daemon"] = {k: live.get(k) for k in ("endpoint", "residency", "evict_state", "ctx", "vram_budget",
-                                                   "evictions", "evicted_bytes", "engine", "device_memory")}
+                                                   "evictions", "evicted_bytes", "engine", "device_memory",
+                                                   "recurrent_state_bytes")}
     return report
 
 
@@ -165,6 +166,12 @@ def render_status(r: dict) -> str:
         if m.get("failpoints"):
             lines.append(f"failpoints {m['name']}: {m['failpoints']} armed (VRAMD_FAILPOINTS: fault injection "
                          "for tests; `kill` SIGKILLs it there)")
+    for m in r["members"]:   # KV/STATE of a hybrid model (qwen35) is K/V and a recurrent state: say how much of each
+        rec = (m.get("daemon") or {}).get("recurrent_state_bytes") or 0
+        if rec:
+            total = m["host_bytes"]["state"]
+            lines.append(f"state   {m['name']}: KV/STATE {human_bytes(total)} = recurrent state and its checkpoint "
+                         f"{human_bytes(rec)} + K/V and alignment {human_bytes(total - rec)}")
     for m in r["members"]:
         dm = (m.get("daemon") or {}).get("device_memory") or {}
         if dm.get("foreign_since") is not None:
@@ -464,8 +471,12 @@ def gateway(arena_path, allow_shared_arena, config_file, **flags):
 @click.option("--prefill-chunk", type=click.IntRange(min=1), default=None,
               help="Tokens per prefill chunk, as `vramd serve --prefill-chunk`: the scratch it implies "
                    "[the architecture's].")
+@click.option("--max-buffer", default=None,
+              help="The device's maxStorageBufferRange (e.g. 4GiB for an H200): a prefill chunk is cut so that "
+                   "no activation buffer passes it, as `vramd serve` cuts it on that device [128MiB, the Vulkan "
+                   "minimum (lavapipe's)].")
 @click.option("--json", "as_json", is_flag=True)
-def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, prefill_chunk, as_json):
+def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, prefill_chunk, max_buffer, as_json):
     """Where each tensor of MODEL goes (device or host), and the totals: what `vramd serve` allocates."""
     from vramd.model.footprint import footprint
     from vramd.model.gguf_check import validate_gguf
@@ -476,10 +487,11 @@ def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, prefill_chunk, as_json):
         raise UsageError("--n-cpu-moe auto needs --vram-budget here")
     mf = validate_gguf(model)
     budget = None if vram_budget is None else parse_size(vram_budget, "--vram-budget")
+    cap = None if max_buffer is None else plan_max_buffer(max_buffer)
     if ctx is None:
         ctx = plan_ctx(mf, budget)
     fp = footprint(mf, ctx, n_cpu_moe="auto" if budget is not None else n_cpu_moe, budget=budget,
-                   mmproj=validate_gguf(mmproj) if mmproj else None, chunk=prefill_chunk)
+                   mmproj=validate_gguf(mmproj) if mmproj else None, chunk=prefill_chunk, max_buffer=cap)
     if not fp.plan.has_experts and n_cpu_moe is not None:
         click.echo(f"note: {model} has no expert tensors; --n-cpu-moe changes nothing", err=True)
     if as_json:
@@ -494,6 +506,17 @@ def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, prefill_chunk, as_json):
         except VramdError as e:
             why = str(e).removeprefix(f"{model}: ")
             raise ModelError(f"{model}: the engine does not run it ({why}): vramd serve refuses it") from None
+
+
+def plan_max_buffer(text) -> int:
+    """--max-buffer: a size between Vulkan's least maxStorageBufferRange (2^27) and its most (2^32 - 1);
+    "4GiB" means the most (what an H200 says)."""
+    from vramd.server.config import parse_size
+    n = parse_size(text, "--max-buffer")
+    n = (1 << 32) - 1 if n == 1 << 32 else n
+    if not (1 << 27) <= n < 1 << 32:
+        raise UsageError(f"--max-buffer {text}: a maxStorageBufferRange, between 128MiB and 4GiB")
+    return n
 
 
 def plan_ctx(mf, budget: int | None) -> int:
@@ -522,6 +545,11 @@ def print_plan(fp, ctx: int, mmproj: bool) -> None:
     if mmproj:
         click.echo(f"--mmproj: encoder {human_bytes(d['encoder'])} in host memory, on the device with "
                    f"{human_bytes(fp.encode_scratch)} of activations while it encodes")
+    if fp.chunk:
+        why = {"given": "--max-buffer", "device": "the device's maxStorageBufferRange",
+               "assumed": "assumed: the Vulkan minimum, lavapipe's; give --max-buffer for a larger device's"}
+        click.echo(f"prefill chunk cap: one activation buffer at most {human_bytes(fp.max_buffer)} "
+                   f"({why[fp.max_buffer_source]})")
 
 
 # -- exec -------------------------------------------------------------------------

@@ -21,6 +21,15 @@ uint w_u32a2(uint b) {
 
 #if defined(NR) && defined(RPW)  // included by matvec.glsl: helpers of its mv_unit hook
 vec4 xvec4(uint i);  // x[i .. i+3] (i a multiple of 4): defined by matvec.glsl after this include
+// x[c + k .. c + k + 3] where c is the unit's first x index and k an offset
+// in the unit (a multiple of 4): read from x, or where the kernel loaded the
+// unit's x once for several rows (matvec.glsl's MV_ROWLANE: mvx).
+#ifdef MV_ROWLANE
+vec4 mvx[16];  // the x of the unit being summed (at most 64 elements), loaded once for all a lane's rows
+#define MVX(c, k) mvx[(k) >> 2]
+#else
+#define MVX(c, k) xvec4((c) + (k))
+#endif
 
 // Nibbles of a quant word: bytes k = 0..3, low (elements 4i+k) and high.
 vec4 nib_lo(uint q) { return vec4(q & 15u, (q >> 8) & 15u, (q >> 16) & 15u, (q >> 24) & 15u); }
@@ -101,12 +110,12 @@ float mv_unit(uint rowb, uint u, uint xb) {
         int q = int(odd ? wd[i + 1u] : ((wd[i] >> 16) | (wd[i + 1u] << 16)));
         vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
                       bitfieldExtract(q, 24, 8));
-        s += dot(v, xvec4(c + 4u * i));
+        s += dot(v, MVX(c, 4u * i));
     }
 #else  // Q4_0: quant word i holds elements 4i..4i+3 (low nibbles) and 16+4i.. (high)
     [[unroll]] for (uint i = 0u; i < 4u; i++) {
         uint q = odd ? wd[i + 1u] : ((wd[i] >> 16) | (wd[i + 1u] << 16));
-        s += dot(nib_lo(q) - 8.0, xvec4(c + 4u * i)) + dot(nib_hi(q) - 8.0, xvec4(c + 16u + 4u * i));
+        s += dot(nib_lo(q) - 8.0, MVX(c, 4u * i)) + dot(nib_hi(q) - 8.0, MVX(c, 16u + 4u * i));
     }
 #endif
     return d * s;

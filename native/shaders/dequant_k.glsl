@@ -153,7 +153,7 @@ float mv_unit(uint rowb, uint u, uint xb) {
     float s = 0.0, sx = 0.0;
     [[unroll]] for (uint i = 0u; i < 4u; i++) {
         uint q = w_u32a2(b + QS + 4u * i);
-        vec4 xl = xvec4(c + 4u * i), xh = xvec4(c + 16u + 4u * i);
+        vec4 xl = MVX(c, 4u * i), xh = MVX(c, 16u + 4u * i);
         vec4 lo = nib_lo(q), hi = nib_hi(q);
 #if defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
         lo += bit5w(qh, 4u * i);
@@ -222,7 +222,7 @@ float mv_unit(uint rowb, uint u, uint xb) {
     float sl = 0.0, sh = 0.0, xl_sum = 0.0, xh_sum = 0.0;
     [[unroll]] for (uint i = 0u; i < 8u; i++) {
         uint q = qw[i];
-        vec4 xl = xvec4(c + 4u * i), xh = xvec4(c + 32u + 4u * i);
+        vec4 xl = MVX(c, 4u * i), xh = MVX(c, 32u + 4u * i);
         vec4 lo = nib_lo(q), hi = nib_hi(q);
 #if defined(TYPE_Q5_K)
         uint h = hw[i];  // qh[4i .. 4i+3]: bit s is sub-block s's 5th bit
@@ -238,6 +238,15 @@ float mv_unit(uint rowb, uint u, uint xb) {
 }
 #elif defined(TYPE_Q6_K)
 #define MV_UNIT 64u
+// The x index of the unit's 4i-th value (MVX's k = 4i): elements 0..31 of a
+// group and the 32 of group h + 2, 64 on.
+#define MV_XAT(u, i) ((((u) >> 2) << 8) + ((((u) >> 1) & 1u) << 7) + (((u) & 1u) << 5) + 4u * (i) \
+                      + ((i) >= 8u ? 32u : 0u))
+#ifdef MV_ROWLANE
+#define MVX6(c, k) mvx[(k) >> 2]
+#else
+#define MVX6(c, k) xvec4((c) + ((k) < 32u ? (k) : (k) + 32u))  // unit offset k -> x index
+#endif
 float mv_unit(uint rowb, uint u, uint xb) {
     uint b = rowb + (u >> 2) * BLOCK_BYTES;
     uint n = (u >> 1) & 1u;  // half of the block
@@ -255,8 +264,8 @@ float mv_unit(uint rowb, uint u, uint xb) {
                                               (hh >> (2u * h + 16u)) & 3u, (hh >> (2u * h + 24u)) & 3u);
             vec4 hi = nib_hi(q) + 16.0 * vec4((hh >> (2u * h + 4u)) & 3u, (hh >> (2u * h + 12u)) & 3u,
                                               (hh >> (2u * h + 20u)) & 3u, (hh >> (2u * h + 28u)) & 3u);
-            sa += dot(lo - 32.0, xvec4(c + 4u * i));
-            sbb += dot(hi - 32.0, xvec4(c + 64u + 4u * i));
+            sa += dot(lo - 32.0, MVX6(c, 4u * i));
+            sbb += dot(hi - 32.0, MVX6(c, 32u + 4u * i));  // x[c + 64 + 4i ..]
         }
         int ka = int(w_u8(sb + half16) << 24) >> 24, kb = int(w_u8(sb + 4u + half16) << 24) >> 24;
         s += float(ka) * sa + float(kb) * sbb;

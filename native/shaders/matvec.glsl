@@ -68,8 +68,13 @@
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
+#ifdef MV_ROWLANE
+layout(local_size_x = MC_WG) in;  // MV_ROWLANE: a row per invocation (matvec_c_<type>.comp sets MC_WG)
+#define WG MC_WG
+#else
 layout(local_size_x = 128) in;
 #define WG 128u
+#endif
 #ifdef MV_WORDS
 #define NR MW_NR  // rows a work group computes together (they share x loads): set by matvec_w_<type>.comp
 #define RPW MW_NR // rows per work group (Ops: _MATVEC_ROWS_W)
@@ -283,7 +288,58 @@ void matvec_words() {
 }
 #endif
 
+#ifdef MV_ROWLANE
+// main for matvec_c_<type> (CPU devices: linear.select() picks it by the
+// device type).  A CPU driver such as lavapipe runs a work group's
+// invocations as a loop over SIMD lanes, executes both sides of any branch
+// some lane takes, and turns a load whose address differs per lane into one
+// scalar load per lane, while a load whose address is the same for every
+// lane is one load.  So here each invocation computes one whole row alone:
+// the x it reads depends only on the loop counter (one load serves every
+// lane), the row's weights are its own, and there is no subgroup sum, no
+// shared memory and no barrier; the work group is a few SIMD widths of
+// rows, so each CPU thread gets long runs of plain loops.
+#ifndef MV_XAT
+#define MV_XAT(u, i) ((u) * MV_UNIT + 4u * (i))  // x index of mvx[i] for unit u: units are contiguous
+#endif
+void matvec_rowlane() {
+    uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    uint t = gl_WorkGroupID.z;
+    uint xb = p.x_off + t * p.x_stride;
+    x_aligned = (xb & 3u) == 0u;
+    uint nu = p.cols / MV_UNIT;
+    uint r0 = wg * WG * MC_NR;
+    if (r0 >= p.rows) {
+        return;  // the whole group
+    }
+    uint rowb[MC_NR];
+    float acc[MC_NR];
+    [[unroll]] for (uint k = 0u; k < MC_NR; k++) {
+        rowb[k] = W_BASE + min(r0 + k * WG + gl_LocalInvocationID.x, p.rows - 1u) * ROW_BYTES(p.cols);
+        acc[k] = 0.0;  // (past the end: the last row again, not stored)
+    }
+    for (uint u = 0u; u < nu; u++) {
+        [[unroll]] for (uint i = 0u; i < MV_UNIT / 4u; i++) {
+            mvx[i] = xvec4(xb + MV_XAT(u, i));
+        }
+        [[unroll]] for (uint k = 0u; k < MC_NR; k++) {
+            acc[k] += mv_unit(rowb[k], u, xb);
+        }
+    }
+    [[unroll]] for (uint k = 0u; k < MC_NR; k++) {
+        uint r = r0 + k * WG + gl_LocalInvocationID.x;
+        if (r < p.rows) {
+            y[p.y_off + t * p.y_stride + r] = acc[k];
+        }
+    }
+}
+#endif
+
 void main() {
+#ifdef MV_ROWLANE
+    matvec_rowlane();
+    return;
+#endif
 #ifdef MV_WORDS
     matvec_words();
     return;

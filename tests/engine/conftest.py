@@ -69,3 +69,14 @@ def bufs(res):
     res.sync()
     for r in made:
         r.destroy()
+
+
+@pytest.fixture(params=["gpu-form", "cpu-form"])
+def linear_form(ops, request):
+    """Both matvec forms on the one test device: linear.select() picks the
+    row-per-invocation kernels (matvec_c_<type>) on a CPU device such as
+    lavapipe and the subgroup ones elsewhere; tests of matvec run each."""
+    was = ops.cpu
+    ops.cpu = request.param == "cpu-form"
+    yield request.param
+    ops.cpu = was

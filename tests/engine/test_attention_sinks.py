@@ -1,4 +1,5 @@
-"""Attention sinks (gpt-oss) in the attention kernels: attention.comp (prefill,
+"""Attention sinks (gpt-oss) in the attention kernels: attention_flash.comp (prefill),
+attention.comp (prefill with flash=False,
 and decode without scratch) and attention_split + attention_merge (decode),
 against numpy: out = sum_j e^(s_j - M) v_j / (sum_j e^(s_j - M) + e^(sink_h - M)).
 
@@ -12,6 +13,15 @@ import pytest
 
 from tests.engine.test_kernels import f32
 from vramd.engine.ops import view
+
+
+@pytest.fixture(autouse=True)
+def _portable(ops):
+    """These test the portable kernels at f32 tolerances: the tensor-core form
+    (attention_flash_cm, f16 Q and P) is tested in test_attention_flash_cm.py."""
+    cm, ops.flash_cm = ops.flash_cm, False
+    yield
+    ops.flash_cm = cm
 
 
 def sink_ref(q, kc, vc, pos, n_kv, scale, sinks, window=0):
@@ -56,4 +66,42 @@ def test_sinks(ops, bufs, rng, n_tokens, p0, window, split):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
     # the sinks matter: without them the output differs by far more than the tolerance
     plain = sink_ref(q, kc, vc, np.arange(p0, rows), n_kv, scale, np.full(4, -np.inf), window)
+    assert np.abs(plain - got).max() > 100 * 2e-5
+
+
+@pytest.mark.parametrize("n_heads,n_kv,hd,p0,n_tokens,ctx,window", [
+    (8, 2, 64, 0, 37, 101, 0),      # gpt-oss's head_dim and GQA 4 (64-row tiles), a first chunk
+    (8, 2, 64, 90, 41, 140, 32),    # gpt-oss's sliding layers: a window shorter than the chunk
+    (4, 1, 128, 101, 19, 333, 0),   # 32-row tiles, a chunk after earlier ones
+    (16, 2, 256, 5, 7, 20, 8),      # 16-row tiles, GQA 8 over work groups, a window
+    (4, 4, 40, 3, 9, 17, 0),        # GQA 1; head_dim 40: words not a multiple of a row's threads
+])
+@pytest.mark.parametrize("kernel", ["attention_flash", "attention_flash_k32"])
+def test_flash_sinks(ops, bufs, rng, kernel, n_heads, n_kv, hd, p0, n_tokens, ctx, window):
+    """Prefill with sinks takes the flash kernel (either K/V tile: test_attention_flash.py): against numpy and
+    against attention.comp (flash=False)."""
+    ops.flash = kernel
+    width = n_kv * hd
+    kc = rng.standard_normal((ctx, width)).astype(np.float16)
+    vc = rng.standard_normal((ctx, width)).astype(np.float16)
+    q = rng.standard_normal((n_tokens, n_heads, hd)).astype(np.float32)
+    sinks = rng.uniform(-3.0, 6.0, n_heads).astype(np.float32)
+    pos = np.arange(p0, p0 + n_tokens, dtype=np.int32)
+    nbytes = 4 * n_tokens * n_heads * hd
+    t = bufs(q=q, kc=kc, vc=vc, pos=pos, sinks=np.concatenate([np.zeros(5, np.float32), sinks]), out=nbytes,
+             old=nbytes)
+    scale = 1 / np.sqrt(hd)
+    sv = view(t["sinks"], 20, 4 * n_heads)
+    with ops.batch():
+        ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], n_tokens, n_heads, n_kv, hd, ctx, scale,
+                      window=window, sinks=sv)
+        ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["old"], n_tokens, n_heads, n_kv, hd, ctx, scale,
+                      window=window, sinks=sv, flash=False)
+    ops.sync()
+    assert kernel in ops._kernels   # the tiled form ran
+    got = f32(t["out"]).reshape(n_tokens, -1)
+    ref = sink_ref(q, kc, vc, pos, n_kv, scale, sinks.astype(np.float64), window)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(got, f32(t["old"]).reshape(n_tokens, -1), rtol=1e-4, atol=2e-5)
+    plain = sink_ref(q, kc, vc, pos, n_kv, scale, np.full(n_heads, -np.inf), window)
     assert np.abs(plain - got).max() > 100 * 2e-5

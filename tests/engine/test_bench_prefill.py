@@ -17,7 +17,8 @@ def test_prefill_bench_against_llama_server(tmp_path):
     path = write_llama(tmp_path / "tiny.gguf", seed=3, n_vocab=384, n_embd=64, n_ff=160, n_head=4, n_head_kv=2)
     out = tmp_path / "r.json"
     res = CliRunner().invoke(command, ["--peer", "llama-server-vulkan", "--model", str(path), "--lengths", "9,23",
-                                       "--reps", "2", "--chunk", "8", "--peer-threads", "1", "--json-out", str(out)])
+                                       "--reps", "2", "--chunk", "8", "--peer-threads", "1", "--decode", "3",
+                                       "--json-out", str(out)])
     assert res.exit_code == 0, res.output
     r = json.loads(out.read_text())
     assert [row["tokens"] for row in r["lengths"]] == [9, 23] and r["reps"] == 2 and r["vramd_chunk"] == 8
@@ -29,7 +30,12 @@ def test_prefill_bench_against_llama_server(tmp_path):
         assert row["vramd_tps"] == row["tokens"] / statistics.median(row["vramd_runs_s"]) > 0
         assert row["peer_tps"] == statistics.median(row["peer_runs_tps"]) > 0
         assert abs(row["ratio"] - row["vramd_tps"] / row["peer_tps"]) < 1e-9 * row["ratio"]
-    assert "ratio" in res.output and "     23" in res.output   # the text table too
+        # --decode 3: three timed vramd steps after the prompt, two llama.cpp requests of 3 tokens each
+        assert len(row["vramd_steps_s"]) == 3 and len(row["peer_decode_runs_tps"]) == 2
+        assert row["vramd_decode_tps"] == 1 / statistics.median(row["vramd_steps_s"]) > 0
+        assert abs(row["decode_ratio"] - row["vramd_decode_tps"] / row["peer_decode_tps"]) < 1e-9 * row["decode_ratio"]
+    assert r["decode_tokens"] == 3 and r["ctx"] >= 23 + 3
+    assert "ratio" in res.output and "     23" in res.output and "decode vramd" in res.output   # the text table too
 
 
 def test_prefill_bench_refuses_a_model_with_a_shape_and_a_missing_peer(tmp_path):

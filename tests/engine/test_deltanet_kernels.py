@@ -8,7 +8,7 @@ a lost state misses by the values' own size."""
 import numpy as np
 import pytest
 
-from tests.engine.reference.qwen35 import delta_rule_recurrent, l2_norm, sigmoid, softplus
+from tests.engine.reference.qwen35 import delta_rule_chunked, delta_rule_recurrent, l2_norm, sigmoid, softplus
 from tests.engine.reference.common import silu
 from vramd.engine import deltanet
 
@@ -34,7 +34,7 @@ def test_ssm_conv_silu_with_its_state(ops, bufs, rng, n):
     assert np.abs(b["state"].read(np.float32).reshape(d - 1, c) - want_state).max() == 0.0
 
 
-def delta_ref(conv, alpha, beta, dt, a, state, s, hk, hv, eps=1e-6):
+def delta_ref(conv, alpha, beta, dt, a, state, s, hk, hv, eps=1e-6, rule=delta_rule_recurrent):
     n = len(conv)
     q = l2_norm(conv[:, :hk * s].reshape(n, hk, s), eps) / np.sqrt(s)
     k = l2_norm(conv[:, hk * s:2 * hk * s].reshape(n, hk, s), eps)
@@ -43,12 +43,86 @@ def delta_ref(conv, alpha, beta, dt, a, state, s, hk, hv, eps=1e-6):
     bt = sigmoid(beta)
     out, new = np.empty((n, hv, s)), np.empty_like(state)
     for h in range(hv):
-        out[:, h], new[h] = delta_rule_recurrent(q[:, h % hk], k[:, h % hk], v[:, h], g[:, h], bt[:, h], state[h])
+        out[:, h], new[h] = rule(q[:, h % hk], k[:, h % hk], v[:, h], g[:, h], bt[:, h], state[h])
     return out, new
+
+
+def delta_inputs(rng, n, s, hk, hv):
+    c = 2 * hk * s + hv * s
+    conv = rng.standard_normal((n, c)).astype(np.float32)
+    alpha = rng.standard_normal((n, hv)).astype(np.float32)
+    beta = rng.standard_normal((n, hv)).astype(np.float32)
+    dt = rng.standard_normal(hv).astype(np.float32)
+    a = -np.exp(rng.uniform(np.log(0.02), np.log(0.2), hv)).astype(np.float32)
+    state = (0.1 * rng.standard_normal((hv, s, s))).astype(np.float32)
+    return conv, alpha, beta, dt, a, state
+
+
+def run_delta(ops, bufs, inputs, n, s, hk, hv, *, chunked, reset=False):
+    conv, alpha, beta, dt, a, state = inputs
+    b = bufs(conv=conv, alpha=alpha, beta=beta, dt=dt, a=a, state=state, out=4 * n * hv * s)
+    deltanet.gated_delta(ops, b["conv"], b["alpha"], b["beta"], b["dt"], b["a"], b["state"], b["out"], n, s, hk, hv,
+                         1e-6, reset=reset, chunked=chunked)
+    ops.sync()
+    return b["out"].read(np.float32).reshape(n, hv, s), b["state"].read(np.float32).reshape(hv, s, s)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 63, 64, 65, 130])
+@pytest.mark.parametrize("s,hk,hv", [(128, 1, 2), (32, 2, 4)])
+def test_gated_delta_chunked_matches_recurrent_and_reference(ops, bufs, rng, n, s, hk, hv):
+    """Token counts off and on the kernel's chunk (16 tokens at S = 128, 32 at S = 32) and the
+    reference's 64, continuing a state (position > 0): the chunked kernel's outputs and state agree
+    with the recurrent kernel's and with the numpy reference's chunked form."""
+    inputs = delta_inputs(rng, n, s, hk, hv)
+    got, got_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=True)
+    rec, rec_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=False)
+    want, want_state = delta_ref(*(z.astype(np.float64) for z in inputs), s, hk, hv, rule=delta_rule_chunked)
+    scale = np.abs(want).max()
+    assert scale > 0.01
+    assert np.abs(got - want).max() < 1e-4 * scale + 1e-5
+    assert np.abs(got - rec).max() < 1e-4 * scale + 1e-5
+    assert np.abs(got_state - want_state).max() < 1e-4
+    assert np.abs(got_state - rec_state).max() < 1e-5 * max(1.0, np.abs(want_state).max())
+
+
+@pytest.mark.parametrize("gate", ["forget", "keep", "mixed"])
+def test_gated_delta_chunked_gating_extremes(ops, bufs, rng, gate):
+    """g near -inf (the state forgotten at each token: e^G underflows, and must give 0, never
+    0/0), g = 0 (softplus(x) -> 0: nothing decays) and the two alternating, with beta saturated
+    both ways, from a fresh state (reset) and softplus's linear branch (x > 20)."""
+    n, s, hk, hv = 40, 64, 1, 2
+    conv, alpha, beta, dt, a, state = delta_inputs(rng, n, s, hk, hv)
+    if gate == "forget":
+        alpha[:] = 30.0
+        a[:] = -50.0            # g = -1500 per token
+    elif gate == "keep":
+        alpha[:] = -40.0        # softplus ~ 4e-18: g ~ 0
+    else:
+        alpha[::2] = 30.0
+        alpha[1::2] = -40.0
+        a[:] = -5.0
+    beta[::3] = 30.0            # sigmoid -> 1
+    beta[1::3] = -30.0          # sigmoid -> ~0
+    dt[:] = 0.0
+    inputs = conv, alpha, beta, dt, a, state
+    got, got_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=True, reset=True)
+    rec, rec_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=False, reset=True)
+    f = [z.astype(np.float64) for z in inputs]
+    f[-1] = np.zeros_like(f[-1])
+    want, want_state = delta_ref(*f, s, hk, hv)
+    assert np.isfinite(got).all() and np.isfinite(got_state).all()
+    scale = np.abs(want).max()
+    assert scale > 0.01
+    assert np.abs(got - want).max() < 1e-4 * scale + 1e-5
+    assert np.abs(got - rec).max() < 1e-4 * scale + 1e-5
+    assert np.abs(got_state - want_state).max() < 1e-4 * max(1.0, np.abs(want_state).max())
+    assert np.abs(got_state - rec_state).max() < 1e-4 * max(1.0, np.abs(want_state).max())
 
 
 @pytest.mark.parametrize("s,hk,hv", [(64, 2, 4), (128, 1, 2), (16, 3, 3)])
 def test_gated_delta_prefill_then_decode(ops, bufs, rng, s, hk, hv):
+    """The default forms: a 70-token prefill (the chunked kernel), then a one-token decode (the
+    recurrent kernel) reading the state the prefill left."""
     n = 70
     c = 2 * hk * s + hv * s
     conv = rng.standard_normal((n + 1, c)).astype(np.float32)
@@ -87,3 +161,18 @@ def test_qgate_split_and_sigmoid_mul(ops, bufs, rng):
     assert np.array_equal(b["q"].read(np.float32), qg[..., :hd].ravel())
     gate = qg[..., hd:].ravel().astype(np.float64)
     assert np.abs(b["x"].read(np.float32) - x * sigmoid(gate)).max() < 1e-6
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_gated_delta_long_prefill(ops, bufs, rng, chunked):
+    """A prefill long enough (600 tokens at S = 128) that one dispatch's loops over the state row
+    would pass lavapipe's 65535 iterations a loop (the recurrent kernel went wrong from token 244
+    so): gated_delta splits it into dispatches that continue the state."""
+    n, s, hk, hv = 600, 128, 1, 1
+    inputs = delta_inputs(rng, n, s, hk, hv)
+    got, got_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=chunked)
+    want, want_state = delta_ref(*(z.astype(np.float64) for z in inputs), s, hk, hv)
+    scale = np.abs(want).max()
+    assert scale > 0.01
+    assert np.abs(got - want).max() < 1e-4 * scale + 1e-5
+    assert np.abs(got_state - want_state).max() < 1e-4

@@ -66,7 +66,7 @@ TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0]
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows,cols,n_tokens", [(37, 416, 1), (37, 416, 11), (5, 32 * 150, 3), (3, 64, 8),
                                                     (130, 96, 70)])
-def test_matvec(ops, bufs, rng, qtype, rows, cols, n_tokens):
+def test_matvec(ops, linear_form, bufs, rng, qtype, rows, cols, n_tokens):
     """n_tokens 1 and 3: one token per work group (decode form); 8, 11 and
     70: tiles of 64 rows x 32 tokens (prefill form), partial in both, and 130
     rows x 70 tokens spanning several tiles each way.  The portable kernels:
@@ -91,7 +91,7 @@ def test_matvec(ops, bufs, rng, qtype, rows, cols, n_tokens):
     close_to_dot(y, ref, np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T)
 
 
-def test_matvec_strides_write_into_wider_rows(ops, bufs, rng):
+def test_matvec_strides_write_into_wider_rows(ops, linear_form, bufs, rng):
     """y_stride > rows: three matvecs fill one fused [tokens, q|k|v] buffer.  With
     cooperative matrices these 4 tokens go to matmul_cm, which rounds x and each
     dequantized weight to f16 (2^-11 relative each): its bound is 1.1e-3 * sum|w||x|."""

@@ -110,9 +110,10 @@ def _cols(qtype):
 # -- (a) synthetic blocks ----------------------------------------------------
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows,n_tokens", [(37, 1), (37, 3), (67, 5), (131, 37)])
-def test_matvec_synthetic(ops, bufs, rng, qtype, rows, n_tokens):
-    """n_tokens 1 and 3: matvec_<type> (decode: one token per work group);
+@pytest.mark.parametrize("rows,n_tokens", [(37, 1), (37, 3), (301, 2), (67, 5), (131, 37)])
+def test_matvec_synthetic(ops, linear_form, bufs, rng, qtype, rows, n_tokens):
+    """n_tokens 1 and 3: matvec_<type> (decode: one token per work group),
+    301 rows: three of matvec_c_<type>'s 128-row groups, the last partial;
     5 and 37: matmul_<type> (prefill tiles of 64 rows x 32 tokens: partial,
     and 131 rows x 37 tokens spanning three row tiles and two token tiles).
     Odd row counts throughout."""
@@ -123,7 +124,7 @@ def test_matvec_synthetic(ops, bufs, rng, qtype, rows, n_tokens):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("x_off,w_off,n_tokens", [(0, 0, 1), (0, 2, 2), (1, 2, 1), (0, 0, 6), (1, 2, 5)],
                          ids=["x-aligned", "x-aligned-w+2", "w+2", "prefill-x-aligned", "prefill-w+2"])
-def test_matvec_alignments(ops, bufs, rng, qtype, x_off, w_off, n_tokens):
+def test_matvec_alignments(ops, linear_form, bufs, rng, qtype, x_off, w_off, n_tokens):
     """The load paths of matvec: x read as vec4s (16-byte aligned) or float by
     float, weights at a 2-byte offset (a block's fields straddle words)."""
     raw, w = blocks(rng, qtype, 21, 2 * _cols(qtype))
@@ -134,13 +135,14 @@ def test_matvec_alignments(ops, bufs, rng, qtype, x_off, w_off, n_tokens):
 @pytest.mark.parametrize("rows", [11, 16, 37])
 @pytest.mark.parametrize("cols", [2048, 14336])
 @pytest.mark.parametrize("x_off,n_tokens", [(0, 1), (1, 2)], ids=["x-aligned", "x-unaligned"])
-def test_matvec_words(ops, bufs, rng, qtype, rows, cols, x_off, n_tokens):
+def test_matvec_words(ops, linear_form, bufs, rng, qtype, rows, cols, x_off, n_tokens):
     """Rows a multiple of 16 bytes long, on 16 bytes: decode's matvec_w_<type>
     (a quant word per thread, 4 rows a work group: matvec.glsl)."""
     raw, w = blocks(rng, qtype, rows, cols)
     assert raw.shape[1] % 16 == 0
     run_matvec(ops, bufs, rng, qtype, raw, w, n_tokens, x_off, 0)
-    assert f"matvec_w_{qtype.name.lower()}" in ops._kernels  # the word-per-lane kernel is the one that ran
+    form = "matvec_c_" if linear_form == "cpu-form" else "matvec_w_"   # the word-per-lane kernel, or the CPU one
+    assert f"{form}{qtype.name.lower()}" in ops._kernels
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -182,7 +184,7 @@ REAL = [("blk.0.attn_output.weight", Q.Q4_K, 301), ("blk.17.attn_output.weight",
 
 @pytest.mark.parametrize("name,qtype,first", REAL, ids=[f"{n}-{q.name}" for n, q, _ in REAL])
 @pytest.mark.parametrize("n_tokens,x_off", [(1, 0), (1, 1), (3, 0), (6, 1)])
-def test_matvec_real_blocks(ops, bufs, rng, gemma, name, qtype, first, n_tokens, x_off):
+def test_matvec_real_blocks(ops, linear_form, bufs, rng, gemma, name, qtype, first, n_tokens, x_off):
     """67 rows of a real tensor: decode form (1 and 3 tokens; x aligned or
     not) and prefill form (6)."""
     got_type, raw, w = real_rows(gemma, name, first, 67)

@@ -5,7 +5,9 @@ one float off alignment), which take the word-at-a-time paths.  Decode runs
 the other ones: rows and x 16-byte aligned, read as uvec4/vec4.  Here both,
 on the same data: every row count around the work group's 8 rows (2 per
 subgroup), x aligned or not per token (x_stride), the weight rows aligned or
-not (a view starting 8 bytes into its tensor), several tokens (work-group z).
+not (a view starting 8 bytes into its tensor), several tokens (work-group z);
+300 rows: matvec_c_<type>'s 128-row groups, the last partial (CPU form,
+linear_form runs every test in both forms).
 Q8_0 rows of 512 columns are 544 bytes: aligned, they take matvec_w_q8_0
 (a quant word per lane), 8 bytes off, matvec_q8_0.
 """
@@ -20,10 +22,10 @@ TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 7, 8, 9, 17, 37])
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 17, 37, 300])
 @pytest.mark.parametrize("x_pad", [0, 4, 1], ids=["x-aligned", "x-stride-aligned", "x-unaligned"])
 @pytest.mark.parametrize("w_skip", [0, 8], ids=["w-aligned", "w-plus-8"])
-def test_matvec_paths(ops, bufs, rng, qtype, rows, x_pad, w_skip):
+def test_matvec_paths(ops, linear_form, bufs, rng, qtype, rows, x_pad, w_skip):
     cols, n_tokens = 512, 3
     raw, w = weights(rng, qtype, rows, cols)
     blob = np.concatenate([np.zeros(w_skip, np.uint8), np.ascontiguousarray(raw).reshape(-1).view(np.uint8)])
@@ -40,7 +42,7 @@ def test_matvec_paths(ops, bufs, rng, qtype, rows, x_pad, w_skip):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_matvec_decode_shape(ops, bufs, rng, qtype):
+def test_matvec_decode_shape(ops, linear_form, bufs, rng, qtype):
     """A wide row (14336 columns, as llama-3-8B's ffn_down) and rows that
     are not a multiple of the work group's."""
     rows, cols = 13, 14336

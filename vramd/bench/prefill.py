@@ -61,20 +61,24 @@ def prompt_ids(n_vocab: int, n: int) -> list[int]:
     return [int(x) for x in np.random.default_rng(0).integers(3, n_vocab, n)]
 
 
-def vramd_runs(path: str, mf, lengths: list[int], reps: int, ctx: int, chunk: int | None) -> tuple[dict, dict]:
-    """({length: [seconds of each timed forward]}, facts: device, chunk)."""
+def vramd_runs(path: str, mf, lengths: list[int], reps: int, ctx: int, chunk: int | None,
+               decode: int = 0) -> tuple[dict, dict, dict]:
+    """({length: [seconds of each timed forward]}, {length: [seconds of each decode step after it]},
+    facts: device, chunk)."""
     from vramd.engine.arch import spec_for
     from vramd.engine.model import TransformerModel
-    from vramd.engine.scratch import chunk_tokens, scratch_layout
+    from vramd.engine.scratch import buffer_cap, chunk_tokens, scratch_layout
     from vramd.gpu.device import Device
     from vramd.gpu.residency import Residency
     from vramd.model import loader
     spec = spec_for(mf)
-    tokens = chunk_tokens(spec, chunk)
     ids = prompt_ids(spec.n_vocab, max(lengths))
     out: dict[int, list[float]] = {}
+    steps: dict[int, list[float]] = {}
     with Device() as dev, Residency(dev) as res:
-        lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(spec, tokens))
+        cap = buffer_cap(res.limits)   # the chunk as serve cuts it on this device
+        tokens = chunk_tokens(spec, chunk, cap)
+        lm = loader.load(path, res, ctx, mf=mf, scratch=scratch_layout(spec, tokens, cap=cap))
         res.restore(["weights", "state"])
         m = TransformerModel(lm, res, ctx, lm.scratch, tokens, spec=spec)
         try:
@@ -83,18 +87,26 @@ def vramd_runs(path: str, mf, lengths: list[int], reps: int, ctx: int, chunk: in
                 runs = []
                 for _ in range(reps):
                     t0 = time.monotonic()
-                    m.forward(ids[:n], 0)
+                    logits = m.forward(ids[:n], 0)
                     runs.append(time.monotonic() - t0)
                 out[n] = runs
+                steps[n] = []
+                for k in range(decode + 1):   # greedy steps after the prompt; the first warms the step up
+                    tok = int(np.argmax(logits))
+                    t0 = time.monotonic()
+                    logits = m.forward([tok], n + k)
+                    if k:
+                        steps[n].append(time.monotonic() - t0)
         finally:
             m.close()
         device = dev.name
-    return out, {"device": device, "chunk": tokens, "n_vocab": spec.n_vocab}
+    return out, steps, {"device": device, "chunk": tokens, "n_vocab": spec.n_vocab}
 
 
 def peer_runs(binary: str, path: str, n_vocab: int, lengths: list[int], reps: int, ctx: int,
-              threads: int | None, log: Path) -> tuple[dict, list[str]]:
-    """({length: [prompt tokens/s of each timed request]}, the server's flags)."""
+              threads: int | None, log: Path, decode: int = 0) -> tuple[dict, dict, list[str]]:
+    """({length: [prompt tokens/s of each timed request]}, {length: [decode tokens/s of each
+    decode request]}, the server's flags)."""
     from vramd.bench.llama_server import LlamaServerProcess, pinned_token
     flags = [*PEER_FLAGS, "-c", str(ctx)] + (["-t", str(threads)] if threads else [])
     try:
@@ -103,6 +115,7 @@ def peer_runs(binary: str, path: str, n_vocab: int, lengths: list[int], reps: in
         bias = []
     ids = prompt_ids(n_vocab, max(lengths))
     out: dict[int, list[float]] = {}
+    gen: dict[int, list[float]] = {}
     with LlamaServerProcess(binary, path, flags, log=log, start_timeout=600) as server:
         for n in lengths:
             body = {"prompt": ids[:n], "n_predict": 1, "cache_prompt": False, "temperature": 0.0,
@@ -117,32 +130,46 @@ def peer_runs(binary: str, path: str, n_vocab: int, lengths: list[int], reps: in
                 if k:
                     rates.append(float(t["prompt_per_second"]))
             out[n] = rates
-    return out, flags
+            gen[n] = []
+            for _ in range(reps if decode else 0):   # its own requests: n_predict would shift prompt timing
+                _status, chunks = server.stream("/completion", dict(body, n_predict=decode), timeout=3600)
+                t = chunks[-1].get("timings") or {}
+                if not t.get("predicted_per_second") or (t.get("predicted_n") or 0) < decode:
+                    raise RuntimeError(f"llama-server decoded {t.get('predicted_n')} of {decode} tokens: "
+                                       f"{json.dumps(t)}")
+                gen[n].append(float(t["predicted_per_second"]))
+    return out, gen, flags
 
 
 def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[int], reps: int,
-        chunk: int | None, peer_threads: int | None) -> dict:
+        chunk: int | None, peer_threads: int | None, decode: int = 0) -> dict:
     from vramd.bench.models import LlamaShape, write_model
     from vramd.model.gguf_check import validate_gguf
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    ctx = max(lengths) + 16
+    ctx = max(lengths) + 16 + decode
     with tempfile.TemporaryDirectory(prefix="vramd-prefill-", dir=base) as tmp:
         shp = LlamaShape.for_bytes(64 << 20) if shape == "small" else LlamaShape.preset(shape)
         path = model or str(write_model(Path(tmp) / "model.gguf", shp, wtype=wtype, fill="zeros"))
         mf = validate_gguf(path)
-        ours, facts = vramd_runs(path, mf, lengths, reps, ctx, chunk)
-        theirs, flags = peer_runs(binary, path, facts["n_vocab"], lengths, reps, ctx, peer_threads,
-                                  Path(tmp) / "llama-server.log")
+        ours, our_steps, facts = vramd_runs(path, mf, lengths, reps, ctx, chunk, decode)
+        theirs, their_gen, flags = peer_runs(binary, path, facts["n_vocab"], lengths, reps, ctx, peer_threads,
+                                             Path(tmp) / "llama-server.log", decode)
         types = sorted({t.type.name for t in mf.tensors})
     rows = []
     for n in lengths:
         v = n / statistics.median(ours[n])
         p = statistics.median(theirs[n])
-        rows.append({"tokens": n, "vramd_tps": v, "peer_tps": p, "ratio": v / p,
-                     "vramd_runs_s": ours[n], "peer_runs_tps": theirs[n]})
+        row = {"tokens": n, "vramd_tps": v, "peer_tps": p, "ratio": v / p,
+               "vramd_runs_s": ours[n], "peer_runs_tps": theirs[n]}
+        if decode:   # decode after n tokens of context: vramd's median step, llama.cpp's median rate
+            vd, pd = 1.0 / statistics.median(our_steps[n]), statistics.median(their_gen[n])
+            row.update(vramd_decode_tps=vd, peer_decode_tps=pd, decode_ratio=vd / pd,
+                       vramd_steps_s=our_steps[n], peer_decode_runs_tps=their_gen[n])
+        rows.append(row)
     return {"device": facts["device"], "model": os.path.basename(model) if model else f"synthetic {shape} {wtype}",
             "types": types, "weight_bytes": sum(t.nbytes for t in mf.tensors), "ctx": ctx, "reps": reps,
-            "vramd_chunk": facts["chunk"], "peer": {"binary": binary, "flags": flags}, "lengths": rows}
+            "vramd_chunk": facts["chunk"], "decode_tokens": decode, "peer": {"binary": binary, "flags": flags},
+            "lengths": rows}
 
 
 @click.command(name="prefill")
@@ -162,16 +189,19 @@ def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[in
               help="vramd's prefill chunk in tokens, as `vramd serve --prefill-chunk` [the architecture's].")
 @click.option("--peer-threads", type=click.IntRange(min=1), default=None,
               help="llama-server -t (its CPU threads) [its default].")
+@click.option("--decode", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also decode this many tokens after each prompt (vramd: greedy steps; llama.cpp: "
+                   "--reps requests with n_predict) and report decode tokens/s at that context.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of text.")
 @click.option("--json-out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the result as JSON to this file.")
-def command(peer, model, shape, wtype, lengths, reps, chunk, peer_threads, as_json, json_out):
+def command(peer, model, shape, wtype, lengths, reps, chunk, peer_threads, decode, as_json, json_out):
     """Prefill tokens/s of vramd and llama.cpp's llama-server on the same file, and the ratio."""
     from vramd.bench.llama_server import find_binary
     if model and (shape or wtype):
         raise UsageError("give --model or --shape/--type (a synthetic model), not both")
     binary = find_binary(peer)
-    r = run(binary, model, shape or "8b", wtype or "F16", parse_lengths(lengths), reps, chunk, peer_threads)
+    r = run(binary, model, shape or "8b", wtype or "F16", parse_lengths(lengths), reps, chunk, peer_threads, decode)
     if json_out:
         Path(json_out).write_text(json.dumps(r, indent=2) + "\n")
     if as_json:
@@ -179,10 +209,13 @@ def command(peer, model, shape, wtype, lengths, reps, chunk, peer_threads, as_js
         return
     click.echo(f"{r['model']} ({', '.join(r['types'])}, {r['weight_bytes'] / 2**30:.2f} GiB) on {r['device']}; "
                f"vramd chunks of {r['vramd_chunk']} tokens, llama-server {' '.join(r['peer']['flags'])}")
-    click.echo(f"  {'tokens':>7}  {'vramd tok/s':>12}  {'llama.cpp tok/s':>15}  {'ratio':>6}")
+    dec = r["decode_tokens"] > 0
+    click.echo(f"  {'tokens':>7}  {'vramd tok/s':>12}  {'llama.cpp tok/s':>15}  {'ratio':>6}"
+               + (f"  {'decode vramd':>12}  {'llama.cpp':>9}  {'ratio':>6}" if dec else ""))
     for row in r["lengths"]:
         click.echo(f"  {row['tokens']:>7}  {row['vramd_tps']:>12.1f}  {row['peer_tps']:>15.1f}  "
-                   f"{row['ratio']:>6.3f}")
+                   f"{row['ratio']:>6.3f}" + (f"  {row['vramd_decode_tps']:>12.1f}  {row['peer_decode_tps']:>9.1f}  "
+                                                f"{row['decode_ratio']:>6.3f}" if dec else ""))
 
 
 if __name__ == "__main__":

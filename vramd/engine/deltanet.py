@@ -8,10 +8,11 @@ Ops) and the layer recorder `deltanet`, which reads its model `m` as blocks.py's
 start it afresh).  The gated attention is blocks.attention with spec.attn_gate.
 
 What they compute is tests/engine/reference/qwen35.py's header (from llama.cpp's
-src/models/qwen35.cpp).  The delta rule runs token by token on the GPU (one work group per
-value head, each invocation's state row in registers), the recurrent form for prefill as for
-decode: correct first.  llama.cpp's chunked form (the reference's delta_rule_chunked: the same
-numbers) is the faster prefill still to write.
+src/models/qwen35.cpp).  The delta rule has two GPU forms, one work group per value head and
+each invocation's state row in registers in both: the recurrent one (gated_delta.comp, token by
+token) for decode and short chunks, and the chunked one (gated_delta_chunked.comp, llama.cpp's
+WY form as the reference's delta_rule_chunked: the same numbers) for prefill, chosen by
+gated_delta above CHUNKED_MIN tokens.  The recurrent kernel stays the chunked one's reference.
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ from vramd.errors import UsageError
 from vramd.gpu.kernels import Kernel, grid
 
 # kernel -> (storage buffers, push-constant bytes): the shaders' layouts
-_KERNELS = {"ssm_conv_silu": (4, 36), "gated_delta": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
+_KERNELS = {"ssm_conv_silu": (4, 36), "gated_delta": (7, 52), "gated_delta_chunked": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
 _WG = 256
+# More tokens than this take the chunked kernel: its per-chunk set-up (the q/k tiles, A, QK) costs
+# about what a few recurrent tokens do; on lavapipe the two cross near one chunk (16 tokens at
+# S = 128) and run level at 256 tokens.  Decode (1 token) keeps the recurrent kernel.
+CHUNKED_MIN = 16
+_LOOP_BUDGET = 16384   # state-row loop iterations a gated_delta dispatch (see gated_delta)
 
 
 def _kernel(ops, name: str) -> Kernel:
@@ -58,10 +64,11 @@ def ssm_conv_silu(ops, x, state, w, out, n: int, c: int, d: int, *, x_stride: in
 
 
 def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: int, hv: int, eps: float, *,
-                reset: bool = False) -> None:
+                reset: bool = False, chunked: bool | None = None) -> None:
     """The gated delta rule over n tokens (gated_delta.comp's header): conv [n, 2 hk s + hv s],
     alpha / beta [n, hv] (the raw projections), dt / a [hv] (ssm_dt.bias, ssm_a), state
-    [hv, s, s] (read, or zeros with reset; then the new state), out [n, hv, s]."""
+    [hv, s, s] (read, or zeros with reset; then the new state), out [n, hv, s].  chunked picks
+    the form (default: chunked above CHUNKED_MIN tokens); both leave the same state."""
     if not 1 <= s <= MAX_STATE or hv % hk:
         raise UsageError(f"gated_delta: head size {s} (at most {MAX_STATE}), {hv} value heads on {hk} key heads")
     c = 2 * hk * s + hv * s
@@ -72,8 +79,21 @@ def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: i
     gv, go = ops._bind(a, 4 * hv, "gated_delta a")
     sv, so = ops._bind(state, 4 * hv * s * s, "gated_delta state")
     ov, oo = ops._bind(out, 4 * n * hv * s, "gated_delta out")
-    push = struct.pack("<4If8I", n, s, hk, hv, eps, co, ao, bo, do, go, so, oo, int(reset))
-    ops._dispatch(_kernel(ops, "gated_delta"), [cv, av, bv, dv, gv, sv, ov], push, (hv, 1, 1))
+    if chunked is None:
+        chunked = n > CHUNKED_MIN
+    name = "gated_delta_chunked" if chunked else "gated_delta"
+    # At most `piece` tokens a dispatch, each continuing the state the one before left: lavapipe
+    # (gallivm) cuts a shader's loops short after 65535 iterations, which it counts over the whole
+    # invocation: the recurrent kernel's loops over the state row run 2 S times a token, and it
+    # went wrong from token 244 at S = 128 (the chunked one's, about half as often).  Pieces of
+    # _LOOP_BUDGET / S tokens (recurrent) or twice that (chunked) stay near half the limit; other
+    # devices pay one dispatch a piece.
+    piece = max(1, _LOOP_BUDGET // s) * (2 if chunked else 1)
+    for t0 in range(0, n, piece):
+        k = min(piece, n - t0)
+        push = struct.pack("<4If8I", k, s, hk, hv, eps, co + t0 * c, ao + t0 * hv, bo + t0 * hv, do, go, so,
+                           oo + t0 * hv * s, int(reset and t0 == 0))
+        ops._dispatch(_kernel(ops, name), [cv, av, bv, dv, gv, sv, ov], push, (hv, 1, 1))
 
 
 def qgate_split(ops, qg, q, gate, n: int, hd: int) -> None:
@@ -113,4 +133,4 @@ def deltanet(m, i: int, n: int) -> None:
     ops.add_rms_norm(a["x"], a["h"], t.vector(p + s.ffn_norm + ".weight"), a["h"], s.eps, n, E)
 
 
-__all__ = ["deltanet", "gated_delta", "qgate_split", "sigmoid_mul", "ssm_conv_silu", "view"]
+__all__ = ["CHUNKED_MIN", "deltanet", "gated_delta", "qgate_split", "sigmoid_mul", "ssm_conv_silu", "view"]

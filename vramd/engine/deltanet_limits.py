@@ -2,4 +2,4 @@
 GPU stack) so that the architecture registry checks a file against them before a device is opened."""
 
 MAX_CONV = 8        # native/shaders/ssm_conv_silu.comp: MAXD
-MAX_STATE = 128     # native/shaders/gated_delta.comp: MAXS (its work group size)
+MAX_STATE = 128     # native/shaders/gated_delta.comp, gated_delta_chunked.comp: MAXS (their work group size)

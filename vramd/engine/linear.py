@@ -13,6 +13,9 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
   matvec_q8_0_dp   Q8_0 decode by integer dot products, x quantized to int8 blocks in the
                    kernel (native/shaders/matvec_q8_0_dp.comp): where `q8_decode_usable`
   matmul_<type>    64 rows x 32 tokens a work group, from 4 tokens (prefill)
+  matvec_c_<type>  CPU devices (VkPhysicalDeviceType CPU: lavapipe), decode: a row per
+                   invocation, 4 rows each, 32 invocations a group, a token per z (matvec.glsl
+                   MV_ROWLANE: no subgroup op, shared memory or barrier)
   matmul_cm_<type> 128 rows x 128 tokens a work group on the tensor cores (KHR cooperative
                    matrices, native/shaders/matmul_cm.glsl): prefill where `coopmat_usable`
 """
@@ -29,6 +32,9 @@ MATVEC_ROWS = 8                       # rows per matvec_<type> work group (RPW i
 # types with a unit-per-thread decode matvec (matvec_w_<type>, matvec.glsl's MV_WORDS) -> its
 # rows per work group (MW_NR in matvec_w_<type>.comp)
 MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
+# CPU devices: types with a row-per-invocation matvec (matvec_c_<type>, matvec.glsl's MV_ROWLANE)
+# -> rows per work group (MC_WG in matvec_c_<type>.comp)
+MATVEC_ROWS_C = {t: 128 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
 # weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles)
@@ -91,17 +97,22 @@ def q8_decode_usable(device) -> bool:
     return able and (mode == "new" or (mode == "" and getattr(device, "type", "") != "cpu"))
 
 
-def select(w, n_tokens: int, wo: int, coopmat: bool = False, q8_dp: bool = False) -> LinearKernel:
+def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False,
+           q8_dp: bool = False) -> LinearKernel:
     """The kernel for `w` (an ops.Weight) over `n_tokens`, its rows bound at byte offset `wo`;
-    `coopmat`: the device runs the cooperative-matrix kernels (coopmat_usable); `q8_dp`: Q8_0
-    decode by integer dot products (q8_decode_usable)."""
+    `coopmat`: the device runs the cooperative-matrix kernels (coopmat_usable); `cpu`: the
+    device is a CPU (VkPhysicalDeviceType CPU, e.g. lavapipe); `q8_dp`: Q8_0 decode by integer
+    dot products (q8_decode_usable; before the CPU forms: on a CPU it is only ever asked for)."""
+    # Its scales are read as halves of aligned words: rows on even bytes (row_bytes is even).
+    if q8_dp and n_tokens < MATMUL_FROM and w.suffix == "q8_0" and w.cols <= Q8_DP_MAX_COLS and wo % 2 == 0:
+        return LinearKernel("matvec_q8_0_dp", Q8_DP_ROWS, 1)
+    if cpu and n_tokens < MATMUL_FROM and w.suffix in MATVEC_ROWS_C:
+        # (prefill keeps matmul_<type>: matvec_c per token measured no faster for 64 tokens on lavapipe)
+        return LinearKernel("matvec_c_" + w.suffix, MATVEC_ROWS_C[w.suffix], 1)
     if n_tokens >= MATMUL_FROM:
         if coopmat and w.suffix in CM_TYPES:
             return LinearKernel("matmul_cm_" + w.suffix, CM_ROWS, CM_TOKENS)
         return LinearKernel("matmul_" + w.suffix, MATMUL_ROWS, MATMUL_TOKENS)
-    # Its scales are read as halves of aligned words: rows on even bytes (row_bytes is even).
-    if q8_dp and w.suffix == "q8_0" and w.cols <= Q8_DP_MAX_COLS and wo % 2 == 0:
-        return LinearKernel("matvec_q8_0_dp", Q8_DP_ROWS, 1)
     if w.suffix in MATVEC_ROWS_W and w.row_bytes % 16 == 0 and wo % 16 == 0:
         return LinearKernel("matvec_w_" + w.suffix, MATVEC_ROWS_W[w.suffix], 1)
     return LinearKernel("matvec_" + w.suffix, MATVEC_ROWS, 1)

@@ -31,7 +31,7 @@ from vramd.engine.batch import TokenBatch
 from vramd.engine.decode_step import DecodeStep
 from vramd.engine.kvcache import KVCache, KVLayout
 from vramd.engine.ops import Ops
-from vramd.engine.scratch import chunk_tokens, logit_rows
+from vramd.engine.scratch import buffer_cap, chunk_tokens, logit_rows
 from vramd.engine.tensors import TensorTable
 from vramd.errors import ModelError
 
@@ -46,8 +46,12 @@ class TransformerModel:
                  gpu_routing: bool = True, spec=None):
         self.file = mf = loaded.file
         self.spec = spec or spec_for(mf)
-        # Tokens per chunk: what the scratch was laid out for (scratch_layout cuts it the same way)
-        self.ctx, self.batch = ctx, chunk_tokens(self.spec, batch)
+        # Tokens per chunk: what the scratch was laid out for (scratch_layout cuts it the same way,
+        # to this device's binding), and never more rows than it holds (a scratch laid out for
+        # the conservative cap, without a device, under a larger device's)
+        self.ctx = ctx
+        self.batch = min(chunk_tokens(self.spec, batch, buffer_cap(residency.limits)),
+                         scratch_region.tensors["ids"].nbytes // 4)
         self.ops = Ops(residency)
         self.residency = residency
         self.t = TensorTable(self.spec, mf, loaded.weights.tensors, loaded.host)

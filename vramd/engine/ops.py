@@ -38,9 +38,10 @@ the forward pass should record).  Nothing waits for the GPU except `sync()`
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 
-from vramd.engine import linear
+from vramd.engine import attention_cm, linear
 from vramd.errors import DeviceError, ModelError, UsageError
 from vramd.gpu.kernels import Batch, Kernel, grid
 
@@ -62,7 +63,7 @@ WEIGHT_TYPES[39] = ("mxfp4", 32, 17)
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
-            "kv_write": (3, 32), "attention": (6, 72), "attention_flash": (5, 64), "silu_mul": (3, 16), "add": (3, 20),
+            "kv_write": (3, 32), "attention": (6, 72), "attention_flash": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (3, 24),
             "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36),
             "swiglu_oai": (3, 24), "add_id": (3, 20)}
@@ -75,6 +76,24 @@ _SPLIT_GROUPS = 1024      # decode attention: work groups aimed at (heads x rang
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
 ROUTE_MAX_EXPERTS = 1024  # moe_route.comp: MAX_EXPERT (its shared copy of a token's logits)
 ROUTE_MAX_USED = 64       # moe_route.comp: MAX_USED
+
+
+FLASH_K32_SHARED = 41856  # attention_flash_k32.comp's shared bytes: Q 2112 vec2, K/V 32 x 129 words, scores 64 x 33
+FLASH_K16_SHARED = 29504  # attention_flash.comp's (16-key tiles)
+
+
+def flash_kernel(limits: dict) -> str | None:
+    """The prefill attention kernel a device takes: K/V tiles of 32 keys where its shared
+    memory holds them (the H200's 48 KiB), else of 16 (29 KiB: lavapipe's 32 KiB), else none
+    (Vulkan guarantees only 16 KiB: such a device runs attention.comp, a work group per head
+    and token).  VRAMD_FLASH_K16 (set to anything) keeps the 16-key tiles (benchmarks of one
+    against the other)."""
+    shared = limits.get("maxComputeSharedMemorySize", 0)
+    if shared < FLASH_K16_SHARED:
+        return None
+    if os.environ.get("VRAMD_FLASH_K16"):
+        return "attention_flash"
+    return "attention_flash_k32" if shared >= FLASH_K32_SHARED else "attention_flash"
 
 
 def flash_rows(head_dim: int) -> int:
@@ -186,6 +205,9 @@ class Ops:
         self.max_groups = lim["maxComputeWorkGroupCount"]
         self.subgroup_size = _check_subgroups(residency.device)
         self.coopmat = linear.coopmat_usable(residency.device)   # tensor-core matmuls (False: the portable ones)
+        self.flash = flash_kernel(lim)   # prefill attention's kernel (its K/V tile by the shared memory)
+        self.flash_cm = attention_cm.usable(residency.device)    # tensor-core prefill attention (VRAMD_FLASH_CM=0: off)
+        self.cpu = residency.device.type == "cpu"   # linear.select(): the row-per-invocation forms
         self.q8_dp = linear.q8_decode_usable(residency.device)   # Q8_0 decode by integer dot products
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
@@ -293,7 +315,8 @@ class Ops:
         if k is None:
             n, push = _KERNELS[family or name]
             # the tensor-core kernels assume 32-lane subgroups: asked for where the device can be asked
-            sub = linear.cm_subgroup_size(self.residency.device) if name.startswith("matmul_cm_") else None
+            cm = name.startswith(("matmul_cm_", "attention_flash_cm_"))
+            sub = linear.cm_subgroup_size(self.residency.device) if cm else None
             k = self._kernels[name] = Kernel(self.residency, name, n_buffers=n, push_bytes=push, subgroup_size=sub)
         return k
 
@@ -372,7 +395,7 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
-            sel = linear.select(w, n_tokens, wo, self.coopmat, self.q8_dp)
+            sel = linear.select(w, n_tokens, wo, self.coopmat, cpu=self.cpu, q8_dp=self.q8_dp)
             k = self._kernel(sel.name, "matvec")
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(-(-n // sel.rows_per_group), self.max_groups)
@@ -623,11 +646,15 @@ class Ops:
 
         Kernels: several tokens (prefill) with head_dim <= 256 take the
         flash form (attention_flash.comp: a work group per KV head and tile
-        of query rows, K/V tiles shared by the group's q heads and tokens);
+        of query rows, K/V tiles shared by the group's q heads and tokens;
+        attention_flash_k32.comp, tiles of 32 keys, where the shared memory
+        holds them: flash_kernel; on a device with cooperative matrices and
+        head_dim 64, 128 or 256 the tensor-core form attention_flash_cm_d<D>,
+        engine/attention_cm.py);
         a single token the split form; what is left (a token without tmp,
         heads over 256; flash=False, the reference the flash form is tested
-        against; sinks, which the flash form does not take yet) attention.comp, a work
-        group per (head, token).
+        against) attention.comp, a work group per (head, token).  Every form
+        takes the sinks.
         sinks: f32 [n_heads], a logit per head that joins each softmax's
         denominator without a value (gpt-oss's attention sinks); None: none."""
         if n_kv_heads < 1 or n_heads % n_kv_heads:
@@ -648,18 +675,26 @@ class Ops:
                                                                      n_heads, n_kv_heads, head_dim, ctx, scale, window,
                                                                      softcap, sink):
             return
-        if flash and sinks is None and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
-            push = struct.pack("<14I2f", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
-                               po, oo, o_stride, ctx, int(window), scale, softcap)
+        # every prefill and fallback kernel takes the same push constants and bindings
+        push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
+                           po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
+        cm = (attention_cm.kernel(head_dim, self.residency.device.limits.get("maxComputeSharedMemorySize", 0))
+              if flash and self.flash_cm and n_tokens > 1 else None)
+        if cm:   # the tensor-core form
+            tiles = attention_cm.tiles(n_tokens, n_heads, n_kv_heads)
+            if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
+                raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
+            self._dispatch(self._kernel(cm, "attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_kv_heads, tiles, 1))
+            return
+        if flash and self.flash and n_tokens > 1 and head_dim <= _FLASH_HEAD_DIM:
             tiles = -(-n_tokens * (n_heads // n_kv_heads) // flash_rows(head_dim))
             if n_kv_heads > self.max_groups[0] or tiles > self.max_groups[1]:
                 raise UsageError(f"attention: {n_kv_heads} KV heads x {tiles} query tiles exceed the device's grid")
-            self._dispatch(self._kernel("attention_flash"), [qv, kv, vv, pv, ov], push, (n_kv_heads, tiles, 1))
+            self._dispatch(self._kernel(self.flash, "attention_flash"), [qv, kv, vv, pv, ov, sink[0]], push,
+                           (n_kv_heads, tiles, 1))
             return
         if n_heads > self.max_groups[0] or n_tokens > self.max_groups[1]:
             raise UsageError(f"attention: {n_heads} heads x {n_tokens} tokens exceed the device's grid")
-        push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
-                           po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
         self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_heads, n_tokens, 1))
 
     def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,

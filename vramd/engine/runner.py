@@ -203,6 +203,10 @@ class Engine:
             if keep:
                 self.model.restore_checkpoint(keep)
         self.cached = []   # what the state holds is being replaced from here on
+        if ck is not None and keep < len(ck):
+            # the batch rewrites the attention layers' K/V rows the checkpoint's state goes with:
+            # it is gone from here on, even if the batch fails before the new one is taken
+            self.checkpoint = None
         embeds = embeds or {}
         body = ids[keep:-1]
         if body:   # no logits wanted: the batch's out rows are none

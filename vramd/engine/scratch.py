@@ -3,8 +3,10 @@
 Owns: `scratch_layout(spec, batch)` ([(name, bytes)] for the residency
 `scratch` region: what `vramd serve` allocates and `vramd plan` reports, the
 same function for both), `chunk_tokens` (the tokens of a prefill chunk:
-`--prefill-chunk` or the spec's default, cut to what one binding holds) and
-`logit_rows`.  Light on purpose (no GPU imports), so `vramd plan` sizes a
+`--prefill-chunk` or the spec's default, cut to what one binding holds),
+`buffer_cap` (what one binding holds: the device's maxStorageBufferRange
+where the scratch is sized for a device, lavapipe's 128 MiB where none is
+known) and `logit_rows`.  Light on purpose (no GPU imports), so `vramd plan` sizes a
 model without a device.
 
 The scratch region is sized for one chunk and, like every scratch region,
@@ -19,22 +21,35 @@ from vramd.errors import UsageError
 LOGITS_BYTES = 64 << 20   # the logits buffer: chunks wanting every row's logits are cut to fit it (half lavapipe's range)
 
 
-BUFFER_BYTES = 128 << 20   # one activation buffer at most: an op binds a whole chunk's rows of it, and
-                           # lavapipe's maxStorageBufferRange is 128 MiB (the smallest of the devices known)
+BUFFER_BYTES = 128 << 20   # one activation buffer at most where the device is not known (vramd plan):
+                           # lavapipe's maxStorageBufferRange, the smallest of the devices known
 MAX_CHUNK = 16384          # --prefill-chunk at most
 
 
-def chunk_tokens(spec, chunk: int | None = None) -> int:
+def buffer_cap(limits: dict | None = None) -> int:
+    """The most bytes one activation buffer may hold on a device (`Residency.limits`):
+    an op binds a whole chunk's rows of it, so one storage binding (maxStorageBufferRange,
+    down to the storage alignment, so that it stays one piece: Tensor.views) of one
+    allocation.  No device (None, or limits without the range): BUFFER_BYTES."""
+    if not limits or "max_storage_range" not in limits:
+        return BUFFER_BYTES
+    align = max(1, int(limits.get("storage_alignment", 1)))
+    cap = int(limits["max_storage_range"]) // align * align
+    return min(cap, int(limits.get("max_allocation", cap)))
+
+
+def chunk_tokens(spec, chunk: int | None = None, cap: int = BUFFER_BYTES) -> int:
     """Tokens per prefill chunk: `chunk` (--prefill-chunk) or the spec's
     default (`spec.batch`), cut so that no activation buffer of the chunk
-    (the logits aside: logit_rows cuts those) passes BUFFER_BYTES."""
+    (the logits aside: logit_rows cuts those) passes `cap` bytes (buffer_cap
+    of the device the scratch is for)."""
     want = int(chunk) if chunk is not None else spec.batch
     if not 1 <= want <= MAX_CHUNK:
         raise UsageError(f"prefill chunk {want}: between 1 and {MAX_CHUNK} tokens")
     one = {n: b for n, b in scratch_layout(spec, 1, cut=False)}
     two = {n: b for n, b in scratch_layout(spec, 2, cut=False)}
     per_token = max(two[n] - one[n] for n in one if n != "logits")
-    return max(1, min(want, BUFFER_BYTES // per_token))
+    return max(1, min(want, int(cap) // per_token))
 
 
 def logit_rows(spec, batch: int) -> int:
@@ -44,12 +59,13 @@ def logit_rows(spec, batch: int) -> int:
     return max(1, min(batch, LOGITS_BYTES // (4 * spec.n_vocab)))
 
 
-def scratch_layout(spec, batch: int | None = None, *, cut: bool = True) -> list[tuple[str, int]]:
+def scratch_layout(spec, batch: int | None = None, *, cut: bool = True,
+                   cap: int = BUFFER_BYTES) -> list[tuple[str, int]]:
     """Activation buffers (f32 unless said) for a chunk of `batch` tokens
-    (default: the spec's), cut by chunk_tokens unless cut=False."""
+    (default: the spec's), cut by chunk_tokens (to `cap`) unless cut=False."""
     b = batch or spec.batch
     if cut:
-        b = chunk_tokens(spec, b)
+        b = chunk_tokens(spec, b, cap)
     layout = [("x", 4 * b * spec.n_embd), ("h", 4 * b * spec.n_embd), ("q", 4 * b * spec.max_q_width),
               ("k", 4 * b * spec.max_kv_width), ("v", 4 * b * spec.max_kv_width), ("att", 4 * b * spec.max_q_width)]
     if spec.n_ff:

@@ -66,6 +66,10 @@ class Footprint:
     limits: dict = field(default_factory=lambda: dict(DEFAULT_LIMITS))
     runnable: bool = True                    # False: the engine does not run it; scratch is the loader's estimate
     chunk: int | None = None                 # tokens per prefill chunk the scratch holds (None: not runnable)
+    max_buffer: int = 128 << 20              # the bytes of one activation buffer the chunk was cut to
+                                             # (vramd/engine/scratch.py's buffer_cap)
+    max_buffer_source: str = "assumed"       # "device" (its limits), "given" (--max-buffer) or "assumed"
+                                             # (no device: lavapipe's, the Vulkan minimum)
 
     # The regions, their kind, and whether they have a host shadow.
     REGIONS = {"weights": "weights", "kv": "state", "scratch": "scratch", "encoder": "encoder",
@@ -112,7 +116,8 @@ class Footprint:
     def to_json(self) -> dict:
         d = self.device
         return {"n_cpu_moe": self.plan.n_cpu_moe, "has_experts": self.plan.has_experts, "ctx": self.ctx,
-                "prefill_chunk": self.chunk,
+                "prefill_chunk": self.chunk, "max_buffer_bytes": self.max_buffer,
+                "max_buffer_source": self.max_buffer_source,
                 "runnable": self.runnable, "tensors": self.plan.tensors,
                 "device_weight_bytes": d["weights"], "kv_bytes": d["state"], "scratch_bytes": d["scratch"],
                 "recurrent_state_bytes": self.recurrent_bytes,
@@ -125,7 +130,7 @@ class Footprint:
 
 
 def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj=None,
-              limits: dict | None = None, chunk: int | None = None) -> Footprint:
+              limits: dict | None = None, chunk: int | None = None, max_buffer: int | None = None) -> Footprint:
     """What model `mf` (a validated ModelFile) needs at `ctx`, as `vramd serve` allocates it.
 
     n_cpu_moe: None (every tensor on the device), a number of layers (float, or the flag's
@@ -133,18 +138,23 @@ def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj
     if nothing does).  mmproj: the --mmproj ModelFile, validated.  limits: the device's
     `Residency.limits` (serve has them; plan assumes DEFAULT_LIMITS).  chunk:
     --prefill-chunk, the tokens per prefill chunk the scratch is laid out for
-    (None: the architecture's default; vramd/engine/scratch.py's chunk_tokens)."""
+    (None: the architecture's default; vramd/engine/scratch.py's chunk_tokens), cut so that
+    no activation buffer passes `max_buffer` bytes (plan's --max-buffer; None: the device's
+    maxStorageBufferRange from `limits`, else the conservative BUFFER_BYTES)."""
     from vramd.engine.arch import spec_for
-    from vramd.engine.scratch import chunk_tokens, scratch_layout
+    from vramd.engine.scratch import buffer_cap, chunk_tokens, scratch_layout
     lim = dict(limits or DEFAULT_LIMITS)
+    cap = buffer_cap(limits) if max_buffer is None else int(max_buffer)
+    source = ("given" if max_buffer is not None else
+              "device" if limits and "max_storage_range" in limits else "assumed")
     try:
         spec = spec_for(mf)
         runnable = True
     except VramdError:  # serve refuses it; the loader's estimate stands in (what it lays out without an engine)
         scratch, runnable, tokens = [("compute", loader.scratch_bytes(mf))], False, None
     if runnable:
-        tokens = chunk_tokens(spec, chunk)
-        scratch = scratch_layout(spec, tokens)
+        tokens = chunk_tokens(spec, chunk, cap)
+        scratch = scratch_layout(spec, tokens, cap=cap)
     shape = loader.kv_shape(mf, ctx)
     kv = loader.kv_layout(shape) if shape is not None else []
     kv_dev, scratch_dev = packed_bytes(kv, lim) if kv else 0, packed_bytes(scratch, lim)
@@ -164,7 +174,7 @@ def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj
         from vramd.engine.vision import layouts as encoder_layouts
         from vramd.model.mmproj import load_mmproj
         layouts["encoder"], layouts["encoder_scratch"] = encoder_layouts(mmproj, *load_mmproj(mmproj))
-    return Footprint(ctx, p, {r: lay for r, lay in layouts.items() if lay}, lim, runnable, tokens)
+    return Footprint(ctx, p, {r: lay for r, lay in layouts.items() if lay}, lim, runnable, tokens, cap, source)
 
 
 def _device_layout(p: placement.Plan) -> list[tuple[str, int]]:

@@ -54,22 +54,23 @@ def kv_shape(mf: ModelFile, ctx: int) -> KVLayout | None:
     geometry differs per layer (head_count_kv an array, a key_length_swa: gemma4's
     sliding and global layers), no one pair of keys gives it: the engine's spec does."""
     from vramd.engine.arch import spec_for, supported
+    from vramd.errors import VramdError
     a, md = mf.architecture, mf.metadata
-    if supported(a) and (isinstance(md.get(f"{a}.attention.head_count_kv"), list)
-                         or f"{a}.attention.key_length_swa" in md):
-        return KVLayout.for_spec(spec_for(mf), ctx)
-    if f"{a}.ssm.state_size" in md:   # a recurrent state beside K/V (qwen35): the spec's
-        from vramd.errors import VramdError
+    if (supported(a) and (isinstance(md.get(f"{a}.attention.head_count_kv"), list)
+                          or f"{a}.attention.key_length_swa" in md)) or f"{a}.ssm.state_size" in md:
+        # per-layer geometry (gemma4) or a recurrent state beside K/V (qwen35): the spec's
         try:
             return KVLayout.for_spec(spec_for(mf), ctx)
         except VramdError:
-            pass   # not runnable: the K/V estimate below stands in
+            pass   # not runnable (vramd plan still shows the estimate below): K/V from the keys
     layers = arch_int(mf, "block_count")
     n_embd = arch_int(mf, "embedding_length")
     n_head = arch_int(mf, "attention.head_count")
     if layers is None or n_embd is None or n_head is None:
         return None
-    n_head_kv = arch_int(mf, "attention.head_count_kv", n_head)
+    per_layer = md.get(f"{a}.attention.head_count_kv")
+    n_head_kv = max(int(v) for v in per_layer) if isinstance(per_layer, list) and per_layer \
+        else arch_int(mf, "attention.head_count_kv", n_head)   # an array (gemma4): the widest layer's
     k_dim = arch_int(mf, "attention.key_length", n_embd // n_head or 1)
     v_dim = arch_int(mf, "attention.value_length", n_embd // n_head or 1)
     return KVLayout(layers, ctx, k_dim * n_head_kv, v_dim * n_head_kv)

@@ -39,7 +39,9 @@ class Assistant:
     """Streamed text in, delta fields out (content, reasoning_content, tool_calls)."""
 
     def __init__(self, tool_format: str | None, reasoning: Reasoning | None):
-        self.split = None if reasoning is None else HarmonySplit() if reasoning.harmony else ReasoningSplit(reasoning.open)
+        self.split = (None if reasoning is None else
+                      HarmonySplit(inline=reasoning.inline, calls=tool_format == "harmony") if reasoning.harmony
+                      else ReasoningSplit(reasoning.open))
         # harmony's calls are messages of their own: HarmonySplit reads them (vramd/server/harmony.py)
         self.tools = ToolStream(tool_format) if tool_format and tool_format != "harmony" else None
         self.content, self.thought = _Trim(), _Trim()

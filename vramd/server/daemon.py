@@ -993,6 +993,8 @@ class Daemon:
         return {"name": self.name, "pid": os.getpid(), "model": self.cfg.model, "arena": str(self.arena.path),
                 "device": self.device.describe(), "state": m.state, "holds_token": self.participant.holds_token,
                 "breakdown": self.residency.breakdown(), "switches": m.switches, "yields": m.yields,
+                # The part of the breakdown's `state` that is a recurrent state (qwen35), not K/V: as `vramd plan` says
+                "recurrent_state_bytes": self._recurrent_state_bytes(),
                 # Per heap: the driver's usage (VK_EXT_memory_budget), else the core's own count of its allocations.
                 "heaps": self.residency.budget(), "device_peak": self.residency.stats()["device_peak"],
                 "host_heap": heap_stats(),   # the C heap (glibc): bytes in use and freed but kept
@@ -1005,6 +1007,12 @@ class Daemon:
                 "inflight": self._inflight,   # generation requests submitted and not yet answered
                 "stopping": self.stopping,    # shutting down: draining its replies (`vramd status` says so)
                 "device_memory": self._device_memory_status()}
+
+    def _recurrent_state_bytes(self) -> int:
+        """Tensor bytes of the recurrent state and its checkpoint (footprint.py's recurrent_bytes)."""
+        model = getattr(self.engine, "model", None) if self.engine else None
+        kv = getattr(model, "kv", None)
+        return kv.layout.recurrent_bytes if kv is not None else 0
 
     def _device_memory_status(self) -> dict | None:
         """A fresh look (status and /metrics are how an operator asks); the last one if looking

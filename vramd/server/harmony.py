@@ -50,7 +50,11 @@ def _partial_marker(buf: str) -> int:
 class HarmonySplit:
     """Streamed text in, (reasoning text, content text) out."""
 
-    def __init__(self):
+    def __init__(self, inline: bool = False, calls: bool = True):
+        # inline (reasoning_format "none"): the analysis channel's text is content too, as llama.cpp
+        # keeps it; calls False (the request has no tools to call): a message to a function is content,
+        # not a tool call (llama.cpp's parser drops such unsolicited calls; here nothing is lost)
+        self.inline, self.take_calls_at_all = inline, calls
         self.state = "lead"      # lead, header, body, plain (no harmony at all), done
         self.channel = ""
         self.pending = ""
@@ -92,7 +96,7 @@ class HarmonySplit:
                 head = buf[:at]
                 name = head.split(CHANNEL, 1)[1] if CHANNEL in head else ""
                 self.channel = name.split("<|", 1)[0].split(" ", 1)[0].strip()
-                to = _RECIPIENT.search(head)
+                to = _RECIPIENT.search(head) if self.take_calls_at_all else None
                 self.recipient = to.group(1) if to else None
                 self.state, buf = "body", buf[at + len(MESSAGE):]
             elif self.state == "body":
@@ -109,7 +113,7 @@ class HarmonySplit:
                     if ends:
                         self._close_call()
                 else:
-                    (thought if self.channel == "analysis" else content).append(out)
+                    (thought if self.channel == "analysis" and not self.inline else content).append(out)
             else:   # done: whatever follows a <|return|> or <|call|> is not part of the answer
                 buf = ""
         return "".join(thought), "".join(content)
@@ -121,5 +125,5 @@ class HarmonySplit:
             self._close_call()
             return "", ""
         if self.state == "body":
-            return (rest, "") if self.channel == "analysis" else ("", rest)
+            return (rest, "") if self.channel == "analysis" and not self.inline else ("", rest)
         return ("", rest) if self.state in ("lead", "plain") else ("", "")

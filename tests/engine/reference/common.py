@@ -221,6 +221,32 @@ def read_rope_scaling(m, key: Callable[..., Any], path, yarn_keys: bool = False)
     m.rope_magnitude = magnitude
 
 
+class Greedy:
+    """Greedy decoding for a reference model: what it needs of the model is `new_kv(dtype)`,
+    `forward(tokens, kv)` (logits of each token, the cache advanced) and `n_vocab`."""
+
+    def greedy(self, prompt, n: int, *, kv_dtype: type = np.float32, stop=()) -> list[int]:
+        """The n tokens greedy decoding appends to `prompt` (prefill, then one token at a
+        time), ending early after a token in `stop` (which is included).  EOS does not stop
+        it unless it is in `stop`."""
+        return self.greedy_logits(prompt, n, kv_dtype=kv_dtype, stop=stop)[0]
+
+    def greedy_logits(self, prompt, n: int, *, kv_dtype: type = np.float32, stop=()) -> tuple[list[int], np.ndarray]:
+        """Like greedy(), also returning the logits [len(out), n_vocab] each token was chosen
+        from (so a test can see how close the runner-up was)."""
+        kv = self.new_kv(kv_dtype)
+        logits = self.forward(prompt, kv)[-1]
+        out, rows = [], []
+        for _ in range(n):
+            token = int(np.argmax(logits))
+            out.append(token)
+            rows.append(logits)
+            if token in stop or len(out) == n:
+                break
+            logits = self.forward([token], kv)[-1]
+        return out, np.array(rows).reshape(len(rows), self.n_vocab)
+
+
 class Tensors:
     """`take(name, shape, optional)`: the dequantized tensor in `dtype`, its numpy
     shape checked (None: any); a missing one is a ValueError unless optional.

@@ -80,8 +80,8 @@ from typing import Sequence
 
 import numpy as np
 
-from tests.engine.reference.common import (ReferenceKV, dequantize_tensor, metadata_key, read_rope_scaling, rms_norm,
-                                           rope, rope_angles, start_forward, top2_margin)
+from tests.engine.reference.common import (Greedy, ReferenceKV, dequantize_tensor, metadata_key, read_rope_scaling,
+                                           rms_norm, rope, rope_angles, start_forward, top2_margin)
 from vramd.model.gguf_check import validate_gguf
 
 __all__ = ["Gemma3Reference", "gelu", "softcap", "top2_margin"]
@@ -102,7 +102,7 @@ def softcap(logits: np.ndarray, cap: float) -> np.ndarray:
     return cap * np.tanh(logits / cap)
 
 
-class Gemma3Reference:
+class Gemma3Reference(Greedy):
     """A gemma3 GGUF model evaluated in numpy.  Hyper-parameters are
     attributes (n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,
     n_rot, eps, freq_base, freq_scale, window, swa_layers, attn_scale, cap,
@@ -248,22 +248,4 @@ class Gemma3Reference:
 
     # --- helpers ------------------------------------------------------------------------
 
-    def greedy(self, prompt: Sequence[int], n: int, *, kv_dtype: type = np.float32,
-               stop: Sequence[int] = ()) -> list[int]:
-        return self.greedy_logits(prompt, n, kv_dtype=kv_dtype, stop=stop)[0]
 
-    def greedy_logits(self, prompt: Sequence[int], n: int, *, kv_dtype: type = np.float32,
-                      stop: Sequence[int] = ()) -> tuple[list[int], np.ndarray]:
-        """The n tokens greedy decoding appends to `prompt` (ending early after
-        a token in `stop`), and the logits each was chosen from."""
-        kv = self.new_kv(kv_dtype)
-        logits = self.forward(prompt, kv)[-1]
-        out, rows = [], []
-        for _ in range(n):
-            token = int(np.argmax(logits))
-            out.append(token)
-            rows.append(logits)
-            if token in stop or len(out) == n:
-                break
-            logits = self.forward([token], kv)[-1]
-        return out, np.array(rows).reshape(len(rows), self.n_vocab)

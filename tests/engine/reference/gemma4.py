@@ -57,9 +57,9 @@ from typing import Sequence
 
 import numpy as np
 
-from tests.engine.reference.common import (ReferenceKV, dequantize_tensor, metadata_key, read_rope_scaling, rms_norm,
-                                           rope, rope_angles, start_forward)
-from tests.engine.reference.gemma3 import Gemma3Reference, gelu, softcap
+from tests.engine.reference.common import (Greedy, ReferenceKV, dequantize_tensor, metadata_key, read_rope_scaling,
+                                           rms_norm, rope, rope_angles, start_forward)
+from tests.engine.reference.gemma3 import gelu, softcap
 from vramd.model.gguf_check import validate_gguf
 
 __all__ = ["Gemma4Reference"]
@@ -70,7 +70,7 @@ _NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn
 _OPTIONAL = ("attn_v", "layer_output_scale")
 
 
-class Gemma4Reference:
+class Gemma4Reference(Greedy):
     """A gemma4 GGUF model evaluated in numpy.  Per layer: `swa[l]`, `head_dim[l]`,
     `n_head_kv[l]`, `n_rot[l]`, `base[l]`; `.layers[l]` maps tensor short names to values."""
 
@@ -138,8 +138,6 @@ class Gemma4Reference:
         if unknown:
             raise ValueError(f"{path}: tensors the reference does not implement: {', '.join(unknown[:5])}")
 
-    greedy_logits = Gemma3Reference.greedy_logits   # forward / new_kv / n_vocab are all it uses
-    greedy = Gemma3Reference.greedy
 
     def new_kv(self, dtype: type = np.float32) -> ReferenceKV:
         kv = ReferenceKV(self.n_layer, 1, 1, 1, dtype)

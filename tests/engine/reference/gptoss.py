@@ -41,8 +41,8 @@ from typing import Sequence
 
 import numpy as np
 
-from tests.engine.reference.common import (ReferenceKV, Tensors, dequantize_tensor, metadata_key, read_attention,
-                                           rms_norm, rope, rope_angles, start_forward)
+from tests.engine.reference.common import (Greedy, ReferenceKV, Tensors, dequantize_tensor, metadata_key,
+                                           read_attention, rms_norm, rope, rope_angles, start_forward)
 from tests.engine.reference.moe import Route, sigmoid
 from vramd.model.gguf_check import validate_gguf
 
@@ -56,7 +56,7 @@ def swiglu_oai(g: np.ndarray, u: np.ndarray, alpha: float = SWIGLU_ALPHA, limit:
     return g * sigmoid(alpha * g) * (u + 1.0)
 
 
-class GptOssReference:
+class GptOssReference(Greedy):
     """A gpt-oss GGUF model evaluated in numpy.  Attributes: read_attention's
     (n_layer, n_embd, n_head, n_head_kv, head_dim_k, ...), n_expert,
     n_expert_used, n_ff_exp, window, swa_layers; `.layers[i]` maps tensor
@@ -162,20 +162,3 @@ class GptOssReference:
                 out[t] += we * (L["ffn_down_exps"][e] @ swiglu_oai(g, u) + L["ffn_down_exps.bias"][e])
         return out
 
-    def greedy_logits(self, prompt: Sequence[int], n: int, *, kv_dtype: type = np.float32,
-                      stop: Sequence[int] = ()) -> tuple[list[int], np.ndarray]:
-        """The n tokens greedy decoding appends to `prompt`, and the logits each was chosen from."""
-        kv = self.new_kv(kv_dtype)
-        logits = self.forward(prompt, kv)[-1]
-        out, rows = [], []
-        for _ in range(n):
-            token = int(np.argmax(logits))
-            out.append(token)
-            rows.append(logits)
-            if token in stop or len(out) == n:
-                break
-            logits = self.forward([token], kv)[-1]
-        return out, np.array(rows).reshape(len(rows), self.n_vocab)
-
-    def greedy(self, prompt: Sequence[int], n: int, **kw) -> list[int]:
-        return self.greedy_logits(prompt, n, **kw)[0]

@@ -160,8 +160,9 @@ from typing import Sequence
 
 import numpy as np
 
-from tests.engine.reference.common import (ReferenceKV, Tensors, dequantize_tensor, metadata_key, read_attention,
-                                           read_rope_scaling, rms_norm, rope, rope_angles, silu, start_forward)
+from tests.engine.reference.common import (Greedy, ReferenceKV, Tensors, dequantize_tensor, metadata_key,
+                                           read_attention, read_rope_scaling, rms_norm, rope, rope_angles, silu,
+                                           start_forward)
 from vramd.model.gguf_check import validate_gguf
 
 # llama.cpp's rope type per architecture (llama_model_rope_type).
@@ -190,7 +191,7 @@ class Layer:
     attn_k_norm: np.ndarray | None = None
 
 
-class ReferenceModel:
+class ReferenceModel(Greedy):
     """A llama-family GGUF model evaluated in numpy.
 
     `ReferenceModel(path, dtype=np.float64)`; `.forward(tokens, kv, pos0)`;
@@ -365,28 +366,5 @@ class ReferenceModel:
         return out.reshape(n, self.n_head * self.head_dim_v)
 
     # --- helpers ------------------------------------------------------------------------
-
-    def greedy(self, prompt: Sequence[int], n: int, *, kv_dtype: type = np.float32,
-               stop: Sequence[int] = ()) -> list[int]:
-        """The n tokens greedy decoding appends to `prompt` (prefill, then one
-        token at a time), ending early after a token in `stop` (which is
-        included).  EOS does not stop it unless it is in `stop`."""
-        return self.greedy_logits(prompt, n, kv_dtype=kv_dtype, stop=stop)[0]
-
-    def greedy_logits(self, prompt: Sequence[int], n: int, *, kv_dtype: type = np.float32,
-                      stop: Sequence[int] = ()) -> tuple[list[int], np.ndarray]:
-        """Like greedy(), also returning the logits [len(out), n_vocab] each
-        token was chosen from (so a test can see how close the runner-up was)."""
-        kv = self.new_kv(kv_dtype)
-        logits = self.forward(prompt, kv)[-1]
-        out, rows = [], []
-        for _ in range(n):
-            token = int(np.argmax(logits))
-            out.append(token)
-            rows.append(logits)
-            if token in stop or len(out) == n:
-                break
-            logits = self.forward([token], kv)[-1]
-        return out, np.array(rows).reshape(len(rows), self.n_vocab)
 
 

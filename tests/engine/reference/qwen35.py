@@ -42,7 +42,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tests.engine.reference.common import (ReferenceKV, Tensors, dequantize_tensor, metadata_key, rms_norm,
+from tests.engine.reference.common import (Greedy, ReferenceKV, Tensors, dequantize_tensor, metadata_key, rms_norm,
                                            rope, rope_angles, silu)
 from vramd.model.gguf_check import validate_gguf
 
@@ -126,7 +126,7 @@ class Qwen35Cache:
         return other
 
 
-class Qwen35Reference:
+class Qwen35Reference(Greedy):
     """`Qwen35Reference(path, dtype=np.float64, chunked=True)`: chunked picks the delta
     rule's form for calls of more than one token (both give the same numbers)."""
 
@@ -305,22 +305,3 @@ class Qwen35Reference:
         o = rms_norm(o, w["norm"], self.eps) * silu(z)
         return o.reshape(n, hv * s) @ w["out"].T
 
-    def greedy_logits(self, prompt: Sequence[int], n: int, *, kv_dtype: type = np.float32,
-                      stop: Sequence[int] = ()) -> tuple[list[int], np.ndarray]:
-        """The n greedy tokens after `prompt` (prefill, then one at a time) and the logits
-        each was chosen from."""
-        cache = self.new_kv(kv_dtype)
-        logits = self.forward(prompt, cache)[-1]
-        out, rows = [], []
-        for _ in range(n):
-            token = int(np.argmax(logits))
-            out.append(token)
-            rows.append(logits)
-            if token in stop or len(out) == n:
-                break
-            logits = self.forward([token], cache)[-1]
-        return out, np.array(rows).reshape(len(rows), self.n_vocab)
-
-    def greedy(self, prompt: Sequence[int], n: int, *, kv_dtype: type = np.float32,
-               stop: Sequence[int] = ()) -> list[int]:
-        return self.greedy_logits(prompt, n, kv_dtype=kv_dtype, stop=stop)[0]

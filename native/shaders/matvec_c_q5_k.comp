@@ -1,0 +1,8 @@
+// matvec with Q5_K weights, a row per invocation (CPU devices): see matvec.glsl's MV_ROWLANE.
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#define TYPE_Q5_K
+#define MV_ROWLANE
+#define MC_WG 32u
+#define MC_NR 4u
+#include "matvec.glsl"
