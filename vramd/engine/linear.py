@@ -10,6 +10,8 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
   matvec_<type>    one work group per 8 rows, a token per z: decode and tiny batches
   matvec_w_<type>  a quant unit per thread (Q8_0, Q4_K, Q6_K rows on 16 bytes): decode
                    (docs/benchmarks.md "Decode at the roofline" has its figures)
+  matvec_q8_0_dp   Q8_0 decode by integer dot products, x quantized to int8 blocks in the
+                   kernel (native/shaders/matvec_q8_0_dp.comp): where `q8_decode_usable`
   matmul_<type>    64 rows x 32 tokens a work group, from 4 tokens (prefill)
   matvec_c_<type>  CPU devices (VkPhysicalDeviceType CPU: lavapipe), decode: a row per
                    invocation, 4 rows each, 32 invocations a group, a token per z (matvec.glsl
@@ -23,6 +25,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from vramd.errors import UsageError
+
 MATMUL_ROWS, MATMUL_TOKENS = 64, 32   # the tile of a matmul_<type> work group (BR, BT in matmul.glsl)
 MATVEC_ROWS = 8                       # rows per matvec_<type> work group (RPW in matvec.glsl)
 # types with a unit-per-thread decode matvec (matvec_w_<type>, matvec.glsl's MV_WORDS) -> its
@@ -35,6 +39,9 @@ MATMUL_FROM = 4                       # n_tokens from which the tiled form is us
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
 # weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles)
 CM_TYPES = frozenset({"f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
+Q8_DP_ROWS = 8                        # rows per matvec_q8_0_dp work group (NR there)
+Q8_DP_MAX_COLS = 16384                # the widest row it takes (MAX_COLS there: x's quants in shared memory)
+Q8_DP_SHARED = Q8_DP_MAX_COLS + Q8_DP_MAX_COLS // 32 * 4 + 8 * 128 * 4   # its shared bytes (xq, xd, part)
 CM_SUBGROUP = 32                      # matmul_cm.glsl splits its 256 threads into 8 subgroups of 32
 CM_SHARED = 2 * 128 * 18 * 8 + 8 * 256 * 4   # bytes of shared memory it declares (ws, xs: LD4 = 18 f16vec4s a row; st)
 
@@ -69,10 +76,36 @@ def coopmat_usable(device) -> bool:
             and device.limits.get("maxComputeSharedMemorySize", 0) >= CM_SHARED)
 
 
-def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False) -> LinearKernel:
+def q8_decode_usable(device) -> bool:
+    """Whether Q8_0 decode takes matvec_q8_0_dp on `device`: integer dot products
+    (VK_KHR_shader_integer_dot_product's feature, Device.integer_dot) and its shared memory.
+
+    VRAMD_Q8_DECODE is a measurement switch for A/B benchmarks of the two Q8_0 decode
+    paths: `old` the f32 word kernel (matvec_w_q8_0 / matvec_q8_0), `new` the integer
+    one (an error where the device lacks it), unset: `new` where the device has it and is
+    not a CPU.  (lavapipe has the feature, but there the new path would only trade the f32
+    kernel's exactness for the 8-bit rounding of x, for no speed that matters; its tests
+    ask for it with `new`.)"""
+    mode = os.environ.get("VRAMD_Q8_DECODE", "")
+    if mode not in ("", "old", "new"):
+        raise UsageError(f"VRAMD_Q8_DECODE={mode!r}: expected 'old' or 'new'")
+    able = (bool(getattr(device, "integer_dot", False))
+            and device.limits.get("maxComputeSharedMemorySize", 0) >= Q8_DP_SHARED)
+    if mode == "new" and not able:
+        raise UsageError(f"VRAMD_Q8_DECODE=new: device {device.name} lacks integer dot products "
+                         f"(VK_KHR_shader_integer_dot_product) or {Q8_DP_SHARED} bytes of shared memory")
+    return able and (mode == "new" or (mode == "" and getattr(device, "type", "") != "cpu"))
+
+
+def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False,
+           q8_dp: bool = False) -> LinearKernel:
     """The kernel for `w` (an ops.Weight) over `n_tokens`, its rows bound at byte offset `wo`;
     `coopmat`: the device runs the cooperative-matrix kernels (coopmat_usable); `cpu`: the
-    device is a CPU (VkPhysicalDeviceType CPU, e.g. lavapipe)."""
+    device is a CPU (VkPhysicalDeviceType CPU, e.g. lavapipe); `q8_dp`: Q8_0 decode by integer
+    dot products (q8_decode_usable; before the CPU forms: on a CPU it is only ever asked for)."""
+    # Its scales are read as halves of aligned words: rows on even bytes (row_bytes is even).
+    if q8_dp and n_tokens < MATMUL_FROM and w.suffix == "q8_0" and w.cols <= Q8_DP_MAX_COLS and wo % 2 == 0:
+        return LinearKernel("matvec_q8_0_dp", Q8_DP_ROWS, 1)
     if cpu and n_tokens < MATMUL_FROM and w.suffix in MATVEC_ROWS_C:
         # (prefill keeps matmul_<type>: matvec_c per token measured no faster for 64 tokens on lavapipe)
         return LinearKernel("matvec_c_" + w.suffix, MATVEC_ROWS_C[w.suffix], 1)

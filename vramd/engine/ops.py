@@ -208,6 +208,7 @@ class Ops:
         self.flash = flash_kernel(lim)   # prefill attention's kernel (its K/V tile by the shared memory)
         self.flash_cm = attention_cm.usable(residency.device)    # tensor-core prefill attention (VRAMD_FLASH_CM=0: off)
         self.cpu = residency.device.type == "cpu"   # linear.select(): the row-per-invocation forms
+        self.q8_dp = linear.q8_decode_usable(residency.device)   # Q8_0 decode by integer dot products
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
@@ -394,7 +395,7 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
-            sel = linear.select(w, n_tokens, wo, self.coopmat, cpu=self.cpu)
+            sel = linear.select(w, n_tokens, wo, self.coopmat, cpu=self.cpu, q8_dp=self.q8_dp)
             k = self._kernel(sel.name, "matvec")
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(-(-n // sel.rows_per_group), self.max_groups)

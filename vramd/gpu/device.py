@@ -24,7 +24,8 @@ INSTALL_HINT = ("install the Vulkan loader and a driver: `apt install libvulkan1
 # Extensions the core uses when present; none is required.  VK_KHR_cooperative_matrix:
 # the tensor-core matmul_cm_<type> kernels (vramd/engine/linear.py chooses them).
 WANTED_EXTENSIONS = ("VK_EXT_external_memory_host", "VK_EXT_memory_budget", "VK_KHR_timeline_semaphore",
-                     "VK_KHR_cooperative_matrix", "VK_EXT_subgroup_size_control")
+                     "VK_KHR_cooperative_matrix", "VK_EXT_subgroup_size_control",
+                     "VK_KHR_shader_integer_dot_product")
 
 # VkComponentTypeKHR / VkScopeKHR values -> names (describe(), linear.py's checks).
 _COMPONENTS = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16",
@@ -201,9 +202,14 @@ class Device:
         cmf = vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR,
             pNext=sscf if has_ssc else None)
+        # Integer dot products (OpSDot of packed int8: the matvec_q8_0_dp decode kernel).
+        has_idp = "VK_KHR_shader_integer_dot_product" in available
+        idpf = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES,
+            pNext=cmf if "VK_KHR_cooperative_matrix" in available else (sscf if has_ssc else None))
         s16 = vk.VkPhysicalDevice16BitStorageFeatures(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES,
-            pNext=cmf if "VK_KHR_cooperative_matrix" in available else (sscf if has_ssc else None))
+            pNext=idpf if has_idp else (cmf if "VK_KHR_cooperative_matrix" in available else (sscf if has_ssc else None)))
         f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, pNext=s16)
         tl = vk.VkPhysicalDeviceTimelineSemaphoreFeatures(
@@ -212,6 +218,7 @@ class Device:
         vk.vkGetPhysicalDeviceFeatures2(self.physical, f2)
         self.float16 = api_12 and bool(f16.shaderFloat16)
         self.storage16 = api_12 and bool(s16.storageBuffer16BitAccess)
+        self.integer_dot = api_12 and has_idp and bool(idpf.shaderIntegerDotProduct)
         sscp = vk.VkPhysicalDeviceSubgroupSizeControlProperties(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES)
         sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES,
@@ -237,6 +244,8 @@ class Device:
         exts = [e for e in WANTED_EXTENSIONS if e in available]
         if not self.coopmat and "VK_KHR_cooperative_matrix" in exts:
             exts.remove("VK_KHR_cooperative_matrix")
+        if not self.integer_dot and "VK_KHR_shader_integer_dot_product" in exts:
+            exts.remove("VK_KHR_shader_integer_dot_product")
         if self.subgroup_sizes is None and "VK_EXT_subgroup_size_control" in exts:
             exts.remove("VK_EXT_subgroup_size_control")
         if api_12 and "VK_KHR_timeline_semaphore" in exts:
@@ -259,8 +268,12 @@ class Device:
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR, cooperativeMatrix=vk.VK_TRUE,
             pNext=enable_ssc)
             if self.coopmat else enable_ssc)
+        enable_idp = (vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES,
+            shaderIntegerDotProduct=vk.VK_TRUE, pNext=enable_cm)
+            if self.integer_dot else enable_cm)
         enable_s16 = vk.VkPhysicalDevice16BitStorageFeatures(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, pNext=enable_cm,
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES, pNext=enable_idp,
             storageBuffer16BitAccess=on(self.storage16))
         enable_f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES, pNext=enable_s16,
@@ -320,7 +333,7 @@ class Device:
                 "extensions": sorted(self.extensions), "limits": self.limits, "heaps": self.heaps,
                 "float16": self.float16, "storage16": self.storage16, "subgroup_size": self.subgroup_size,
                 "subgroup_sizes": list(self.subgroup_sizes) if self.subgroup_sizes else None,
-                "coopmat": self.coopmat}
+                "coopmat": self.coopmat, "integer_dot": self.integer_dot}
 
     def wait_idle(self):
         if self.device is not None:
