@@ -11,10 +11,10 @@ mkdir -p "$OUT"
 t() { local s=$1; shift; echo "== $*" >&2; timeout "$s" "$@"; echo "== rc $?" >&2; }
 export VRAMD_TEST_DEVICE=native
 TESTS=$(ls tests/engine/test_attention_flash_cm.py tests/engine/test_attention_flash.py tests/engine/test_attention_sinks.py \
-        tests/engine/test_q8*.py tests/engine/test_deltanet_kernels.py tests/engine/test_kernels_mxfp4.py \
+        tests/engine/test_matvec_q8_dp.py tests/engine/test_deltanet_kernels.py tests/engine/test_kernels_mxfp4.py \
         tests/engine/test_forward.py tests/engine/test_qwen35_engine.py tests/engine/test_gptoss.py 2>/dev/null)
 # pyproject's addopts deselect native_gpu: select both kinds here
-t 90 python3 -m pytest -q -p no:cacheprovider -m "native_gpu or not native_gpu" $TESTS > "$OUT/gpu_tests.log" 2>&1
+t 80 python3 -m pytest -q -p no:cacheprovider -m "native_gpu or not native_gpu" $TESTS > "$OUT/gpu_tests.log" 2>&1
 tail -n 12 "$OUT/gpu_tests.log"
 {
 # the prefill attention at 4,096 tokens: 16-key tiles, 32-key tiles, the tensor-core kernel
