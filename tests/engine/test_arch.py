@@ -237,6 +237,29 @@ def test_a_missing_deltanet_tensor_is_named(tmp_path, res):
             region.destroy()
 
 
+def test_qwen35_reads_the_layer_pattern_array_and_refuses_mtp_blocks(tmp_path, monkeypatch):
+    """attention.recurrent_layers, where a file has it, is the layer pattern (llama.cpp reads it
+    before full_attention_interval); a file with nextn_predict_layers > 0 counts a
+    multi-token-prediction block in block_count that is no layer of the graph: refused by name."""
+    import gguf
+    plain = [lay.recurrent for lay in spec_for(validate_gguf(_file(tmp_path, "qwen35")[0])).layers]
+    add = gguf.GGUFWriter.add_block_count
+
+    def with_pattern(self, n):
+        add(self, n)
+        self.add_array("qwen35.attention.recurrent_layers", [True, True, False, False])
+    monkeypatch.setattr(gguf.GGUFWriter, "add_block_count", with_pattern)
+    got = [lay.recurrent for lay in spec_for(validate_gguf(write_qwen35(tmp_path / "p.gguf"))).layers]
+    assert got == [True, True, False, False] != plain
+
+    def with_mtp(self, n):
+        add(self, n)
+        self.add_uint32("qwen35.nextn_predict_layers", 1)
+    monkeypatch.setattr(gguf.GGUFWriter, "add_block_count", with_mtp)
+    with pytest.raises(ModelError, match="nextn_predict_layers = 1: multi-token-prediction blocks"):
+        spec_for(validate_gguf(write_qwen35(tmp_path / "m.gguf")))
+
+
 def test_gemma4_layers_take_their_kinds_geometry_rope_and_scale(tmp_path):
     """Sliding and global layers differ as the file says (tests/ggufgen/gemma4.py's defaults)."""
     path = write_gemma4(tmp_path / "g.gguf", weight_type="F32")

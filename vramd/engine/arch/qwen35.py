@@ -55,9 +55,17 @@ def _spec(hp: Hparams, moe_spec) -> ArchSpec:
     if net.s > MAX_STATE or net.d_conv > MAX_CONV:
         raise hp.fail(f"{hp.arch}: ssm.state_size {net.s} / ssm.conv_kernel {net.d_conv} exceed the kernels' "
                       f"{MAX_STATE} / {MAX_CONV}")
+    if int(hp.md.get(f"{hp.arch}.nextn_predict_layers", 0) or 0) > 0:
+        # the multi-token-prediction block counts in block_count without being a layer of the graph
+        raise hp.fail(f"{hp.arch}.nextn_predict_layers = {hp.md[f'{hp.arch}.nextn_predict_layers']}: "
+                      f"multi-token-prediction blocks are not supported")
     interval = hp.get("full_attention_interval", 4)
+    pattern = hp.md.get(f"{hp.arch}.attention.recurrent_layers")   # per layer, where the file says (llama.cpp reads it)
+    if pattern is not None and len(pattern) != g["n_layer"]:
+        raise hp.fail(f"{hp.arch}.attention.recurrent_layers has {len(pattern)} entries for {g['n_layer']} layers")
+    recurrent = [bool(pattern[i]) if pattern is not None else (i + 1) % interval != 0 for i in range(g["n_layer"])]
     base, scale = hp.get("rope.freq_base", 10000.0, kind=float), hp.rope_freq_scale()
-    layers = tuple(LayerSpec(base, scale, recurrent=(i + 1) % interval != 0, moe=moe_spec is not None)
+    layers = tuple(LayerSpec(base, scale, recurrent=recurrent[i], moe=moe_spec is not None)
                    for i in range(g["n_layer"]))
     ffn = (dict(moe=moe_spec, batch=MOE_BATCH, takes_embeds=False) if moe_spec is not None
            else dict(n_ff=hp.get("feed_forward_length")))
