@@ -72,9 +72,9 @@ def run(model: str | None, shape: str, wtype: str, prompt: int, tokens: int, rep
                 _per_token(engine, ids, free_p)          # warm-up: pipelines, replay recorded
                 free, cons = [], []
                 for _ in range(reps):
-                    engine.cached = []                   # no prefix reuse: each run prefills alike
+                    engine.forget()                      # no prefix reuse: each run prefills alike
                     free += _per_token(engine, ids, free_p)
-                    engine.cached = []
+                    engine.forget()
                     cons += _per_token(engine, ids, cons_p)
                 mask = _mask_times(engine.tokenizer, engine.spec.n_vocab, grammar, tokens)
             finally:

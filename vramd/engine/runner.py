@@ -60,6 +60,11 @@ class Engine:
         self.checkpoint: list[int] | None = None   # tokens the recurrent state's checkpoint holds (qwen35)
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
 
+    def forget(self) -> None:
+        """No prefix reuse for the next request: the K/V cache and a recurrent state's
+        checkpoint count as holding nothing (a benchmark's runs each prefill alike)."""
+        self.cached, self.checkpoint = [], None
+
     @staticmethod
     def text_front(mf) -> tuple[Tokenizer | None, ChatTemplate | None]:
         """The model's tokenizer and chat template (None, None without a
