@@ -25,7 +25,7 @@ from vramd.model.gguf_check import validate_gguf
 def test_defaults_and_the_tunable(tmp_path):
     dense = spec_for(validate_gguf(write_llama(tmp_path / "l.gguf", seed=1)))
     moe = spec_for(validate_gguf(write_moe(tmp_path / "m.gguf", arch="qwen3moe", n_layer=2, seed=1)))
-    assert chunk_tokens(dense) == 2048 and chunk_tokens(moe) == 64
+    assert chunk_tokens(dense) == 512 and chunk_tokens(moe) == 64
     assert chunk_tokens(dense, 48) == 48 and chunk_tokens(moe, 1000) == 1000
     for bad in (0, MAX_CHUNK + 1):
         with pytest.raises(UsageError, match="prefill chunk"):
@@ -88,7 +88,7 @@ def test_plan_reports_the_cap_it_assumed(tmp_path):
 def test_the_footprint_reports_the_chunk_and_its_scratch(tmp_path):
     mf = validate_gguf(write_llama(tmp_path / "l.gguf", seed=1))
     small, big = footprint(mf, 64, chunk=16), footprint(mf, 64, chunk=1024)
-    assert (small.chunk, big.chunk, footprint(mf, 64).chunk) == (16, 1024, 2048)
+    assert (small.chunk, big.chunk, footprint(mf, 64).chunk) == (16, 1024, 512)
     assert small.layouts["scratch"] == scratch_layout(spec_for(mf), 16)
     assert small.device["scratch"] < big.device["scratch"] and small.to_json()["prefill_chunk"] == 16
 
@@ -118,7 +118,7 @@ def test_chunk_sizes_give_the_same_logits(device, tmp_path):
 
 def test_the_model_never_runs_more_rows_than_its_scratch_holds(device, tmp_path):
     """A scratch laid out for 5 tokens (as a footprint under a smaller cap would) and no chunk given: the model's
-    chunks are the scratch's 5 rows, not the architecture's 2048; a chunk given within it is kept."""
+    chunks are the scratch's 5 rows, not the architecture's 512; a chunk given within it is kept."""
     from vramd.engine.model import TransformerModel
     from vramd.gpu.residency import Residency
     from vramd.model import loader

@@ -66,7 +66,7 @@ def test_plan_says_what_serve_allocates(arch, flags, arena, tmp_path, daemons):
     assert want["device_bytes"] == sum(got[k]["device"] for k in ("weights", "state", "scratch"))
     if flags and flags[0] == "--prefill-chunk":   # a smaller chunk: a smaller scratch, plan and serve alike
         assert want["prefill_chunk"] == 48 and want["device"]["scratch"] < plan(path)["device"]["scratch"]
-        assert plan(path)["prefill_chunk"] == 2048
+        assert plan(path)["prefill_chunk"] == 512
     elif flags:   # the experts --n-cpu-moe keeps on the host are out of the device's weights
         assert want["host"]["experts"] > 0 and want["n_cpu_moe"] == 1.5
         assert want["device"]["weights"] < plan(path)["device"]["weights"]

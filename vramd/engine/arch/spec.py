@@ -133,8 +133,9 @@ class ArchSpec:
     deltanet: DeltaNetSpec | None = None   # the recurrent layers' geometry (LayerSpec.recurrent)
     attn_gate: bool = False    # attn_q holds per head [query | gate]; out *= sigmoid(gate) before Wo (qwen35)
     ffn_norm: str = "ffn_norm"  # the FFN's input norm tensor (qwen35: post_attention_norm)
-    batch: int = 2048          # tokens per prefill chunk by default (--prefill-chunk; vramd/engine/scratch.py;
-    #                            2048 measured 15 % faster than 512 at a 2,000-token prompt on the H200)
+    batch: int = 512           # tokens per prefill chunk by default (--prefill-chunk; vramd/engine/scratch.py;
+    #                            2048 measured 15 % faster at a 2,000-token prompt on the H200, the same at
+    #                            512, for 2.8x the scratch: docs/benchmarks.md)
     # Capabilities the daemon asks about instead of sniffing the code:
     takes_embeds: bool = True  # input embeddings (an image's) can stand in for tokens
 
