@@ -8,10 +8,10 @@ must be the numpy reference's greedy continuation (decoded by the file's own
 tokenizer); a chat request goes through the file's template.
 """
 
-import numpy as np
 import openai
 
 from tests.engine.conformance.cases import write_case
+from tests.integration.greedy_text import greedy_text
 
 PROMPT = [1, 17, 42, 99, 3, 250, 8, 64, 5, 77, 31, 2]
 N = 6
@@ -19,15 +19,7 @@ N = 6
 
 def reference_text(path) -> str:
     from tests.engine.reference.gptoss import GptOssReference
-    from vramd.engine.tokenizer import Tokenizer
-    from vramd.model.gguf_check import validate_gguf
-    ref = GptOssReference(path)
-    ids, logits = ref.greedy_logits(PROMPT, N, kv_dtype=np.float16)
-    assert min(np.partition(row, -2)[-1] - np.partition(row, -2)[-2] for row in logits) > 0.05, "a near-tie"
-    tok = Tokenizer.from_metadata(validate_gguf(path).metadata)
-    whole, prompt = tok.decode(PROMPT + ids), tok.decode(PROMPT)
-    assert whole.startswith(prompt)
-    return whole[len(prompt):]
+    return greedy_text(GptOssReference(path), path, PROMPT, N)
 
 
 def test_gpt_oss_serves_the_openai_client(arena, tmp_path, daemons):

@@ -15,11 +15,11 @@ templates/gemma-4.jinja): the chat prompt is that template's rendering.
 
 from pathlib import Path
 
-import numpy as np
 import openai
 import pytest
 
 from tests.engine.conformance.cases import write_case
+from tests.integration.greedy_text import greedy_text
 
 PROMPT = [1, 17, 42, 99, 3, 250, 8, 64, 5, 77, 31, 2]
 N = 6
@@ -29,17 +29,11 @@ def reference_text(path, ctx: int) -> str:
     from tests.engine.reference.gemma3 import Gemma3Reference
     from tests.engine.reference.gemma4 import Gemma4Reference
     from tests.engine.reference.llama import ReferenceModel
-    from vramd.engine.tokenizer import Tokenizer
     from vramd.model.gguf_check import validate_gguf
     mf = validate_gguf(path)
     ref = (Gemma3Reference(path) if mf.architecture == "gemma2" else Gemma4Reference(path)
            if mf.architecture == "gemma4" else ReferenceModel(path, n_ctx=ctx))
-    ids, logits = ref.greedy_logits(PROMPT, N, kv_dtype=np.float16)
-    assert min(np.partition(row, -2)[-1] - np.partition(row, -2)[-2] for row in logits) > 0.05, "a near-tie"
-    tok = Tokenizer.from_metadata(mf.metadata)
-    whole, prompt = tok.decode(PROMPT + ids), tok.decode(PROMPT)   # as a continuation (SPM's leading space kept)
-    assert whole.startswith(prompt)
-    return whole[len(prompt):]
+    return greedy_text(ref, path, PROMPT, N)
 
 
 GEMMA4_TEMPLATE = Path(__file__).parents[1] / "ggufgen" / "templates" / "gemma-4.jinja"

@@ -8,10 +8,10 @@ template, with thinking off (`chat_template_kwargs.enable_thinking`, as for Qwen
 then closes an empty <think> block in the prompt, which the prompt's token count shows).
 """
 
-import numpy as np
 import openai
 
 from tests.engine.conformance.cases import write_case
+from tests.integration.greedy_text import greedy_text
 
 PROMPT = [1, 17, 42, 99, 3, 250, 8, 64, 5, 77, 31, 2, 90, 91, 92, 300, 301, 7]
 N = 6
@@ -19,15 +19,7 @@ N = 6
 
 def reference_text(path) -> str:
     from tests.engine.reference.qwen35 import Qwen35Reference
-    from vramd.engine.tokenizer import Tokenizer
-    from vramd.model.gguf_check import validate_gguf
-    ref = Qwen35Reference(path)
-    ids, logits = ref.greedy_logits(PROMPT, N, kv_dtype=np.float16)
-    assert min(np.partition(row, -2)[-1] - np.partition(row, -2)[-2] for row in logits) > 0.05, "a near-tie"
-    tok = Tokenizer.from_metadata(validate_gguf(path).metadata)
-    whole, prompt = tok.decode(PROMPT + ids), tok.decode(PROMPT)
-    assert whole.startswith(prompt)
-    return whole[len(prompt):]
+    return greedy_text(Qwen35Reference(path), path, PROMPT, N)
 
 
 def test_qwen35_serves_the_openai_client(arena, tmp_path, daemons):
