@@ -3,7 +3,10 @@ attention_merge.comp) against numpy, on the shapes test_kernels.py checks
 attention.comp with, and with few ranges forced by a small tmp (several key
 tiles per range), a sliding window, head_dim 512 (two V words per thread),
 and a long context whose ranges outnumber the merge's work group (144 ranges
-of 32 keys, 141 holding keys: two tiles of the merge)."""
+of 32 keys, 141 holding keys: two tiles of the merge).  Grouped-query shapes
+(2 to 16 q heads per KV head) take attention_split_gqa.comp, a work group
+per KV head; each case also runs with it off (`split_gqa`), the per-head
+attention_split.comp, so both forms stay checked."""
 import numpy as np
 import pytest
 from tests.engine.test_kernels import attention_ref, f32
@@ -18,8 +21,17 @@ from tests.engine.test_kernels import attention_ref, f32
     (8, 2, 64, 399, 0, 3),       # tmp for 3 ranges: 134 keys per range, 5 tiles each
     (2, 2, 512, 77, 0, 1),       # head_dim 512, one range
     (2, 1, 64, 4500, 0, 160),    # 144 ranges: more than the merge's 128 threads
+    (64, 8, 64, 1000, 0, None),  # gpt-oss: 8 q heads per KV head
+    (24, 4, 256, 333, 0, None),  # qwen35's attention layers: 6 per KV head of 256
+    (16, 1, 128, 90, 0, None),   # 16 per KV head, 2,048 q words: the group kernel's limits
+    (6, 2, 96, 260, 100, None),  # 3 per KV head, a window, an odd group
+    (8, 1, 512, 50, 0, 2),       # head_dim 512 (8 x 256 words: the per-head form)
 ])
-def test_split_attention(ops, bufs, rng, n_heads, n_kv, hd, pos, window, tmp_splits):
+@pytest.mark.parametrize("gqa", [True, False], ids=["gqa", "per_head"])
+def test_split_attention(ops, bufs, rng, n_heads, n_kv, hd, pos, window, tmp_splits, gqa, monkeypatch):
+    monkeypatch.setattr(ops, "split_gqa", gqa)
+    used, kernel = [], ops._kernel
+    monkeypatch.setattr(ops, "_kernel", lambda name, family=None: used.append(name) or kernel(name, family))
     ctx, width = max(400, pos + 100), n_kv * hd
     k = rng.standard_normal((pos + 1, width)).astype(np.float32)
     v = rng.standard_normal((pos + 1, width)).astype(np.float32)
@@ -34,6 +46,8 @@ def test_split_attention(ops, bufs, rng, n_heads, n_kv, hd, pos, window, tmp_spl
         ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], 1, n_heads, n_kv, hd, ctx, scale,
                       window=window, tmp=t["tmp"])
         assert b.dispatches == 2   # the split form ran
+    group = n_heads // n_kv
+    assert ("attention_split_gqa" in used) == (gqa and 2 <= group and group * hd <= 4096)
     ops.sync()
     kc = t["kc"].read(np.float16).reshape(ctx, width)
     vc = t["vc"].read(np.float16).reshape(ctx, width)
@@ -48,3 +62,27 @@ def test_tmp_too_small_falls_back(ops, bufs, rng):
         ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], 1, 2, 1, 8, 16, 0.3, tmp=t["tmp"])
         assert b.dispatches == 1   # attention.comp
     ops.sync()
+
+
+@pytest.mark.parametrize("gqa", [True, False], ids=["gqa", "per_head"])
+def test_split_attention_softcap(ops, bufs, rng, gqa, monkeypatch):
+    """gemma2's score cap in both decode forms."""
+    monkeypatch.setattr(ops, "split_gqa", gqa)
+    n_heads, n_kv, hd, pos, ctx = 8, 2, 64, 120, 200
+    width = n_kv * hd
+    k = 3 * rng.standard_normal((pos + 1, width)).astype(np.float32)
+    v = rng.standard_normal((pos + 1, width)).astype(np.float32)
+    q = 3 * rng.standard_normal((1, n_heads, hd)).astype(np.float32)
+    t = bufs(k=k, v=v, rows=np.arange(pos + 1, dtype=np.int32), pos=np.array([pos], np.int32), q=q,
+             out=4 * n_heads * hd, kc=2 * ctx * width, vc=2 * ctx * width, tmp=4 * n_heads * (hd + 2) * 64)
+    scale = 1 / np.sqrt(hd)
+    ops.kv_write(t["k"], t["kc"], t["rows"], pos + 1, width, ctx)
+    ops.kv_write(t["v"], t["vc"], t["rows"], pos + 1, width, ctx)
+    with ops.batch():
+        ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], 1, n_heads, n_kv, hd, ctx, scale,
+                      tmp=t["tmp"], softcap=5.0)
+    ops.sync()
+    kc = t["kc"].read(np.float16).reshape(ctx, width)
+    vc = t["vc"].read(np.float16).reshape(ctx, width)
+    ref = attention_ref(q, kc, vc, np.array([pos]), n_kv, scale, 0, softcap=5.0)
+    np.testing.assert_allclose(f32(t["out"]).reshape(1, -1), ref, rtol=1e-4, atol=2e-5)

@@ -65,6 +65,7 @@ WEIGHT_TYPES[39] = ("mxfp4", 32, 17)
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
             "kv_write": (3, 32), "attention": (6, 72), "attention_flash": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (3, 24),
+            "attention_split_gqa": (5, 60),
             "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36),
             "swiglu_oai": (3, 24), "add_id": (3, 20)}
 
@@ -73,6 +74,8 @@ _FLASH_HEAD_DIM = 256     # attention_flash.comp: MAXW * 2 (larger heads take at
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
 _SPLIT_GROUPS = 1024      # decode attention: work groups aimed at (heads x ranges), ~8 per SM of an H200;
                           # more cost more than they share (8192 at ctx 8192 made a step 1.3 ms slower)
+_GQA_MAX_GROUP = 16       # attention_split_gqa.comp: MAXG query heads per KV head
+_GQA_MAX_WORDS = 2048     # attention_split_gqa.comp: MAXQW, the group's q heads' words
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
 ROUTE_MAX_EXPERTS = 1024  # moe_route.comp: MAX_EXPERT (its shared copy of a token's logits)
 ROUTE_MAX_USED = 64       # moe_route.comp: MAX_USED
@@ -209,6 +212,8 @@ class Ops:
         self.flash_cm = attention_cm.usable(residency.device)    # tensor-core prefill attention (VRAMD_FLASH_CM=0: off)
         self.cpu = residency.device.type == "cpu"   # linear.select(): the row-per-invocation forms
         self.q8_dp = linear.q8_decode_usable(residency.device)   # Q8_0 decode by integer dot products
+        # decode attention of grouped-query heads by KV head (attention_split_gqa.comp; VRAMD_SPLIT_GQA=0: off)
+        self.split_gqa = os.environ.get("VRAMD_SPLIT_GQA", "1") != "0"
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
@@ -700,21 +705,28 @@ class Ops:
     def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,
                          scale, window, softcap=0.0, sink=None) -> bool:
         """One query token (decode): its keys in ranges, a work group per (head,
-        range) (attention_split.comp), then a merge per head
+        range) (attention_split.comp; for grouped-query heads, 2 to 16 per KV
+        head, a work group per (KV head, range) that reads each K/V row once
+        for the group's heads: attention_split_gqa.comp), then a merge per head
         (attention_merge.comp), with the partial states in `tmp` (f32 scratch
         the caller does not need across this op).  False when tmp cannot
         hold even one range per head (the caller then runs attention.comp)."""
         stride = head_dim + 2
         cap = _nbytes(tmp) // (4 * n_heads * stride)
         keys = min(ctx, window) if window > 0 else ctx
-        n_splits = min(-(-keys // _SPLIT_KEYS), max(1, _SPLIT_GROUPS // n_heads), cap, self.max_groups[1])
+        group = n_heads // n_kv_heads
+        # Grouped-query heads by KV head: each K/V row read once for the group's q heads.
+        gqa = self.split_gqa and 2 <= group <= _GQA_MAX_GROUP and group * head_dim // 2 <= _GQA_MAX_WORDS
+        units = n_kv_heads if gqa else n_heads   # work groups per range
+        n_splits = min(-(-keys // _SPLIT_KEYS), max(1, _SPLIT_GROUPS // units), cap, self.max_groups[1])
         if n_splits < 1:
             return False
         chunk = -(-keys // n_splits)
         tv, to = self._bind(tmp, 4 * n_heads * n_splits * stride, "attention partials")
         push = struct.pack("<13I2f", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
                            ctx, int(window), chunk, n_splits, scale, softcap)
-        self._dispatch(self._kernel("attention_split"), [qv, kv, vv, pv, tv], push, (n_heads, n_splits, 1))
+        name = "attention_split_gqa" if gqa else "attention_split"
+        self._dispatch(self._kernel(name), [qv, kv, vv, pv, tv], push, (units, n_splits, 1))
         sink = sink or (pv, po, 0)   # (view, float offset, has_sink): see attention
         self._dispatch(self._kernel("attention_merge"), [tv, ov, sink[0]],
                        struct.pack("<6I", head_dim, n_splits, to, oo, sink[2], sink[1]), (n_heads, 1, 1))
