@@ -62,7 +62,7 @@ def test_state_survives_cold_and_warm_bit_for_bit(qwen35):
     e, res = on.engine, on.res
     prompt = [int(t) for t in np.random.default_rng(4).integers(0, 512, 50)]
     first, _ = generate(e, prompt)
-    pairs = e.model.kv.checkpoint_pairs
+    pairs = e.model.kv.checkpoint_tensors
     before = [t.read().tobytes() for pair in pairs for t in pair]
     res.sync()
     res.release(["weights", "state", "scratch"])   # cold: the state evicted to its host shadow

@@ -3,10 +3,11 @@
 Owns: `TokenBatch`.  The forward pass (vramd/engine/model.py) takes one and
 returns the logits of its `out` rows; a prompt becomes one batch cut into
 chunks the scratch holds (`chunks`), a decode step is a batch of one token.
-Tokens may belong to several sequences (`seq`); today every batch is one
-sequence (the KV layout, vramd/engine/kvcache.py, holds one), and the
-seams are here for slots (issue 16): a step that holds the decode tokens of
-every active slot and a chunk of one prefill.
+Tokens may belong to several sequences (`seq`, parallel slots: issue 16):
+`mix` makes the step a scheduler runs, the decode tokens of every active
+slot and a chunk of one prefill, each sequence's tokens consecutive rows
+(`segments`), each part's last row an `out` row.  The KV cache
+(vramd/engine/kvcache.py) holds a region per sequence.
 
 `embeds` maps a row to an input embedding ([n_embd] f32, an image's from
 the vision encoder) used there instead of the token's row of the table.
@@ -41,6 +42,28 @@ class TokenBatch:
         return cls(ids=np.asarray(tokens, dtype=np.int64), pos=np.arange(pos0, pos0 + n, dtype=np.int64),
                    seq=np.full(n, seq, dtype=np.int32), out=tuple(range(n)) if all_logits else (n - 1,),
                    embeds=dict(embeds or {}))
+
+    @classmethod
+    def mix(cls, parts) -> "TokenBatch":
+        """Parts (seq, tokens, pos0) one after another, each sequence once: the logits of
+        every part's last row (in the parts' order)."""
+        if not parts:
+            raise ValueError("no tokens")
+        pieces = [cls.of(tokens, pos0, seq=seq) for seq, tokens, pos0 in parts]
+        ends = np.cumsum([len(p) for p in pieces])
+        return cls(ids=np.concatenate([p.ids for p in pieces]), pos=np.concatenate([p.pos for p in pieces]),
+                   seq=np.concatenate([p.seq for p in pieces]), out=tuple(int(e) - 1 for e in ends))
+
+    def segments(self) -> list[tuple[int, int, int]]:
+        """(first row, end row, sequence) of each run of consecutive rows of one sequence."""
+        cuts = [0, *(np.flatnonzero(np.diff(self.seq)) + 1).tolist(), len(self)]
+        return [(a, b, int(self.seq[a])) for a, b in zip(cuts, cuts[1:])]
+
+    @property
+    def slots_decode_shape(self) -> bool:
+        """A step of one token of each of several sequences, every row's logits wanted."""
+        return (len(self) > 1 and not self.embeds and self.out == tuple(range(len(self)))
+                and len(set(self.seq.tolist())) == len(self))
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -8,6 +8,11 @@ an optimisation made here lands in every architecture at once.  The routed
 FFN of mixture-of-experts layers is vramd/engine/moe.py, Qwen3.5's DeltaNet layers and its
 attention gate's kernels vramd/engine/deltanet.py.
 
+Sequences: `m.segs` lists the recorded batch's runs of one sequence's rows
+((first row, end row, sequence, reset)); the projections and FFNs run over
+every row at once, the KV writes and the attention (here) and the recurrent
+layers (deltanet.py) per run, on that sequence's region of the cache.
+
 The residual stream is `x`; between layers `h` already holds the next
 layer's normed input: every layer starts from h = attn_norm(x) and ends with
 x updated and h = next_norm(x) (the following layer's attn_norm, after the
@@ -18,6 +23,11 @@ from __future__ import annotations
 
 from vramd.engine import deltanet
 from vramd.engine.ops import view
+
+
+def rows(buf, r0: int, r1: int, width: int):
+    """Rows r0..r1 of a scratch buffer of `width`-float (or int32) rows, as a view."""
+    return view(buf, 4 * r0 * width, 4 * (r1 - r0) * width)
 
 
 def linears(m, items, n: int) -> None:
@@ -75,14 +85,20 @@ def attention(m, i: int, n: int) -> None:
     factors = s.rope_factors_name(kv.ctx) if layer.rope_factors else None
     rope = dict(s.rope_params(i), freq_factors=t.vector(factors) if factors else None)
     temperature = (s.attn_temp_scale, s.attn_temp_floor, s.attn_temp_offset) if s.attn_temp_scale else None
+    sinks = t.vector(p + "attn_sinks.weight", s.n_head) if s.attn_sinks else None
     with ops.parallel():   # q rotates in place, k rotated into the cache, v to the cache as it is
         ops.rope(a["q"], a["pos"], n, s.n_head, hd, temperature=temperature, **rope)
-        ops.rope_kv_write(a["k"], kv.k(i), a["pos"], n, n_kv, hd, kv.ctx, **rope)
-        ops.kv_write(a["v"], kv.v(i), a["pos"], n, KV, kv.ctx)
-    # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
-    ops.attention(a["q"], kv.k(i), kv.v(i), a["pos"], a["att"], n, s.n_head, n_kv, hd, kv.ctx, s.scale,
-                  window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap,
-                  sinks=t.vector(p + "attn_sinks.weight", s.n_head) if s.attn_sinks else None)
+        for r0, r1, seq, _reset in m.segs:   # each sequence's rows into its own region
+            pos = rows(a["pos"], r0, r1, 1)
+            ops.rope_kv_write(rows(a["k"], r0, r1, KV), kv.k_seq(i, seq), pos, r1 - r0, n_kv, hd, kv.ctx, **rope)
+            ops.kv_write(rows(a["v"], r0, r1, KV), kv.v_seq(i, seq), pos, r1 - r0, KV, kv.ctx)
+    # A dispatch per sequence, over its own region only: a prefill chunk's rows take the
+    # flash kernels, a decode row the split one.  tmp: a buffer free until the FFN, where
+    # decode attention keeps its per-range partials (the dispatches after each other).
+    for r0, r1, seq, _reset in m.segs:
+        ops.attention(rows(a["q"], r0, r1, Q), kv.k_seq(i, seq), kv.v_seq(i, seq), rows(a["pos"], r0, r1, 1),
+                      rows(a["att"], r0, r1, Q), r1 - r0, s.n_head, n_kv, hd, kv.ctx, s.scale,
+                      window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap, sinks=sinks)
     if s.attn_gate:
         deltanet.sigmoid_mul(ops, a["agate"], a["att"], a["att"], n * Q)
     linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)

@@ -3,9 +3,11 @@
 Owns what every architecture shares for decode (vramd/engine/model.py keeps
 one per batch size): the mapped host buffer that carries the token ids and
 positions in and the logits out ([0:4n] ids, [4n:8n] positions, then f32
-logits of the last token, 16-byte aligned), the recorded graph, and when to
-record it again — the residency generation moved (buffers may have), or a
-timer was attached.  The model gives the body: what runs between reading
+logits of the last token, or of every row in a step of several sequences'
+tokens (n_out = n), 16-byte aligned), the recorded graph, and when to
+record it again — the residency generation moved (buffers may have), a
+timer was attached, or the step's `key` changed (the sequences its rows
+belong to: the graph binds each one's region of the KV cache).  The model gives the body: what runs between reading
 the ids and positions and writing the logits.  Replaying means no Python
 work per layer per token.
 """
@@ -21,26 +23,28 @@ from vramd.gpu.kernels import HostBuffer
 
 
 class DecodeStep:
-    def __init__(self, ops, residency, act: dict, n_vocab: int, n_tokens: int = 1):
+    def __init__(self, ops, residency, act: dict, n_vocab: int, n_tokens: int = 1, n_out: int = 1):
         self.ops, self.residency, self.act = ops, residency, act
-        self.n_tokens = n_tokens
-        self.n_logits = 4 * n_vocab
+        self.n_tokens, self.n_out, self.n_vocab = n_tokens, n_out, n_vocab
+        self.n_logits = 4 * n_vocab * n_out
         self._at = -(-8 * n_tokens // 16) * 16   # where the logits start in the host buffer
         self.records = 0           # times the step was recorded (tests: replay, re-record after a move)
         self.timer = None          # a vramd.gpu.timing.Timestamps: time each dispatch of the step
         self._graph = None         # the recorded step (a Batch)
         self._gen = None           # residency.generation it was recorded at; None: record again
+        self._key = None           # the key it was recorded for
         self._io: HostBuffer | None = None
 
-    def run(self, ids, pos, record_body: Callable[[], None]) -> np.ndarray:
-        """n tokens (ids) at positions `pos` through the step: the last one's logits ([n_vocab])."""
+    def run(self, ids, pos, record_body: Callable[[], None], key=None) -> np.ndarray:
+        """n tokens (ids) at positions `pos` through the step: the logits of its n_out rows
+        ([n_out, n_vocab]).  A `key` other than the last recording's records it again."""
         ops, a, n, t, at = self.ops, self.act, self.n_logits, 4 * self.n_tokens, self._at
         if self._io is None:
             self._io = HostBuffer(self.residency.device, at + n)
         io = self._io
         if self._graph is None:
             self._graph = ops.graph()
-        if self._gen != self.residency.generation:
+        if self._gen != self.residency.generation or key != self._key:
             ops.sync()
             self._gen = None       # a recording that fails half-way is never replayed
             self._graph.timer = self.timer
@@ -49,13 +53,13 @@ class DecodeStep:
                 ops.copy(io.view(t, t), view(a["pos"], 0, t), t)
                 record_body()
                 ops.copy(view(a["logits"], 0, n), io.view(at, n), n)
-            self._gen = self.residency.generation
+            self._gen, self._key = self.residency.generation, key
             self.records += 1
         ops.sync()  # the previous step is done with the host buffer
         io.array[:2 * t].view(np.int32)[:] = np.concatenate([np.asarray(ids, np.int32), np.asarray(pos, np.int32)])
         self._graph.submit()
         ops.sync()
-        return io.array[at:at + n].view(np.float32).copy()
+        return io.array[at:at + n].view(np.float32).reshape(self.n_out, self.n_vocab).copy()
 
     def profile(self, timer) -> None:
         """Times every dispatch of the step with `timer` (None: stop): re-records it."""

@@ -4,8 +4,8 @@ Owns the kernels only qwen35 uses (native/shaders/ssm_conv_silu, gated_delta, qg
 sigmoid_mul: `ssm_conv_silu`, `gated_delta`, `qgate_split`, `sigmoid_mul` here, on an engine
 Ops) and the layer recorder `deltanet`, which reads its model `m` as blocks.py's recorders do
 (spec, ops, scratch `act`, tensors `t`, cache `kv`: the layer's recurrent state is
-`m.kv.conv(i)` / `m.kv.ssm(i)` in the `state` region, vramd/engine/kvcache.py; `m.reset_state`:
-start it afresh).  The gated attention is blocks.attention with spec.attn_gate.
+`m.kv.conv(i, seq)` / `m.kv.ssm(i, seq)` in the `state` region, vramd/engine/kvcache.py; `m.segs`:
+the batch's runs of one sequence's rows, and whether each starts its state afresh).  The gated attention is blocks.attention with spec.attn_gate.
 
 What they compute is tests/engine/reference/qwen35.py's header (from llama.cpp's
 src/models/qwen35.cpp).  The delta rule has two GPU forms, one work group per value head and
@@ -116,17 +116,21 @@ def sigmoid_mul(ops, gate, x, out, n: int) -> None:
 def deltanet(m, i: int, n: int) -> None:
     """Layer i's Gated DeltaNet, from h = attn_norm(x): x += ssm_out(rms_norm(o, ssm_norm) *
     silu(z)), then h = the FFN's input norm of x.  The conv and delta-rule states of the layer
-    (m.kv.conv(i), m.kv.ssm(i)) are continued, or started afresh where m.reset_state says."""
-    from vramd.engine.blocks import linears   # blocks imports this module for the attention gate
+    (m.kv.conv(i, seq), m.kv.ssm(i, seq)) of each sequence of m.segs are continued, or started
+    afresh where its reset says."""
+    from vramd.engine.blocks import linears, rows   # blocks imports this module for the attention gate
     s, ops, a, t = m.spec, m.ops, m.act, m.t
     d, p, E = s.deltanet, f"blk.{i}.", s.n_embd
-    C, V, reset = d.conv_dim, d.value_dim, m.reset_state
+    C, V = d.conv_dim, d.value_dim
     linears(m, [(p + "attn_qkv", a["h"], a["mixed"], C), (p + "attn_gate", a["h"], a["z"], V),
                 (p + "ssm_alpha", a["h"], a["alpha"], d.hv), (p + "ssm_beta", a["h"], a["beta"], d.hv)], n)
-    ssm_conv_silu(ops, a["mixed"], m.kv.conv(i), t.vector(p + "ssm_conv1d.weight", C * d.d_conv), a["conv"], n, C, d.d_conv,
-                  reset=reset)
-    gated_delta(ops, a["conv"], a["alpha"], a["beta"], t.vector(p + "ssm_dt.bias"), t.vector(p + "ssm_a"),
-                m.kv.ssm(i), a["dno"], n, d.s, d.hk, d.hv, s.eps, reset=reset)
+    for r0, r1, seq, reset in m.segs:   # each sequence's rows continue its own state
+        k = r1 - r0
+        ssm_conv_silu(ops, rows(a["mixed"], r0, r1, C), m.kv.conv(i, seq), t.vector(p + "ssm_conv1d.weight", C * d.d_conv),
+                      rows(a["conv"], r0, r1, C), k, C, d.d_conv, reset=reset)
+        gated_delta(ops, rows(a["conv"], r0, r1, C), rows(a["alpha"], r0, r1, d.hv), rows(a["beta"], r0, r1, d.hv),
+                    t.vector(p + "ssm_dt.bias"), t.vector(p + "ssm_a"), m.kv.ssm(i, seq), rows(a["dno"], r0, r1, V),
+                    k, d.s, d.hk, d.hv, s.eps, reset=reset)
     ops.rms_norm(a["dno"], t.vector(p + "ssm_norm.weight"), a["dno"], s.eps, n * d.hv, d.s)
     ops.silu_mul(a["z"], a["dno"], a["dno"], n * V)
     linears(m, [(p + "ssm_out", a["dno"], a["h"], E)], n)

@@ -5,11 +5,15 @@ tensors a residency `state` region holds for it) and `KVCache` (a layout
 bound to the region's tensors: the buffers the attention kernels read and
 the KV writes fill, and the check that a batch's positions fit).
 
-One sequence today: sequence s would own rows [s * ctx, (s + 1) * ctx) of
-each layer's tensors; the kernels take a context and positions, so several
-sequences (parallel slots) or a paged layout with a block table change this
-module and the kernels' addressing, not the layers that call them.  The
-cache is f16 (KV_BYTES), as llama.cpp's default.  Qwen3.5's DeltaNet layers keep a recurrent
+Sequences (parallel slots, issue 16): `n_seq` regions of `ctx` rows each,
+sequence s owning rows [s * ctx, (s + 1) * ctx) of every layer's tensors
+(`k_seq`/`v_seq`: that region as a view), and its recurrent state the s-th
+conv_bytes / ssm_bytes of a recurrent layer's (`conv`/`ssm`).  A kernel is
+given one sequence's region as its cache (a binding offset), so every kernel
+keeps its one-sequence addressing (docs/architecture.md says why regions, not
+pages).  n_seq comes from one place, the loader's `kv_shape(..., n_seq)`
+(default 1: one sequence, the layout as before).  The cache is f16 (KV_BYTES),
+as llama.cpp's default.  Qwen3.5's DeltaNet layers keep a recurrent
 state instead (conv inputs and the delta rule's matrices, f32, as llama.cpp's r/s caches): in the
 same region, so it goes cold, warm and to the host under --evict-state exactly as K/V do.
 """
@@ -35,15 +39,19 @@ class KVLayout:
     ssm_bytes: int = 0      # per recurrent layer: the delta rule's [hv, s, s] state (f32)
 
     @classmethod
-    def for_spec(cls, spec, ctx: int) -> "KVLayout":
+    def for_spec(cls, spec, ctx: int, n_seq: int = 1) -> "KVLayout":
         d = spec.deltanet
         # every layer's rows as wide as the widest layer's (gemma4's sliding and global
         # layers differ; a narrower layer uses the front of its rows' space)
         if d is None:
-            return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width)
+            return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width, n_seq)
         rec = tuple(i for i, layer in enumerate(spec.layers) if layer.recurrent)
-        return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width, recurrent=rec,
+        return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width, n_seq, recurrent=rec,
                    conv_bytes=4 * max(1, d.d_conv - 1) * d.conv_dim, ssm_bytes=4 * d.hv * d.s * d.s)
+
+    def __post_init__(self):
+        if self.n_seq < 1:
+            raise ModelError(f"{self.n_seq} sequences: the KV cache holds at least one")
 
     def tensors(self) -> list[tuple[str, int]]:
         """[(name, bytes)] of the `state` region that holds the cache (and the recurrent state)."""
@@ -80,22 +88,45 @@ class KVCache:
         self._v = {i: tensors[f"cache_v_l{i}"] for i in kv}
         self._conv = {i: tensors[f"rec_conv_l{i}"] for i in layout.recurrent}
         self._ssm = {i: tensors[f"rec_ssm_l{i}"] for i in layout.recurrent}
+        self._ck = {(k, i): tensors[f"rec_{k}_ck_l{i}"] for i in layout.recurrent for k in ("conv", "ssm")}
         self.recurrent = bool(layout.recurrent)
-        # (state, its checkpoint) tensor pairs: TransformerModel.save/restore_checkpoint copy between them
-        self.checkpoint_pairs = [(tensors[f"rec_{k}_l{i}"], tensors[f"rec_{k}_ck_l{i}"])
-                                 for i in layout.recurrent for k in ("conv", "ssm")]
+        self.n_seq = layout.n_seq
+        # (state, checkpoint) tensors, every sequence's (tests: read back across a cold/warm cycle)
+        self.checkpoint_tensors = [(tensors[f"rec_{k}_l{i}"], ck) for (k, i), ck in self._ck.items()]
 
-    def conv(self, layer: int):
-        return self._conv[layer]
+    # Views of one sequence's part (vramd/engine/ops.py `view`: made when the region is resident,
+    # as the recorders make them).  Sequence s's K (V) rows: s * ctx rows of the layout's width on.
+    def k_seq(self, layer: int, s: int = 0):
+        return self._part(self._k[layer], s, 2 * self.ctx * self.layout.k_width)
 
-    def ssm(self, layer: int):
-        return self._ssm[layer]
+    def v_seq(self, layer: int, s: int = 0):
+        return self._part(self._v[layer], s, 2 * self.ctx * self.layout.v_width)
 
-    def k(self, layer: int):
-        return self._k[layer]
+    def conv(self, layer: int, s: int = 0):
+        return self._part(self._conv[layer], s, self.layout.conv_bytes)
 
-    def v(self, layer: int):
-        return self._v[layer]
+    def ssm(self, layer: int, s: int = 0):
+        return self._part(self._ssm[layer], s, self.layout.ssm_bytes)
+
+    def _part(self, tensor, s: int, size: int):
+        from vramd.engine.ops import view
+        if not 0 <= s < self.n_seq:
+            raise ModelError(f"sequence {s} outside the cache's {self.n_seq}")
+        return view(tensor, s * size, size)
+
+    def seq_parts(self, s: int) -> list:
+        """Every view sequence s owns (K/V rows, recurrent state; not the checkpoint)."""
+        out = []
+        for i in range(self.layout.n_layer):
+            out += [self.conv(i, s), self.ssm(i, s)] if i in self._conv else [self.k_seq(i, s), self.v_seq(i, s)]
+        return out
+
+    def checkpoint_pairs(self, s: int = 0) -> list:
+        """(state, its checkpoint) view pairs of sequence s: TransformerModel.save/restore_checkpoint
+        copy between them."""
+        sizes = {"conv": self.layout.conv_bytes, "ssm": self.layout.ssm_bytes}
+        return [(self.conv(i, s) if k == "conv" else self.ssm(i, s), self._part(ck, s, sizes[k]))
+                for (k, i), ck in self._ck.items()]
 
     def check(self, batch) -> None:
         """Every position of `batch` (a TokenBatch) lies inside its sequence's context."""
@@ -105,3 +136,6 @@ class KVCache:
         bad = [int(q) for q in batch.seq if not 0 <= q < self.layout.n_seq]
         if bad:
             raise ModelError(f"sequence {bad[0]} outside the cache's {self.layout.n_seq}")
+        for r0, r1, s in batch.segments():
+            if (s in batch.seq[:r0]) or (s in batch.seq[r1:]):
+                raise ModelError(f"sequence {s}: its tokens are not consecutive rows of the batch")

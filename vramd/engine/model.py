@@ -36,6 +36,10 @@ from vramd.engine.tensors import TensorTable
 from vramd.errors import ModelError
 
 REPLAY_TOKENS = 8   # batches of up to this many tokens (and last-row logits) replay a recorded step
+# A step of one decode token of each of up to this many sequences replays a recorded step (fewer where
+# the scratch's logits rows are fewer: logit_rows).  The decode attention's partials share `tmp` and
+# each sequence's rows take their own dispatches, so the bound is what one step's graph should hold.
+SLOTS_REPLAY = 16
 
 class TransformerModel:
     """Forward passes of one loaded model (weights region, KV `state` region,
@@ -55,18 +59,35 @@ class TransformerModel:
         self.ops = Ops(residency)
         self.residency = residency
         self.t = TensorTable(self.spec, mf, loaded.weights.tensors, loaded.host)
-        self.kv = KVCache(KVLayout.for_spec(self.spec, ctx), loaded.kv.tensors)
+        # sequences: what the loaded KV region was laid out for (loader.kv_shape's n_seq, default 1)
+        n_seq = loaded.kv_shape.n_seq if getattr(loaded, "kv_shape", None) is not None else 1
+        self.kv = KVCache(KVLayout.for_spec(self.spec, ctx, n_seq), loaded.kv.tensors)
         self.act = scratch_region.tensors
         self.att_tmp = "up" if self.spec.n_ff else "part"   # free until the FFN (see blocks.attention)
         # Per layer: recorded with the rest (dense, or experts routed on the GPU) or host-routed.
         self.gpu_routed = [not layer.moe or (gpu_routing and moe.gpu_routable(self, i))
                            for i, layer in enumerate(self.spec.layers)]
         self._steps: dict[int, DecodeStep] = {}   # the replayed decode step, by batch size
-        # A recurrent state (qwen35) holds every position before rec_pos and cannot go back:
-        # a batch continues it (pos0 == rec_pos) or starts over at 0 (reset_state: the kernels
-        # start from zeros instead of reading it).
-        self.rec_pos, self.reset_state = 0, False
+        self._slot_steps: dict[int, DecodeStep] = {}   # one token of each of n sequences, by n
+        # A recurrent state (qwen35) holds every position before its sequence's rec_positions[s]
+        # and cannot go back: a batch continues it (pos0 == rec_positions[s]) or starts over at 0
+        # (the segment's reset: the kernels start from zeros instead of reading it).
+        self.rec_positions = [0] * n_seq
+        self.segs: list[tuple[int, int, int, bool]] = []   # the recorded batch's runs (blocks.py)
         self._timer = None
+
+    @property
+    def n_seq(self) -> int:
+        return self.kv.n_seq
+
+    @property
+    def rec_pos(self) -> int:
+        """Sequence 0's recurrent state position (the one-slot Engine's)."""
+        return self.rec_positions[0]
+
+    @rec_pos.setter
+    def rec_pos(self, value: int) -> None:
+        self.rec_positions[0] = value
 
     @property
     def replays_decode(self) -> bool:
@@ -91,50 +112,86 @@ class TransformerModel:
             batch = TokenBatch.of(tokens, pos0, all_logits=all_logits, embeds=embeds)
         if batch.embeds and not self.spec.takes_embeds:
             raise ModelError(f"{self.file.path}: {self.spec.arch} models do not take input embeddings")
+        logits = self.forward_batch(batch)
+        return logits if len(batch.out) != 1 or all_logits else logits[0]
+
+    def forward_batch(self, batch: TokenBatch) -> np.ndarray:
+        """The logits of batch.out's rows, [len(out), n_vocab], for a batch of any sequences
+        (TokenBatch.mix: decode tokens of several plus a prefill chunk of one): each token
+        attends over its own sequence's keys only, its K/V go to its sequence's rows, a
+        recurrent layer continues its sequence's state."""
+        if batch.embeds and not self.spec.takes_embeds:
+            raise ModelError(f"{self.file.path}: {self.spec.arch} models do not take input embeddings")
         self.kv.check(batch)
         after = self._continue_state(batch)
         logits = self._run(batch)
-        self.rec_pos = after
-        return logits if len(batch.out) != 1 or all_logits else logits[0]
+        for seq, pos in after.items():
+            self.rec_positions[seq] = pos
+        return logits
 
-    def _continue_state(self, batch: TokenBatch) -> int:
-        """With a recurrent state: the batch starts at 0 or where the state is (else a ModelError:
-        the caller, runner.py's prefix reuse, must re-prefill).  Returns the state's position
-        after the batch; until the batch has run it is -1 (a failed batch leaves a state that
-        nothing may continue)."""
+    def _continue_state(self, batch: TokenBatch) -> dict:
+        """With a recurrent state: each sequence's rows start at 0 or where its state is (else a
+        ModelError: the caller, runner.py's prefix reuse, must re-prefill).  Returns {sequence:
+        its state's position after the batch}; until the batch has run they are -1 (a failed
+        batch leaves states that nothing may continue)."""
         if not self.kv.recurrent:
-            return 0
-        pos0 = int(batch.pos[0])
-        if pos0 not in (0, self.rec_pos) or not (batch.pos == pos0 + np.arange(len(batch))).all():
-            raise ModelError(f"{self.file.path}: the recurrent state holds positions 0..{self.rec_pos - 1}: "
-                             f"a batch from position {pos0} cannot continue it (it restarts at 0)")
-        self.rec_pos = -1
-        return pos0 + len(batch)
+            return {}
+        after = {}
+        for r0, r1, seq in batch.segments():
+            pos0, at = int(batch.pos[r0]), self.rec_positions[seq]
+            if pos0 not in (0, at) or not (batch.pos[r0:r1] == pos0 + np.arange(r1 - r0)).all():
+                where = "" if self.n_seq == 1 else f" of sequence {seq}"
+                raise ModelError(f"{self.file.path}: the recurrent state{where} holds positions 0..{at - 1}: "
+                                 f"a batch from position {pos0} cannot continue it (it restarts at 0)")
+            after[seq] = pos0 + r1 - r0
+        for seq in after:
+            self.rec_positions[seq] = -1
+        return after
 
-    def save_checkpoint(self) -> int:
-        """Copies the recurrent state (at position rec_pos) to its checkpoint; returns rec_pos."""
+    def _copy_all(self, pairs) -> None:
         with self.ops.batch():
-            for state, ck in self.kv.checkpoint_pairs:
-                self.ops.copy(state, ck, state.nbytes)
+            for src, dst in pairs:
+                self.ops.copy(src, dst, src[2])
         self.ops.sync()
-        return self.rec_pos
 
-    def restore_checkpoint(self, pos: int) -> None:
-        """The recurrent state back to the checkpoint, which holds positions 0..pos-1 (the
-        caller, runner.py, knows which tokens those were)."""
-        with self.ops.batch():
-            for state, ck in self.kv.checkpoint_pairs:
-                self.ops.copy(ck, state, state.nbytes)
-        self.ops.sync()
-        self.rec_pos = pos
+    def save_checkpoint(self, seq: int = 0) -> int:
+        """Copies sequence seq's recurrent state (at its position) to its checkpoint; returns the position."""
+        self._copy_all(self.kv.checkpoint_pairs(seq))
+        return self.rec_positions[seq]
+
+    def restore_checkpoint(self, pos: int, seq: int = 0) -> None:
+        """Sequence seq's recurrent state back to its checkpoint, which holds positions 0..pos-1
+        (the caller, runner.py, knows which tokens those were)."""
+        self._copy_all([(ck, state) for state, ck in self.kv.checkpoint_pairs(seq)])
+        self.rec_positions[seq] = pos
+
+    def copy_seq(self, src: int, dst: int) -> None:
+        """Sequence dst's K/V rows and recurrent state become src's (a shared prefix forked
+        into another slot: dst then continues from src's positions)."""
+        if src != dst:
+            self.ops.sync()
+            self._copy_all(list(zip(self.kv.seq_parts(src), self.kv.seq_parts(dst))))
+            self.rec_positions[dst] = self.rec_positions[src]
+
+    def clear_seq(self, seq: int) -> None:
+        """Sequence seq holds nothing: its recurrent state restarts with its next batch (which
+        must start at position 0).  Its K/V rows need no clearing: a token attends only over
+        the rows its sequence wrote up to its position."""
+        self.kv.check(TokenBatch.of([0], 0, seq=seq))
+        self.rec_positions[seq] = 0
 
     def _run(self, batch: TokenBatch) -> np.ndarray:
         """The logits of batch.out's rows, [len(out), n_vocab] (forward() checked the batch)."""
         n = len(batch)
-        if (batch.decode_shape and self.replays_decode and n <= REPLAY_TOKENS and len(set(batch.seq)) == 1
-                and not (self.kv.recurrent and int(batch.pos[0]) == 0)):   # the step never resets the state
-            self.reset_state = False
-            return self._step(n).run(batch.ids, batch.pos, lambda: self._record(n, (n - 1,)))[None]
+        single = batch.decode_shape and n <= REPLAY_TOKENS and len(set(batch.seq.tolist())) == 1
+        slots = batch.slots_decode_shape and n <= min(SLOTS_REPLAY, logit_rows(self.spec, self.batch), self.batch)
+        if ((single or slots) and self.replays_decode
+                and not (self.kv.recurrent and 0 in batch.pos[[r0 for r0, _r1, _s in batch.segments()]])):
+            # (a step never resets a state).  The graph binds each row's sequence's region: it
+            # is recorded again when the sequences of its rows change (a slot joins or leaves).
+            segs = [(r0, r1, seq, False) for r0, r1, seq in batch.segments()]
+            step = self._step(n) if single else self._slot_step(n)
+            return step.run(batch.ids, batch.pos, lambda: self._record(n, batch.out, segs), key=tuple(segs))
         size = min(self.batch, logit_rows(self.spec, self.batch)) if len(batch.out) > 1 else self.batch
         out = [o for o in (self._chunk(c) for c in batch.chunks(size)) if o is not None]
         return np.concatenate(out, axis=0) if out else np.empty((0, self.spec.n_vocab), np.float32)
@@ -163,6 +220,19 @@ class TransformerModel:
                 step.timer = self._timer
         return step
 
+    def _slot_step(self, n: int) -> DecodeStep:
+        """The step of one token of each of n sequences: every row's logits out."""
+        step = self._slot_steps.get(n)
+        if step is None:
+            step = self._slot_steps[n] = DecodeStep(self.ops, self.residency, self.act, self.spec.n_vocab,
+                                                    n_tokens=n, n_out=n)
+        return step
+
+    @property
+    def slot_step_records(self) -> int:
+        """Times the multi-sequence decode steps were recorded, all sizes (tests: replay)."""
+        return sum(step.records for step in self._slot_steps.values())
+
     @property
     def step_records(self) -> int:
         """Times the one-token decode step was recorded (tests: replay, re-record after a move)."""
@@ -175,9 +245,11 @@ class TransformerModel:
         self._timer = timer
         self._step(1).profile(timer)
 
-    def _record(self, n: int, rows: tuple) -> None:
+    def _record(self, n: int, rows: tuple, segs: list) -> None:
         """Records the whole pass of n tokens (ids and positions in the scratch
-        buffers; every layer recordable) and the logits of `rows` into logits[0..)."""
+        buffers; every layer recordable; `segs`, their runs of one sequence, see
+        blocks.py) and the logits of `rows` into logits[0..)."""
+        self.segs = segs
         blocks.embed(self, n)
         for i in range(self.spec.n_layer):
             self._layer(i, n)
@@ -221,11 +293,13 @@ class TransformerModel:
             a["x"].write(np.ascontiguousarray(row), 4 * i * s.n_embd)
         a["ids"].write(ids)
         a["pos"].write(batch.pos.astype(np.int32))
-        self.reset_state = int(batch.pos[0]) == 0   # a recurrent state starts over with position 0
+        # a recurrent state starts over with position 0
+        segs = [(r0, r1, seq, int(batch.pos[r0]) == 0) for r0, r1, seq in batch.segments()]
         if self.replays_decode:
             with ops.batch():
-                self._record(n, batch.out)
+                self._record(n, batch.out, segs)
         else:
+            self.segs = segs
             with ops.batch():
                 blocks.embed(self, n)
             for gpu, layers in self._runs():
@@ -252,5 +326,5 @@ class TransformerModel:
 
     def close(self) -> None:
         self.ops.close()
-        for step in self._steps.values():
+        for step in [*self._steps.values(), *self._slot_steps.values()]:
             step.close()

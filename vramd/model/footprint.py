@@ -130,7 +130,8 @@ class Footprint:
 
 
 def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj=None,
-              limits: dict | None = None, chunk: int | None = None, max_buffer: int | None = None) -> Footprint:
+              limits: dict | None = None, chunk: int | None = None, max_buffer: int | None = None,
+              n_seq: int = 1) -> Footprint:
     """What model `mf` (a validated ModelFile) needs at `ctx`, as `vramd serve` allocates it.
 
     n_cpu_moe: None (every tensor on the device), a number of layers (float, or the flag's
@@ -140,7 +141,8 @@ def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj
     --prefill-chunk, the tokens per prefill chunk the scratch is laid out for
     (None: the architecture's default; vramd/engine/scratch.py's chunk_tokens), cut so that
     no activation buffer passes `max_buffer` bytes (plan's --max-buffer; None: the device's
-    maxStorageBufferRange from `limits`, else the conservative BUFFER_BYTES)."""
+    maxStorageBufferRange from `limits`, else the conservative BUFFER_BYTES).  n_seq: the
+    sequences (parallel slots) the KV cache holds, each of ctx positions (loader.kv_shape)."""
     from vramd.engine.arch import spec_for
     from vramd.engine.scratch import buffer_cap, chunk_tokens, scratch_layout
     lim = dict(limits or DEFAULT_LIMITS)
@@ -155,7 +157,7 @@ def footprint(mf, ctx: int, *, n_cpu_moe=None, budget: int | None = None, mmproj
     if runnable:
         tokens = chunk_tokens(spec, chunk, cap)
         scratch = scratch_layout(spec, tokens, cap=cap)
-    shape = loader.kv_shape(mf, ctx)
+    shape = loader.kv_shape(mf, ctx, n_seq)
     kv = loader.kv_layout(shape) if shape is not None else []
     kv_dev, scratch_dev = packed_bytes(kv, lim) if kv else 0, packed_bytes(scratch, lim)
 

@@ -49,8 +49,10 @@ def arch_int(mf: ModelFile, key: str, default: int | None = None) -> int | None:
     return Hparams(mf).get(key, default)
 
 
-def kv_shape(mf: ModelFile, ctx: int) -> KVLayout | None:
-    """KV cache geometry from the metadata; None if the model does not say.  Where the
+def kv_shape(mf: ModelFile, ctx: int, n_seq: int = 1) -> KVLayout | None:
+    """KV cache geometry from the metadata, for `n_seq` sequences of ctx positions each
+    (parallel slots; the one place n_seq is given: the engine reads it back from the
+    loaded layout); None if the model does not say.  Where the
     geometry differs per layer (head_count_kv an array, a key_length_swa: gemma4's
     sliding and global layers), no one pair of keys gives it: the engine's spec does."""
     from vramd.engine.arch import spec_for, supported
@@ -60,7 +62,7 @@ def kv_shape(mf: ModelFile, ctx: int) -> KVLayout | None:
                           or f"{a}.attention.key_length_swa" in md)) or f"{a}.ssm.state_size" in md:
         # per-layer geometry (gemma4) or a recurrent state beside K/V (qwen35): the spec's
         try:
-            return KVLayout.for_spec(spec_for(mf), ctx)
+            return KVLayout.for_spec(spec_for(mf), ctx, n_seq)
         except VramdError:
             pass   # not runnable (vramd plan still shows the estimate below): K/V from the keys
     layers = arch_int(mf, "block_count")
@@ -73,7 +75,7 @@ def kv_shape(mf: ModelFile, ctx: int) -> KVLayout | None:
         else arch_int(mf, "attention.head_count_kv", n_head)   # an array (gemma4): the widest layer's
     k_dim = arch_int(mf, "attention.key_length", n_embd // n_head or 1)
     v_dim = arch_int(mf, "attention.value_length", n_embd // n_head or 1)
-    return KVLayout(layers, ctx, k_dim * n_head_kv, v_dim * n_head_kv)
+    return KVLayout(layers, ctx, k_dim * n_head_kv, v_dim * n_head_kv, n_seq)
 
 
 def kv_layout(shape: KVLayout) -> list[tuple[str, int]]:
@@ -92,13 +94,14 @@ def scratch_bytes(mf: ModelFile) -> int:
 
 def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
          progress: bool | None = None, scratch=None, mf: ModelFile | None = None,
-         host_tensors=()) -> LoadedModel:
+         host_tensors=(), n_seq: int = 1) -> LoadedModel:
     """Validate `path`, lay out its regions, read its tensors into the host shadows.
 
     `scratch`: the compute buffers as [(name, nbytes)] (the engine knows
     them); without it one buffer of an estimated size stands in.  `progress`:
     True for a bar on stderr (the default when it is a terminal), or a
-    callable given (bytes read, bytes in all) after each tensor.
+    callable given (bytes read, bytes in all) after each tensor.  `n_seq`: sequences the
+    KV cache holds (kv_shape).
     """
     t0 = time.monotonic()
     mf = mf or validate_gguf(path)
@@ -107,7 +110,7 @@ def load(path: str | os.PathLike, residency, ctx: int, *, name: str = "model",
                                [(t.name, t.nbytes) for t in mf.tensors if t.name not in on_host])
     regions = [weights]
     try:
-        shape = kv_shape(mf, ctx)
+        shape = kv_shape(mf, ctx, n_seq)
         kv = None
         if shape is not None:
             kv = residency.region("state", f"{name}/kv", kv_layout(shape))
