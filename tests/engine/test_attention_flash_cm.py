@@ -210,3 +210,43 @@ def test_flash_cm_sinks(cm_ops, bufs, rng, n_heads, n_kv, p0, n_tokens, ctx, win
     assert np.abs(got - ref).max() <= bound, f"vs numpy: {np.abs(got - ref).max():.3g} > {bound:.3g}"
     old = f32(t["old"]).reshape(n_tokens, -1)
     assert np.abs(got - old).max() <= bound, f"vs attention.comp: {np.abs(got - old).max():.3g}"
+
+
+def _seq_case(ops, bufs, rng, n_heads, n_kv, hd, p0, n_tokens, ctx, seq, n_seq=3):
+    """A prefill chunk of sequence `seq` of a cache of n_seq regions (vramd/engine/kvcache.py:
+    sequence s owns rows [s*ctx, (s+1)*ctx)), bound as engine/blocks.py binds it: a view at the
+    region's offset, the buffer starting one word in (so the kernel's K/V offsets are not 0).
+    The other regions hold larger values: a row read from them shows in the result."""
+    from vramd.engine.ops import view
+    kc, vc, q, pos, scale = _case(rng, n_heads, n_kv, hd, p0, n_tokens, ctx, 0.0)
+    width, region = n_kv * hd, 2 * ctx * n_kv * hd
+    big = [(8 * rng.standard_normal((n_seq * ctx, width))).astype(np.float16) for _ in range(2)]
+    for b, c in zip(big, (kc, vc)):
+        b[seq * ctx:(seq + 1) * ctx] = c
+    pad = np.zeros(2, np.float16)
+    t = bufs(q=q, kc=np.concatenate([pad, big[0].ravel()]), vc=np.concatenate([pad, big[1].ravel()]), pos=pos,
+             out=4 * q.size)
+    ops.attention(t["q"], view(t["kc"], 4 + seq * region, region), view(t["vc"], 4 + seq * region, region),
+                  t["pos"], t["out"], n_tokens, n_heads, n_kv, hd, ctx, scale)
+    ops.sync()
+    return f32(t["out"]).reshape(n_tokens, -1), kc, vc, q, pos, scale
+
+
+@pytest.mark.parametrize("seq", [1, 2])
+def test_prefill_of_a_sequence_at_an_offset(ops, bufs, rng, seq):
+    """The prefill kernel this device takes (lavapipe: attention_flash.comp) on one sequence's
+    region of a multi-sequence cache: that region's keys only."""
+    got, kc, vc, q, pos, scale = _seq_case(ops, bufs, rng, 8, 2, 64, 5, 19, 40, seq)
+    np.testing.assert_allclose(got, attention_ref(q, kc, vc, pos, 2, scale), rtol=0,
+                               atol=3e-2 if ops.flash_cm else 2e-5)
+
+
+@pytest.mark.native_gpu
+@pytest.mark.parametrize("hd,seq", [(64, 1), (128, 2), (256, 1)])
+def test_flash_cm_sequence_at_an_offset(cm_ops, bufs, rng, hd, seq):
+    """The tensor-core form on a sequence's region at an offset: against its emulation on that
+    region alone."""
+    got, kc, vc, q, pos, scale = _seq_case(cm_ops, bufs, rng, 8, 2, hd, 30, 45, 96, seq)
+    assert f"attention_flash_cm_d{hd}" in cm_ops._kernels
+    emu = attention_cm.emulate(q, kc, vc, pos, 2, scale)
+    assert np.abs(got - emu).max() <= 3e-3, f"vs the emulation: {np.abs(got - emu).max():.3g}"

@@ -2,7 +2,9 @@
 
 Owns: `TransformerModel` (one loaded model: spec, tensor table, KV cache,
 scratch; `forward(batch)`: chunking, input embeddings, logits rows, the
-replayed decode steps, the per-kernel profile; `hidden(tokens, rows)`: the
+replayed decode steps, the per-kernel profile; `forward_batch(batch)`: a
+batch of several sequences' tokens (parallel slots), and the per-sequence
+helpers `copy_seq`, `clear_seq`, `save/restore_checkpoint(seq)`; `hidden(tokens, rows)`: the
 final-normed hidden states instead of logits, for embeddings).  The scratch it needs is
 vramd/engine/scratch.py's `scratch_layout(spec)`.
 
@@ -13,7 +15,9 @@ the GPU-recordable layers between host-routed ones go into one batch each.
 A decode step (a batch the graph can run: no input embeddings, the last
 row's logits) is recorded once per batch size into an `ops.graph()` and
 replayed (vramd/engine/decode_step.py): no Python work per layer per
-token.  The recording binds device buffers as they are; a release or
+token; so is a step of one decode token of each of up to SLOTS_REPLAY
+sequences, recorded again when its rows' sequences change (its graph binds
+each one's region of the cache: docs/architecture.md, "Several sequences").  The recording binds device buffers as they are; a release or
 restore of any region may move them, so a graph is re-recorded when the
 residency core's generation has changed since.
 
