@@ -3,7 +3,9 @@
 //   M = max_s m_s,  L = sum_s exp(m_s - M) l_s,
 //   out[h, d] = sum_s exp(m_s - M) acc_s[d] / L
 // (empty ranges carry m = -1e30, l = 0 and weigh nothing).  One work group
-// per head.  With has_sink (gpt-oss) the head's sink logit sinks[sink_off + h]
+// per head; several query tokens (parallel slots' decode): work-group z is the
+// token, its partials n_heads * n_splits rows after the one before, its output
+// row o_stride floats after.  With has_sink (gpt-oss) the head's sink logit sinks[sink_off + h]
 // is one more partial: m = sink, l = 1, acc = 0 (it joins M and L only).
 //
 // Why this shape: a range is 32 keys, so a long context has many (8192 keys:
@@ -33,6 +35,7 @@ layout(push_constant) uniform Params {
     uint o_off;     // float offset of out[0, 0] in binding 1
     uint has_sink;  // 1: binding 2 holds a sink logit per head (from sink_off); 0: binding 2 unread
     uint sink_off;
+    uint o_stride;  // floats from token t's output row to t + 1's (work-group z)
 } p;
 
 shared float red[WG];
@@ -57,7 +60,8 @@ void main() {
     uint h = gl_WorkGroupID.x;
     uint lid = gl_LocalInvocationID.x;
     uint stride = p.head_dim + 2u;
-    uint hb = p.part_off + h * p.n_splits * stride;
+    uint t = gl_WorkGroupID.z;
+    uint hb = p.part_off + (t * gl_NumWorkGroups.x + h) * p.n_splits * stride;
     float m = -1.0e30;
     for (uint s = lid; s < p.n_splits; s += WG) {
         m = max(m, part[hb + s * stride]);
@@ -95,7 +99,7 @@ void main() {
     [[unroll]] for (uint k = 0u; k < MAXD; k++) {
         uint d = lid + k * WG;
         if (d < p.head_dim) {
-            o[p.o_off + h * p.head_dim + d] = L > 0.0 ? a[k] / L : 0.0;
+            o[p.o_off + t * p.o_stride + h * p.head_dim + d] = L > 0.0 ? a[k] / L : 0.0;
         }
     }
 }

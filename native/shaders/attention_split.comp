@@ -14,6 +14,11 @@
 // once for every position, with n_splits sized for the whole context, and
 // ranges cut for the whole context would leave most groups empty and the
 // rest with up to `chunk` keys each while the context fills.
+// Several query tokens (a decode step of parallel slots): work-group z is the
+// token, its q row q_stride floats after the one before, its partials
+// n_heads * n_splits rows after; seq_rows > 0: token t reads its sequence's
+// rows, seq[t] * seq_rows on, seq[t] = pos[seq_off + t] (the sequence ids
+// beside the positions in binding 3).
 // Keys go in tiles of TK: TPK threads per key for the score (each a slice of
 // the row's words, the slices of neighbouring threads adjacent), then every
 // thread one word (two dimensions) of V, or two for head_dim > 256.
@@ -48,6 +53,9 @@ layout(push_constant) uniform Params {
     uint n_splits;
     float scale;
     float softcap;    // > 0: each score s becomes softcap * tanh(s / softcap) (gemma2; tanh as softcap.comp writes it)
+    uint q_stride;    // floats from token t's q row to t + 1's (work-group z)
+    uint seq_off;     // int offset of seq[0] in binding 3 (read where seq_rows > 0)
+    uint seq_rows;    // cache rows from one sequence to the next; 0: one sequence
 } p;
 
 const float NEG = -1.0e30;
@@ -62,13 +70,15 @@ void main() {
     uint lid = gl_LocalInvocationID.x;
     uint W = p.head_dim >> 1;
     uint kvh = h / (p.n_heads / p.n_kv_heads);
-    int qp = pos[p.pos_off];
+    uint t = gl_WorkGroupID.z;
+    int qp = pos[p.pos_off + t];
+    uint row0 = p.seq_rows > 0u ? uint(pos[p.seq_off + t]) * p.seq_rows : 0u;  // the sequence's first row
     uint n_keys = uint(clamp(qp + 1, 0, int(p.ctx)));
     uint first = (p.window > 0u && n_keys > p.window) ? n_keys - p.window : 0u;
     uint per = min(p.chunk, max(1u, (n_keys - first + p.n_splits - 1u) / p.n_splits));
     uint lo = min(first + s * per, n_keys);
     uint hi = min(lo + per, n_keys);
-    uint pb = p.part_off + (h * p.n_splits + s) * (p.head_dim + 2u);
+    uint pb = p.part_off + ((t * p.n_heads + h) * p.n_splits + s) * (p.head_dim + 2u);
     if (lo >= hi) {  // an empty range (the whole group: no barrier waits)
         if (lid == 0u) {
             part[pb] = NEG;
@@ -79,7 +89,7 @@ void main() {
         }
         return;
     }
-    uint qb = p.q_off + h * p.head_dim;
+    uint qb = p.q_off + t * p.q_stride + h * p.head_dim;
     for (uint w = lid; w < W; w += WG) {
         qs[w] = vec2(q[qb + 2u * w], q[qb + 2u * w + 1u]) * p.scale;
     }
@@ -94,7 +104,7 @@ void main() {
         // (the H200 profile: 14 us a layer for 160 keys).  Indices past the
         // end are clamped and their terms dropped.
         uint j = base + key;
-        uint kw = p.k_off + min(j, hi - 1u) * p.kv_stride + head_w;
+        uint kw = p.k_off + (row0 + min(j, hi - 1u)) * p.kv_stride + head_w;
         float dot_ = 0.0;
         for (uint w0 = slice; w0 < W; w0 += UL * TPK) {
             uint kk[UL];
@@ -125,7 +135,7 @@ void main() {
         float corr = exp(m - m_new);
         float lsum = 0.0;
         vec2 a0 = vec2(0.0), a1 = vec2(0.0);
-        uint vw = p.v_off + base * p.kv_stride + head_w;
+        uint vw = p.v_off + (row0 + base) * p.kv_stride + head_w;
         uint w0 = min(lid, W - 1u), w1 = min(lid + WG, W - 1u);  // clamped; a0/a1 kept only where valid
         for (uint i0 = 0u; i0 < cnt; i0 += UL) {
             uint v0[UL], v1[UL];

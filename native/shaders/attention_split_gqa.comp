@@ -53,6 +53,9 @@ layout(push_constant) uniform Params {
     uint n_splits;
     float scale;
     float softcap;    // > 0: each score s becomes softcap * tanh(s / softcap)
+    uint q_stride;    // floats from token t's q row to t + 1's (work-group z)
+    uint seq_off;     // int offset of seq[0] in binding 3 (read where seq_rows > 0)
+    uint seq_rows;    // cache rows from one sequence to the next; 0: one sequence
 } p;
 
 const float NEG = -1.0e30;
@@ -68,7 +71,10 @@ void main() {
     uint W = p.head_dim >> 1;
     uint G = p.n_heads / p.n_kv_heads;
     uint h0 = kvh * G;       // this group's first q head
-    int qp = pos[p.pos_off];
+    uint t = gl_WorkGroupID.z;   // several tokens (parallel slots' decode): attention_split.comp's rule
+    int qp = pos[p.pos_off + t];
+    uint row0 = p.seq_rows > 0u ? uint(pos[p.seq_off + t]) * p.seq_rows : 0u;  // the sequence's first row
+    uint hb = t * p.n_heads;     // token t's partials: n_heads * n_splits rows on
     uint n_keys = uint(clamp(qp + 1, 0, int(p.ctx)));
     uint first = (p.window > 0u && n_keys > p.window) ? n_keys - p.window : 0u;
     uint per = min(p.chunk, max(TK, (n_keys - first + p.n_splits - 1u) / p.n_splits));
@@ -77,7 +83,7 @@ void main() {
     uint stride = p.head_dim + 2u;
     if (lo >= hi) {  // an empty range (the whole group: no barrier waits)
         for (uint g = 0u; g < G; g++) {
-            uint pb = p.part_off + ((h0 + g) * p.n_splits + s) * stride;
+            uint pb = p.part_off + ((hb + h0 + g) * p.n_splits + s) * stride;
             if (lid == 0u) {
                 part[pb] = NEG;
                 part[pb + 1u] = 0.0;
@@ -90,7 +96,7 @@ void main() {
     }
     uint GW = G * W;
     for (uint i = lid; i < GW; i += WG) {
-        uint qb = p.q_off + h0 * p.head_dim + 2u * i;   // heads h0.. are consecutive rows of q
+        uint qb = p.q_off + t * p.q_stride + h0 * p.head_dim + 2u * i;   // heads h0.. are consecutive rows of q
         qs[i] = vec2(q[qb], q[qb + 1u]) * p.scale;
     }
     if (lid < G) {
@@ -107,7 +113,7 @@ void main() {
     for (uint base = lo; base < hi; base += TK) {
         uint cnt = min(TK, hi - base);
         // Scores: this thread's key against heads g0, g0 + HPT, ... (each K word read once for them).
-        uint kw = p.k_off + (base + min(key, cnt - 1u)) * p.kv_stride + head_w;
+        uint kw = p.k_off + (row0 + base + min(key, cnt - 1u)) * p.kv_stride + head_w;
         float d[MAXG / HPT];
         [[unroll]] for (uint i = 0u; i < MAXG / HPT; i++) {
             d[i] = 0.0;
@@ -159,7 +165,7 @@ void main() {
             lh[lid] = lh[lid] * corr[lid] + lsum;
         }
         // V: items (g, w) = lid + WG * i; a thread's items of one head read consecutive row words.
-        uint vw = p.v_off + base * p.kv_stride + head_w;
+        uint vw = p.v_off + (row0 + base) * p.kv_stride + head_w;
         [[unroll]] for (uint i = 0u; i < NI; i++) {
             uint item = lid + WG * i;
             if (item < GW) {
@@ -181,7 +187,7 @@ void main() {
         barrier();  // sc, corr and lh are reused by the next tile
     }
     for (uint g = lid; g < G; g += WG) {
-        uint pb = p.part_off + ((h0 + g) * p.n_splits + s) * stride;
+        uint pb = p.part_off + ((hb + h0 + g) * p.n_splits + s) * stride;
         part[pb] = mh[g];
         part[pb + 1u] = lh[g];
     }
@@ -189,7 +195,7 @@ void main() {
         uint item = lid + WG * i;
         if (item < GW) {
             uint g = item / W, w = item % W;
-            uint pb = p.part_off + ((h0 + g) * p.n_splits + s) * stride + 2u + 2u * w;
+            uint pb = p.part_off + ((hb + h0 + g) * p.n_splits + s) * stride + 2u + 2u * w;
             part[pb] = acc[i].x;
             part[pb + 1u] = acc[i].y;
         }

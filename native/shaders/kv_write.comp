@@ -2,7 +2,11 @@
 // The cache is [ctx, width] f16 (width = n_kv_heads * head_dim, even), read
 // and written as uint32 words holding two halves, so no 16-bit storage
 // feature is needed; one thread per word.  Positions at or beyond ctx are
-// skipped rather than written out of bounds.
+// skipped rather than written out of bounds.  seq_rows > 0 (several
+// sequences, one row each: a decode step of parallel slots): the cache holds
+// sequences of ctx rows, seq_rows apart, and token t's row is seq[t] *
+// seq_rows + pos[t], seq[t] = pos[seq_off + t] (the sequence ids beside the
+// positions in binding 2).
 #version 450
 layout(local_size_x = 256) in;
 
@@ -18,7 +22,9 @@ layout(push_constant) uniform Params {
     uint dst_off;     // word offset of cache[0, 0] in binding 1
     uint dst_stride;  // words from cache row j to j + 1
     uint pos_off;     // int offset of pos[0] in binding 2
-    uint ctx;         // cache rows
+    uint ctx;         // cache rows (of a sequence)
+    uint seq_off;     // int offset of seq[0] in binding 2 (read where seq_rows > 0)
+    uint seq_rows;    // rows from one sequence to the next; 0: one sequence
 } p;
 
 void main() {
@@ -34,5 +40,6 @@ void main() {
         return;
     }
     uint s = p.src_off + t * p.src_stride + 2u * k;
-    cache[p.dst_off + uint(row) * p.dst_stride + k] = packHalf2x16(vec2(src[s], src[s + 1u]));
+    uint base = p.seq_rows > 0u ? uint(pos[p.seq_off + t]) * p.seq_rows : 0u;
+    cache[p.dst_off + (base + uint(row)) * p.dst_stride + k] = packHalf2x16(vec2(src[s], src[s + 1u]));
 }

@@ -10,7 +10,8 @@
 // [-pi, pi); normal ordering pairs (2i, 2i+1), NeoX (i, i + n_rot/2);
 // dimensions from n_rot on are copied; the YaRN mix and the magnitude
 // mscale as rope.comp's (no temperature: it scales q only).  Positions
-// outside 0 .. ctx-1 are skipped (kv_write.comp).
+// outside 0 .. ctx-1 are skipped; seq_rows > 0: each token's row in its
+// sequence's rows, seq[t] = pos[seq_off + t] (kv_write.comp).
 #version 450
 layout(local_size_x = 256) in;
 
@@ -38,6 +39,8 @@ layout(push_constant) uniform Params {
     float corr_lo;
     float corr_hi;
     float mscale;
+    uint seq_off;     // int offset of seq[0] in binding 1 (read where seq_rows > 0)
+    uint seq_rows;    // rows from one sequence to the next; 0: one sequence
 } p;
 
 const float TWO_PI = 6.283185307179586;
@@ -96,5 +99,6 @@ void main() {
     }
     uint base = p.x_off + t * p.t_stride + h * p.head_dim;
     float fpos = float(pos[p.pos_off + t]);
-    cache[p.dst_off + uint(row) * words + r] = packHalf2x16(vec2(rotated(base, d, fpos), rotated(base, d + 1u, fpos)));
+    uint sb = p.seq_rows > 0u ? uint(pos[p.seq_off + t]) * p.seq_rows : 0u;
+    cache[p.dst_off + (sb + uint(row)) * words + r] = packHalf2x16(vec2(rotated(base, d, fpos), rotated(base, d + 1u, fpos)));
 }

@@ -86,3 +86,51 @@ def test_split_attention_softcap(ops, bufs, rng, gqa, monkeypatch):
     vc = t["vc"].read(np.float16).reshape(ctx, width)
     ref = attention_ref(q, kc, vc, np.array([pos]), n_kv, scale, 0, softcap=5.0)
     np.testing.assert_allclose(f32(t["out"]).reshape(1, -1), ref, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("gqa", [True, False], ids=["gqa", "per_head"])
+@pytest.mark.parametrize("window,softcap,sinks", [(0, 0.0, False), (16, 0.0, False), (0, 4.0, False),
+                                                   (12, 0.0, True)])
+def test_tokens_of_several_sequences(ops, bufs, rng, window, softcap, sinks, gqa, monkeypatch):
+    """Parallel slots' decode: one token of each of several sequences in one split dispatch
+    (work-group z the token; by KV head and per head), each reading its own sequence's rows (seq[t] * ctx on, the ids
+    beside the positions) of a cache of n_seq regions, its own position, window, softcap and
+    sinks: each against numpy on its region alone.  The K/V writes of the same step (kv_write,
+    rope_kv_write with seq) put each token's row in its region only."""
+    from tests.engine.test_attention_sinks import sink_ref
+    from vramd.engine.ops import view
+    monkeypatch.setattr(ops, "split_gqa", gqa)   # both decode forms (4 q heads per KV head)
+    n_seq, ctx, n_heads, n_kv, hd = 4, 48, 8, 2, 64
+    width = n_kv * hd
+    seqs, pos = np.array([2, 0, 3], np.int32), np.array([40, 5, 22], np.int32)
+    kc = (3 * rng.standard_normal((n_seq * ctx, width))).astype(np.float16)   # every region filled
+    vc = (3 * rng.standard_normal((n_seq * ctx, width))).astype(np.float16)
+    new_k, new_v = (rng.standard_normal((3, width)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((3, n_heads, hd)).astype(np.float32)
+    sk = rng.standard_normal(n_heads).astype(np.float32)
+    t = bufs(kc=kc, vc=vc, q=q, nk=new_k, nv=new_v, ps=np.concatenate([pos, seqs]), sinks=sk,
+             out=4 * q.size, tmp=4 * 3 * n_heads * (hd + 2) * 64)
+    p, s = view(t["ps"], 0, 12), view(t["ps"], 12, 12)
+    scale = 1 / np.sqrt(hd)
+    ops.rope_kv_write(t["nk"], t["kc"], p, 3, n_kv, hd, ctx, seq=s, n_seq=n_seq)
+    ops.kv_write(t["nv"], t["vc"], p, 3, width, ctx, seq=s, n_seq=n_seq)
+    with ops.batch() as b:
+        ops.attention(t["q"], t["kc"], t["vc"], p, t["out"], 3, n_heads, n_kv, hd, ctx, scale, window=window,
+                      tmp=t["tmp"], softcap=softcap, sinks=t["sinks"] if sinks else None, seq=s, n_seq=n_seq)
+        assert b.dispatches == 2   # one split and one merge for the three tokens
+    ops.sync()
+    kc_after = t["kc"].read(np.float16).reshape(n_seq * ctx, width)
+    vc_after = t["vc"].read(np.float16).reshape(n_seq * ctx, width)
+    written = {int(sq) * ctx + int(ps) for sq, ps in zip(seqs, pos)}
+    untouched = [r for r in range(n_seq * ctx) if r not in written]
+    assert np.array_equal(kc_after[untouched], kc[untouched]) and np.array_equal(vc_after[untouched], vc[untouched])
+    for j, (sq, ps) in enumerate(zip(seqs, pos)):
+        row = int(sq) * ctx + int(ps)
+        np.testing.assert_array_equal(vc_after[row], new_v[j].astype(np.float16))
+        assert not np.array_equal(kc_after[row], new_k[j].astype(np.float16))   # rotated (position > 0)
+    out = f32(t["out"]).reshape(3, -1)
+    for j, (sq, ps) in enumerate(zip(seqs, pos)):
+        region = slice(int(sq) * ctx, (int(sq) + 1) * ctx)
+        args = (q[j:j + 1], kc_after[region], vc_after[region], np.array([ps]), n_kv, scale)
+        ref = sink_ref(*args, sk.astype(np.float64), window) if sinks else attention_ref(*args, window, softcap)
+        np.testing.assert_allclose(out[j:j + 1], ref, rtol=1e-4, atol=2e-5)

@@ -92,7 +92,7 @@ def test_mixed_batches_give_each_sequence_its_solo_logits(slots):
     got[0].append(first[0])
     got[1].append(first[1])
     joined = False
-    records = m.slot_step_records
+    runs = m.slot_step_runs
     for step in range(steps + 4):
         parts = []
         for s in (0, 1, 2):
@@ -117,7 +117,7 @@ def test_mixed_batches_give_each_sequence_its_solo_logits(slots):
         for k, (g, w) in enumerate(zip(got[s], logits)):
             assert rel_err(g, w) < TOL, f"sequence {s}, step {k}"
     if m.replays_decode:   # the steps of only decode rows replayed a recorded multi-sequence step
-        assert m.slot_step_records > records
+        assert m.slot_step_runs > runs
 
 
 def _kv_bytes(m, s):
@@ -163,15 +163,15 @@ def test_the_replayed_step_equals_the_step_not_replayed(slots, monkeypatch):
     for s, _t, _p in parts:
         m.save_checkpoint(s) if m.kv.recurrent else None
     step = TokenBatch.mix([(2, [21], 3), (0, [22], 6), (1, [23], 13)])
-    records = m.slot_step_records
+    runs = m.slot_step_runs
     replayed = m.forward_batch(step)
-    assert m.slot_step_records == records + (1 if m.replays_decode else 0)
+    assert m.slot_step_runs == runs + (1 if m.replays_decode else 0)
     if m.kv.recurrent:   # the states back to before the step (their checkpoints)
         for s, t, _p in parts:
             m.restore_checkpoint(len(t), s)
     monkeypatch.setattr(model_mod, "SLOTS_REPLAY", 0)
     plain = m.forward_batch(step)
-    assert m.slot_step_records == records + (1 if m.replays_decode else 0)
+    assert m.slot_step_runs == runs + (1 if m.replays_decode else 0)
     assert np.array_equal(replayed, plain)
     # and the step's rows are each sequence's own: a different order of the rows, the same logits
     monkeypatch.undo()
@@ -181,6 +181,32 @@ def test_the_replayed_step_equals_the_step_not_replayed(slots, monkeypatch):
     swapped = m.forward_batch(TokenBatch.mix([(1, [23], 13), (2, [21], 3), (0, [22], 6)]))
     assert rel_err(swapped[[1, 2, 0]], replayed) < TOL
     assert (swapped[[1, 2, 0]].argmax(axis=1) == replayed.argmax(axis=1)).all()
+
+
+def test_other_sequences_replay_the_same_graph(slots):
+    """Where the decode kernels read each row's sequence id (model.seq_input: no recurrent
+    layer), a step of other sequences, or of the same in another order, replays the graph
+    recorded for its size; else (qwen35: the DeltaNet dispatches bind each sequence's state)
+    it is recorded again for them."""
+    m = slots
+    if not m.replays_decode:
+        return   # host-routed MoE: no step is replayed (test_mixed_batches covers its batches)
+    V = m.spec.n_vocab
+    for s in range(N_SEQ):
+        m.clear_seq(s)
+    m.forward_batch(TokenBatch.mix([(s, prompt(20 + s, 4 + s, V), 0) for s in range(N_SEQ)]))
+    at = [4 + s for s in range(N_SEQ)]
+    records = m.slot_step_records
+    for k, seqs in enumerate([(0, 1), (2, 3), (3, 0), (1, 2)]):
+        got = m.forward_batch(TokenBatch.mix([(s, [30 + k], at[s]) for s in seqs]))
+        for s in seqs:
+            at[s] += 1
+        assert got.shape == (2, V)
+    if m.seq_input:   # at most the first (a size-2 step may be recorded already)
+        assert m.slot_step_records - records <= 1
+    else:
+        assert m.slot_step_records - records >= 3
+    assert m.seq_input == (not m.kv.recurrent)
 
 
 def test_copy_seq_forks_a_sequence(slots):

@@ -86,25 +86,52 @@ def attention(m, i: int, n: int) -> None:
     rope = dict(s.rope_params(i), freq_factors=t.vector(factors) if factors else None)
     temperature = (s.attn_temp_scale, s.attn_temp_floor, s.attn_temp_offset) if s.attn_temp_scale else None
     sinks = t.vector(p + "attn_sinks.weight", s.n_head) if s.attn_sinks else None
+    runs = attention_runs(m, KV)
     with ops.parallel():   # q rotates in place, k rotated into the cache, v to the cache as it is
         ops.rope(a["q"], a["pos"], n, s.n_head, hd, temperature=temperature, **rope)
-        for r0, r1, seq, _reset in m.segs:   # each sequence's rows into its own region
+        for r0, r1, seq in runs:   # each sequence's rows into its own region
+            k, kc, vc, more = r1 - r0, *_caches(m, i, r0, r1, seq)
             pos = rows(a["pos"], r0, r1, 1)
-            ops.rope_kv_write(rows(a["k"], r0, r1, KV), kv.k_seq(i, seq), pos, r1 - r0, n_kv, hd, kv.ctx, **rope)
-            ops.kv_write(rows(a["v"], r0, r1, KV), kv.v_seq(i, seq), pos, r1 - r0, KV, kv.ctx)
-    # A dispatch per sequence, over its own region only: a prefill chunk's rows take the
-    # flash kernels, a decode row the split one.  tmp: a buffer free until the FFN, where
-    # decode attention keeps its per-range partials (the dispatches after each other).
-    for r0, r1, seq, _reset in m.segs:
-        ops.attention(rows(a["q"], r0, r1, Q), kv.k_seq(i, seq), kv.v_seq(i, seq), rows(a["pos"], r0, r1, 1),
-                      rows(a["att"], r0, r1, Q), r1 - r0, s.n_head, n_kv, hd, kv.ctx, s.scale,
-                      window=layer.window, tmp=a[m.att_tmp], softcap=s.attn_softcap, sinks=sinks)
+            ops.rope_kv_write(rows(a["k"], r0, r1, KV), kc, pos, k, n_kv, hd, kv.ctx, **rope, **more)
+            ops.kv_write(rows(a["v"], r0, r1, KV), vc, pos, k, KV, kv.ctx, **more)
+    # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
+    # (the dispatches one after another).
+    for r0, r1, seq in runs:
+        k, kc, vc, more = r1 - r0, *_caches(m, i, r0, r1, seq)
+        ops.attention(rows(a["q"], r0, r1, Q), kc, vc, rows(a["pos"], r0, r1, 1), rows(a["att"], r0, r1, Q), k,
+                      s.n_head, n_kv, hd, kv.ctx, s.scale, window=layer.window, tmp=a[m.att_tmp],
+                      softcap=s.attn_softcap, sinks=sinks, **more)
     if s.attn_gate:
         deltanet.sigmoid_mul(ops, a["agate"], a["att"], a["att"], n * Q)
     linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)
     if s.post_norms:
         ops.rms_norm(a["h"], t.vector(p + "post_attention_norm.weight"), a["h"], s.eps, n, E)
     ops.add_rms_norm(a["x"], a["h"], t.vector(p + s.ffn_norm + ".weight"), a["h"], s.eps, n, E)
+
+
+def attention_runs(m, width: int) -> list[tuple[int, int, int | None]]:
+    """The attention's dispatches for m.segs: (first row, end row, sequence) of a run of one
+    sequence's rows (a prefill chunk: the flash kernels on its region; a lone decode row: the
+    split kernel on it), or (.., None) for consecutive decode rows of different sequences,
+    one dispatch for them all reading each row's sequence id (model.seq_kernels: the whole
+    cache fits one binding; rows of the layout's width)."""
+    out = []
+    for r0, r1, seq, _reset in m.segs:
+        one = r1 - r0 == 1 and m.seq_kernels and width == m.kv.layout.k_width == m.kv.layout.v_width
+        if one and out and out[-1][3]:
+            out[-1] = (out[-1][0], r1, None, True)
+        else:
+            out.append((r0, r1, seq, one))
+    return [(r0, r1, seq if r1 - r0 == 1 or not one else None) for r0, r1, seq, one in out]
+
+
+def _caches(m, i: int, r0: int, r1: int, seq):
+    """The K and V caches a run binds (its sequence's region, or every sequence's with the
+    run's sequence ids) and the kernels' keywords for it."""
+    if seq is not None:
+        return m.kv.k_seq(i, seq), m.kv.v_seq(i, seq), {}
+    ids = view(m.act["pos"], m.seq_at + 4 * r0, 4 * (r1 - r0))
+    return m.kv.k(i), m.kv.v(i), {"seq": ids, "n_seq": m.kv.n_seq}
 
 
 def dense_ffn(m, i: int, n: int) -> None:

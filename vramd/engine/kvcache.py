@@ -94,6 +94,13 @@ class KVCache:
         # (state, checkpoint) tensors, every sequence's (tests: read back across a cold/warm cycle)
         self.checkpoint_tensors = [(tensors[f"rec_{k}_l{i}"], ck) for (k, i), ck in self._ck.items()]
 
+    def k(self, layer: int):
+        """Layer's K tensor, every sequence's rows (the kernels that read each row's sequence)."""
+        return self._k[layer]
+
+    def v(self, layer: int):
+        return self._v[layer]
+
     # Views of one sequence's part (vramd/engine/ops.py `view`: made when the region is resident,
     # as the recorders make them).  Sequence s's K (V) rows: s * ctx rows of the layout's width on.
     def k_seq(self, layer: int, s: int = 0):

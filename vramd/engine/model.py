@@ -78,6 +78,16 @@ class TransformerModel:
         # (the segment's reset: the kernels start from zeros instead of reading it).
         self.rec_positions = [0] * n_seq
         self.segs: list[tuple[int, int, int, bool]] = []   # the recorded batch's runs (blocks.py)
+        # The rows' sequence ids: in the scratch's "pos" after the positions (scratch.py).  The
+        # decode rows of several sequences take one dispatch reading them where every
+        # sequence's K/V rows fit one binding; else a dispatch per sequence on its region.
+        self.seq_at = self.act["pos"].nbytes // 2
+        L = self.kv.layout
+        self.seq_kernels = n_seq > 1 and 2 * n_seq * ctx * max(L.k_width, L.v_width) <= self.ops.max_range
+        # ... and then a decode step of several sequences reads their ids as an input: one graph
+        # for any sequences (not where a recurrent layer or a narrower layer binds a region)
+        self.seq_input = self.seq_kernels and not L.recurrent and all(
+            self.spec.kv_width_of(i) == L.k_width == L.v_width for i in range(self.spec.n_layer))
         self._timer = None
 
     @property
@@ -194,8 +204,12 @@ class TransformerModel:
             # (a step never resets a state).  The graph binds each row's sequence's region: it
             # is recorded again when the sequences of its rows change (a slot joins or leaves).
             segs = [(r0, r1, seq, False) for r0, r1, seq in batch.segments()]
-            step = self._step(n) if single else self._slot_step(n)
-            return step.run(batch.ids, batch.pos, lambda: self._record(n, batch.out, segs), key=tuple(segs))
+            if single:
+                return self._step(n).run(batch.ids, batch.pos, lambda: self._record(n, batch.out, segs),
+                                         key=tuple(segs))
+            key = n if self.seq_input else tuple(segs)
+            return self._slot_step(n).run(batch.ids, batch.pos, lambda: self._record(n, batch.out, segs),
+                                          key=key, seq=batch.seq)
         size = min(self.batch, logit_rows(self.spec, self.batch)) if len(batch.out) > 1 else self.batch
         out = [o for o in (self._chunk(c) for c in batch.chunks(size)) if o is not None]
         return np.concatenate(out, axis=0) if out else np.empty((0, self.spec.n_vocab), np.float32)
@@ -229,13 +243,18 @@ class TransformerModel:
         step = self._slot_steps.get(n)
         if step is None:
             step = self._slot_steps[n] = DecodeStep(self.ops, self.residency, self.act, self.spec.n_vocab,
-                                                    n_tokens=n, n_out=n)
+                                                    n_tokens=n, n_out=n, seq_at=self.seq_at)
         return step
 
     @property
     def slot_step_records(self) -> int:
         """Times the multi-sequence decode steps were recorded, all sizes (tests: replay)."""
         return sum(step.records for step in self._slot_steps.values())
+
+    @property
+    def slot_step_runs(self) -> int:
+        """Times they ran (replayed or just recorded)."""
+        return sum(step.runs for step in self._slot_steps.values())
 
     @property
     def step_records(self) -> int:
@@ -297,6 +316,7 @@ class TransformerModel:
             a["x"].write(np.ascontiguousarray(row), 4 * i * s.n_embd)
         a["ids"].write(ids)
         a["pos"].write(batch.pos.astype(np.int32))
+        a["pos"].write(batch.seq.astype(np.int32), self.seq_at)
         # a recurrent state starts over with position 0
         segs = [(r0, r1, seq, int(batch.pos[r0]) == 0) for r0, r1, seq in batch.segments()]
         if self.replays_decode:

@@ -63,10 +63,10 @@ WEIGHT_TYPES[39] = ("mxfp4", 32, 17)
 
 # kernel -> (storage buffers, push-constant bytes); the shaders' layouts
 _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm": (3, 32), "rope": (3, 76),
-            "kv_write": (3, 32), "attention": (6, 72), "attention_flash": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
-            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 60), "attention_merge": (3, 24),
-            "attention_split_gqa": (5, 60),
-            "rope_kv_write": (4, 72), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36),
+            "kv_write": (3, 40), "attention": (6, 72), "attention_flash": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
+            "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 72), "attention_merge": (3, 28),
+            "attention_split_gqa": (5, 72),
+            "rope_kv_write": (4, 80), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36),
             "swiglu_oai": (3, 24), "add_id": (3, 20)}
 
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
@@ -351,6 +351,19 @@ class Ops:
                              f"({self.max_range}); split the op")
         return (b, start, rng), (off - start) // elem
 
+    def _bind_pos(self, pos, n_tokens: int, seq, what: str):
+        """The positions' binding (view, int offset of pos[0]) and, with `seq` (the tokens'
+        sequence ids, int32, in the same buffer as the positions: the scratch's "pos" holds
+        both), the int offset of seq[0] in it; without, 0."""
+        if seq is None:
+            return (*self._bind(pos, 4 * n_tokens, what), 0)
+        (pb, po, _pn), (sb, so, _sn) = _resolve(pos), _resolve(seq)
+        if pb != sb:
+            raise UsageError(f"{what}: the sequence ids must share the positions' buffer")
+        lo, hi = min(po, so), max(po, so) + 4 * n_tokens
+        v, first = self._bind((pb, lo, hi - lo), hi - lo, what)
+        return v, first + (po - lo) // 4, first + (so - lo) // 4
+
     def _row_chunks(self, w: Weight, rows_needed: int):
         """(view, byte offset in view, first row, rows) pieces of a weight, each
         within one storage range (tables larger than the range go in pieces)."""
@@ -592,50 +605,55 @@ class Ops:
     def rope_kv_write(self, x, cache, pos, n_tokens: int, n_heads: int, head_dim: int, ctx: int, *,
                       n_rot: int | None = None, neox: bool = False, freq_base: float = 10000.0,
                       freq_scale: float = 1.0, freq_factors=None, t_stride: int | None = None,
-                      ext_factor: float = 0.0, corr_dims=(0.0, 0.0), mscale: float = 1.0) -> None:
+                      ext_factor: float = 0.0, corr_dims=(0.0, 0.0), mscale: float = 1.0, seq=None,
+                      n_seq: int = 1) -> None:
         """cache[pos[t], :] = f16(rope(x[t, :])): `rope` then `kv_write` in one
         dispatch, with x left unrotated (the attention reads K from the cache
         only).  Arguments as rope's (no temperature: it scales q only);
-        cache: f16 [ctx, n_heads * head_dim]."""
+        cache: f16 [ctx, n_heads * head_dim]; with `seq` (as kv_write's) f16
+        [n_seq * ctx, ...], token t's row seq[t] * ctx + pos[t]."""
         n_rot = head_dim if n_rot is None else int(n_rot)
         width = n_heads * head_dim
         t_stride = width if t_stride is None else int(t_stride)
         if n_rot % 2 or not 0 < n_rot <= head_dim or head_dim % 2:
             raise ModelError(f"rope over {n_rot} of {head_dim} dimensions: needs even sizes, n_rot <= head_dim")
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * t_stride + width), "rope_kv_write x")
-        pv, po = self._bind(pos, 4 * n_tokens, "rope_kv_write positions")
+        pv, po, so = self._bind_pos(pos, n_tokens, seq, "rope_kv_write positions")
         if freq_factors is not None:
             fv, fo = self._bind(freq_factors, 4 * (n_rot // 2), "rope_kv_write freq_factors")
         else:
             fv, fo = pv, 0  # bound but never read
-        cv, co = self._bind(cache, 2 * ctx * width, "rope_kv_write cache")
-        push = struct.pack("<8I2f4I4f", n_tokens, n_heads, head_dim, n_rot, int(bool(neox)), xo, t_stride, po,
+        cv, co = self._bind(cache, 2 * (n_seq if seq is not None else 1) * ctx * width, "rope_kv_write cache")
+        push = struct.pack("<8I2f4I4f2I", n_tokens, n_heads, head_dim, n_rot, int(bool(neox)), xo, t_stride, po,
                            freq_base, freq_scale, int(freq_factors is not None), fo, co, ctx, ext_factor,
-                           corr_dims[0], corr_dims[1], mscale)
+                           corr_dims[0], corr_dims[1], mscale, so, ctx if seq is not None else 0)
         self._dispatch(self._kernel("rope_kv_write"), [xv, pv, fv, cv], push,
                        self._groups1d(n_tokens * width // 2, self.max_groups))
 
     def kv_write(self, src, cache, pos, n_tokens: int, width: int, ctx: int, *,
-                 src_stride: int | None = None) -> None:
+                 src_stride: int | None = None, seq=None, n_seq: int = 1) -> None:
         """cache[pos[t], :] = f16(src[t, :]) for t < n_tokens.
 
         src: f32 [n_tokens, src_stride] (default width); cache: f16 [ctx,
         width] (width = n_kv_heads * head_dim, even), row-major; pos: int32
-        [n_tokens].  Positions outside 0 .. ctx-1 are skipped."""
+        [n_tokens].  Positions outside 0 .. ctx-1 are skipped.  seq: the
+        tokens' sequence ids (int32 [n_tokens], in pos's buffer): the cache
+        is then n_seq sequences of ctx rows, token t's row seq[t] * ctx + pos[t]."""
         if width % 2:
             raise ModelError(f"KV width {width} is odd: the f16 cache is written two halves at a time")
         src_stride = width if src_stride is None else int(src_stride)
         sv, so = self._bind(src, 4 * ((n_tokens - 1) * src_stride + width), "kv_write src")
-        cv, co = self._bind(cache, 2 * ctx * width, "kv_write cache")
-        pv, po = self._bind(pos, 4 * n_tokens, "kv_write positions")
-        push = struct.pack("<8I", n_tokens, width, so, src_stride, co, width // 2, po, ctx)
+        cv, co = self._bind(cache, 2 * (n_seq if seq is not None else 1) * ctx * width, "kv_write cache")
+        pv, po, qo = self._bind_pos(pos, n_tokens, seq, "kv_write positions")
+        push = struct.pack("<10I", n_tokens, width, so, src_stride, co, width // 2, po, ctx, qo,
+                           ctx if seq is not None else 0)
         self._dispatch(self._kernel("kv_write"), [sv, cv, pv], push,
                        self._groups1d(n_tokens * width // 2, self.max_groups))
 
     def attention(self, q, k_cache, v_cache, pos, out, n_tokens: int, n_heads: int, n_kv_heads: int,
                   head_dim: int, ctx: int, scale: float, *, window: int = 0, q_stride: int | None = None,
                   o_stride: int | None = None, tmp=None, softcap: float = 0.0,
-                  flash: bool = True, sinks=None) -> None:
+                  flash: bool = True, sinks=None, seq=None, n_seq: int = 1) -> None:
         """out[t, h*hd:(h+1)*hd] = softmax_j(scale * q[t, h] . K[j, kvh]) V[j, kvh]
         over cache rows j <= pos[t] (and j > pos[t] - window when window > 0),
         kvh = h // (n_heads // n_kv_heads); softcap > 0 caps each score s
@@ -661,7 +679,11 @@ class Ops:
         against) attention.comp, a work group per (head, token).  Every form
         takes the sinks.
         sinks: f32 [n_heads], a logit per head that joins each softmax's
-        denominator without a value (gpt-oss's attention sinks); None: none."""
+        denominator without a value (gpt-oss's attention sinks); None: none.
+        seq: the tokens' sequence ids (int32 [n_tokens], in pos's buffer;
+        parallel slots' decode, one token per sequence): the caches are n_seq
+        sequences of ctx rows, token t's keys its sequence's; the split form
+        takes every token at once (tmp needed)."""
         if n_kv_heads < 1 or n_heads % n_kv_heads:
             raise ModelError(f"{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads")
         if head_dim % 2 or head_dim > _MAX_HEAD_DIM:
@@ -670,16 +692,20 @@ class Ops:
         q_stride = n_heads * head_dim if q_stride is None else int(q_stride)
         o_stride = n_heads * head_dim if o_stride is None else int(o_stride)
         qv, qo = self._bind(q, 4 * ((n_tokens - 1) * q_stride + n_heads * head_dim), "attention q")
-        kv, ko = self._bind(k_cache, 2 * ctx * width, "attention K cache")
-        vv, vo = self._bind(v_cache, 2 * ctx * width, "attention V cache")
-        pv, po = self._bind(pos, 4 * n_tokens, "attention positions")
+        rows = n_seq * ctx if seq is not None else ctx
+        kv, ko = self._bind(k_cache, 2 * rows * width, "attention K cache")
+        vv, vo = self._bind(v_cache, 2 * rows * width, "attention V cache")
+        pv, po, so = self._bind_pos(pos, n_tokens, seq, "attention positions")
         ov, oo = self._bind(out, 4 * ((n_tokens - 1) * o_stride + n_heads * head_dim), "attention out")
         # the sinks' binding: the positions stand in (never read) when there are none
         sink = (pv, po, 0) if sinks is None else (*self._bind(sinks, 4 * n_heads, "attention sinks"), 1)
-        if n_tokens == 1 and tmp is not None and self._attention_split(qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp,
-                                                                     n_heads, n_kv_heads, head_dim, ctx, scale, window,
-                                                                     softcap, sink):
-            return
+        if seq is not None or (n_tokens == 1 and tmp is not None):
+            split = (n_tokens, q_stride, o_stride, so, ctx if seq is not None else 0)
+            if tmp is not None and self._attention_split(qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads,
+                                                         n_kv_heads, head_dim, ctx, scale, window, softcap, sink, split):
+                return
+            if seq is not None:
+                raise UsageError("attention: several sequences' tokens need the split form's tmp")
         # every prefill and fallback kernel takes the same push constants and bindings
         push = struct.pack("<14I2f2I", n_tokens, n_heads, n_kv_heads, head_dim, qo, q_stride, ko, vo, width // 2,
                            po, oo, o_stride, ctx, int(window), scale, softcap, sink[2], sink[1])
@@ -703,33 +729,38 @@ class Ops:
         self._dispatch(self._kernel("attention"), [qv, kv, vv, pv, ov, sink[0]], push, (n_heads, n_tokens, 1))
 
     def _attention_split(self, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx,
-                         scale, window, softcap=0.0, sink=None) -> bool:
-        """One query token (decode): its keys in ranges, a work group per (head,
-        range) (attention_split.comp; for grouped-query heads, 2 to 16 per KV
-        head, a work group per (KV head, range) that reads each K/V row once
-        for the group's heads: attention_split_gqa.comp), then a merge per head
-        (attention_merge.comp), with the partial states in `tmp` (f32 scratch
-        the caller does not need across this op).  False when tmp cannot
+                         scale, window, softcap=0.0, sink=None, split=(1, 0, 0, 0, 0)) -> bool:
+        """Query tokens of decode (one, or one of each of several sequences: `split` =
+        (n_tokens, q_stride, o_stride, seq offset, rows per sequence or 0)): each token's
+        keys in ranges, a work group per (head, range, token) (attention_split.comp; for
+        grouped-query heads, 2 to 16 per KV head, a work group per (KV head, range, token)
+        that reads each K/V row once for the group's heads: attention_split_gqa.comp), then
+        a merge per (head, token) (attention_merge.comp), with the partial states in `tmp`
+        (f32 scratch the caller does not need across this op).  False when tmp cannot
         hold even one range per head (the caller then runs attention.comp)."""
+        n_tokens, q_stride, o_stride, so, seq_rows = split
         stride = head_dim + 2
-        cap = _nbytes(tmp) // (4 * n_heads * stride)
+        cap = _nbytes(tmp) // (4 * n_tokens * n_heads * stride)
         keys = min(ctx, window) if window > 0 else ctx
         group = n_heads // n_kv_heads
         # Grouped-query heads by KV head: each K/V row read once for the group's q heads.
         gqa = self.split_gqa and 2 <= group <= _GQA_MAX_GROUP and group * head_dim // 2 <= _GQA_MAX_WORDS
         units = n_kv_heads if gqa else n_heads   # work groups per range
-        n_splits = min(-(-keys // _SPLIT_KEYS), max(1, _SPLIT_GROUPS // units), cap, self.max_groups[1])
-        if n_splits < 1:
+        # the work groups aimed at are shared by the tokens (one token: as before)
+        n_splits = min(-(-keys // _SPLIT_KEYS), max(1, _SPLIT_GROUPS // (units * n_tokens)), cap,
+                       self.max_groups[1])
+        if n_splits < 1 or n_tokens > self.max_groups[2]:
             return False
         chunk = -(-keys // n_splits)
-        tv, to = self._bind(tmp, 4 * n_heads * n_splits * stride, "attention partials")
-        push = struct.pack("<13I2f", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
-                           ctx, int(window), chunk, n_splits, scale, softcap)
+        tv, to = self._bind(tmp, 4 * n_tokens * n_heads * n_splits * stride, "attention partials")
+        push = struct.pack("<13I2f3I", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
+                           ctx, int(window), chunk, n_splits, scale, softcap, q_stride, so, seq_rows)
         name = "attention_split_gqa" if gqa else "attention_split"
-        self._dispatch(self._kernel(name), [qv, kv, vv, pv, tv], push, (units, n_splits, 1))
+        self._dispatch(self._kernel(name), [qv, kv, vv, pv, tv], push, (units, n_splits, n_tokens))
         sink = sink or (pv, po, 0)   # (view, float offset, has_sink): see attention
         self._dispatch(self._kernel("attention_merge"), [tv, ov, sink[0]],
-                       struct.pack("<6I", head_dim, n_splits, to, oo, sink[2], sink[1]), (n_heads, 1, 1))
+                       struct.pack("<7I", head_dim, n_splits, to, oo, sink[2], sink[1], o_stride),
+                       (n_heads, 1, n_tokens))
         return True
 
     def silu_mul(self, gate, up, out, n: int) -> None:

@@ -78,7 +78,8 @@ def scratch_layout(spec, batch: int | None = None, *, cut: bool = True,
         d = spec.deltanet
         layout += [("mixed", 4 * b * d.conv_dim), ("conv", 4 * b * d.conv_dim), ("z", 4 * b * d.value_dim),
                    ("alpha", 4 * b * d.hv), ("beta", 4 * b * d.hv), ("dno", 4 * b * d.value_dim)]
-    return layout + [("logits", 4 * logit_rows(spec, b) * spec.n_vocab), ("ids", 4 * b), ("pos", 4 * b)]
+    # pos: the rows' positions, then their sequence ids (one binding for the kernels that read both)
+    return layout + [("logits", 4 * logit_rows(spec, b) * spec.n_vocab), ("ids", 4 * b), ("pos", 8 * b)]
 
 
 def _moe_layout(spec, b: int) -> list[tuple[str, int]]:
