@@ -4,9 +4,10 @@ vramd/engine/kvcache.py gives each sequence its own region (rows [s*ctx, (s+1)*c
 recurrent state), vramd/engine/model.py's forward_batch runs a TokenBatch.mix of several
 sequences' tokens (decode rows of some, a prefill chunk of another), and a step of one decode
 token of each of several sequences replays a recorded graph (decode_step.py).  Asserted here on
-real Vulkan, for llama, gemma3 (sliding windows), gpt-oss (sinks), qwen35 (recurrent layers) and
-a MoE model (GPU- and host-routed): every sequence's logits in a mixed batch are its logits run
-alone (within test_forward.py's TOL, the greedy tokens equal) over many interleaved steps; the
+real Vulkan, for llama, gemma3 (sliding windows), gpt-oss (sinks), qwen35 (recurrent layers), a
+MoE model (GPU- and host-routed), and llama with a dispatch per sequence for the decode rows (the
+fallback where a layer's whole cache passes one binding): every sequence's logits in a mixed
+batch are its logits run alone (within test_forward.py's TOL, the greedy tokens equal) over many interleaved steps; the
 replayed multi-sequence step gives what the same step not replayed gives, bit for bit; a sequence's
 K/V rows are untouched by the others' writes; copy_seq forks a sequence; bad batches are refused.
 The solo runs are checked against the numpy references and llama.cpp by test_forward.py and
@@ -42,6 +43,7 @@ WRITERS = {
     "qwen35": lambda p: write_qwen35(p, weight_type="F32", seed=11),
     "qwen3moe": lambda p: write_moe(p, seed=4),
     "qwen3moe-host": lambda p: write_moe(p, seed=4),
+    "llama-per-seq": lambda p: write_llama(p, weight_type="Q8_0", n_head=4, n_head_kv=2, seed=3),
 }
 
 
@@ -55,6 +57,10 @@ def slots(request, tmp_path_factory, device):
     lm = loader.load(path, res, CTX, mf=mf, scratch=scratch_layout(spec_for(mf), CHUNK), n_seq=N_SEQ)
     res.restore(["weights", "state"])
     m = TransformerModel(lm, res, CTX, lm.scratch, batch=CHUNK, gpu_routing=request.param != "qwen3moe-host")
+    if request.param == "llama-per-seq":   # the fallback where the whole cache passes one binding
+        m.seq_kernels = m.seq_input = False
+    else:
+        assert m.seq_kernels
     yield m
     m.close()
     res.close()
@@ -206,7 +212,7 @@ def test_other_sequences_replay_the_same_graph(slots):
         assert m.slot_step_records - records <= 1
     else:
         assert m.slot_step_records - records >= 3
-    assert m.seq_input == (not m.kv.recurrent)
+    assert m.seq_input == (m.seq_kernels and not m.kv.recurrent)
 
 
 def test_copy_seq_forks_a_sequence(slots):

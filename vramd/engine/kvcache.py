@@ -8,10 +8,11 @@ the KV writes fill, and the check that a batch's positions fit).
 Sequences (parallel slots, issue 16): `n_seq` regions of `ctx` rows each,
 sequence s owning rows [s * ctx, (s + 1) * ctx) of every layer's tensors
 (`k_seq`/`v_seq`: that region as a view), and its recurrent state the s-th
-conv_bytes / ssm_bytes of a recurrent layer's (`conv`/`ssm`).  A kernel is
-given one sequence's region as its cache (a binding offset), so every kernel
-keeps its one-sequence addressing (docs/architecture.md says why regions, not
-pages).  n_seq comes from one place, the loader's `kv_shape(..., n_seq)`
+conv_bytes / ssm_bytes of a recurrent layer's (`conv`/`ssm`).  A prefill
+chunk's kernels are given its sequence's region as their cache (a binding
+offset, their addressing unchanged); the decode kernels of several
+sequences' rows bind the whole tensor (`k`/`v`) and read each row's
+sequence (docs/architecture.md says why regions, not pages).  n_seq comes from one place, the loader's `kv_shape(..., n_seq)`
 (default 1: one sequence, the layout as before).  The cache is f16 (KV_BYTES),
 as llama.cpp's default.  Qwen3.5's DeltaNet layers keep a recurrent
 state instead (conv inputs and the delta rule's matrices, f32, as llama.cpp's r/s caches): in the

@@ -16,8 +16,9 @@ A decode step (a batch the graph can run: no input embeddings, the last
 row's logits) is recorded once per batch size into an `ops.graph()` and
 replayed (vramd/engine/decode_step.py): no Python work per layer per
 token; so is a step of one decode token of each of up to SLOTS_REPLAY
-sequences, recorded again when its rows' sequences change (its graph binds
-each one's region of the cache: docs/architecture.md, "Several sequences").  The recording binds device buffers as they are; a release or
+sequences (their ids an input beside the positions; recorded again when its
+rows' sequences change only where a layer binds a sequence's region, qwen35's
+state: docs/architecture.md, "Several sequences").  The recording binds device buffers as they are; a release or
 restore of any region may move them, so a graph is re-recorded when the
 residency core's generation has changed since.
 
