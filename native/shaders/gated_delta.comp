@@ -7,6 +7,8 @@
 //   M <- e^g M;  M <- M + beta (v - M k) k^T;  out[t, h] = M q.
 // M [S, S] (value row j, key column i) is the state, state[h][j][i] f32, read at the start and
 // written back at the end.  Invocation j < S keeps row j of M in registers.
+// seq_state > 0 (a decode step of parallel slots): work-group y is token t, one token of
+// sequence seq[t] = seq_ids[seq_off + t], whose state starts seq[t] * seq_state floats on.
 #version 450
 layout(local_size_x = 128) in;
 
@@ -17,6 +19,7 @@ layout(std430, set = 0, binding = 3) readonly buffer Dt { float dt[]; };
 layout(std430, set = 0, binding = 4) readonly buffer A { float av[]; };
 layout(std430, set = 0, binding = 5) buffer State { float st[]; };
 layout(std430, set = 0, binding = 6) writeonly buffer Out { float o[]; };
+layout(std430, set = 0, binding = 7) readonly buffer Seq { int seq_ids[]; };
 
 layout(push_constant) uniform Params {
     uint n;         // tokens
@@ -32,6 +35,8 @@ layout(push_constant) uniform Params {
     uint s_off;
     uint o_off;
     uint reset;     // 1: start from M = 0 (a sequence's start), the state unread
+    uint seq_off;   // int offset of seq[0] in binding 7 (read where seq_state > 0)
+    uint seq_state; // floats from one sequence's state to the next; 0: one sequence, every token
 } p;
 
 const uint MAXS = 128;
@@ -44,10 +49,16 @@ void main() {
     uint S = p.s, C = 2 * p.hk * S + p.hv * S, kh = h % p.hk;
     bool live = j < S;
     float m[MAXS];
-    uint base = p.s_off + (h * S + j) * S;
+    uint t0 = 0, t1 = p.n, sb = p.s_off;
+    if (p.seq_state > 0) {
+        t0 = gl_WorkGroupID.y;
+        t1 = t0 + 1;
+        sb += uint(seq_ids[p.seq_off + t0]) * p.seq_state;
+    }
+    uint base = sb + (h * S + j) * S;
     for (uint i = 0; i < S; ++i) m[i] = live && p.reset == 0 ? st[base + i] : 0.0;
     float inv_sqrt_s = 1.0 / sqrt(float(S));
-    for (uint t = 0; t < p.n; ++t) {
+    for (uint t = t0; t < t1; ++t) {
         uint row = p.c_off + t * C;
         float qj = live ? cv[row + kh * S + j] : 0.0;
         float kj = live ? cv[row + p.hk * S + kh * S + j] : 0.0;

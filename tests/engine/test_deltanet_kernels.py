@@ -176,3 +176,38 @@ def test_gated_delta_long_prefill(ops, bufs, rng, chunked):
     assert scale > 0.01
     assert np.abs(got - want).max() < 1e-4 * scale + 1e-5
     assert np.abs(got_state - want_state).max() < 1e-4
+
+
+def test_one_token_of_each_of_several_sequences(ops, bufs, rng):
+    """Parallel slots' decode: one dispatch of each kernel for one token of each of three
+    sequences of a four-sequence state (the ids read from a buffer), each token continuing its
+    own sequence's conv and delta-rule state: each against numpy on that state, the fourth
+    sequence's state untouched."""
+    s, hk, hv, d, n_seq = 32, 2, 4, 4, 4
+    c = 2 * hk * s + hv * s
+    seqs = np.array([3, 0, 2], np.int32)
+    x = rng.standard_normal((3, c)).astype(np.float32)
+    cstate = rng.standard_normal((n_seq, d - 1, c)).astype(np.float32)
+    w = (0.5 * rng.standard_normal((c, d))).astype(np.float32)
+    _conv, alpha, beta, dt, a, _s = delta_inputs(rng, 3, s, hk, hv)
+    sstate = (0.1 * rng.standard_normal((n_seq, hv, s, s))).astype(np.float32)
+    b = bufs(x=x, cstate=cstate, w=w, conv=4 * 3 * c, alpha=alpha, beta=beta, dt=dt, a=a, sstate=sstate,
+             out=4 * 3 * hv * s, seqs=np.concatenate([np.zeros(1, np.int32), seqs]))
+    from vramd.engine.ops import view
+    ids = view(b["seqs"], 4, 12)
+    with ops.batch() as batch:
+        deltanet.ssm_conv_silu(ops, b["x"], b["cstate"], b["w"], b["conv"], 3, c, d, seq=ids, n_seq=n_seq)
+        deltanet.gated_delta(ops, b["conv"], b["alpha"], b["beta"], b["dt"], b["a"], b["sstate"], b["out"], 3, s,
+                             hk, hv, 1e-6, seq=ids, n_seq=n_seq)
+        assert batch.dispatches == 2
+    ops.sync()
+    conv = b["conv"].read(np.float32).reshape(3, c)
+    out = b["out"].read(np.float32).reshape(3, hv, s)
+    cs, ss = b["cstate"].read(np.float32).reshape(cstate.shape), b["sstate"].read(np.float32).reshape(sstate.shape)
+    for t, q in enumerate(seqs):
+        want, want_state = conv_ref(x[t:t + 1].astype(np.float64), cstate[q].astype(np.float64), w.astype(np.float64))
+        assert np.abs(conv[t] - want[0]).max() < 1e-5 and np.abs(cs[q] - want_state).max() == 0.0
+        o, new = delta_ref(conv[t:t + 1].astype(np.float64), alpha[t:t + 1], beta[t:t + 1], dt, a,
+                           sstate[q].astype(np.float64), s, hk, hv)
+        assert np.abs(out[t] - o[0]).max() < 1e-4 and np.abs(ss[q] - new).max() < 1e-5
+    assert np.array_equal(cs[1], cstate[1]) and np.array_equal(ss[1], sstate[1])   # no token of sequence 1

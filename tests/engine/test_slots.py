@@ -190,10 +190,10 @@ def test_the_replayed_step_equals_the_step_not_replayed(slots, monkeypatch):
 
 
 def test_other_sequences_replay_the_same_graph(slots):
-    """Where the decode kernels read each row's sequence id (model.seq_input: no recurrent
-    layer), a step of other sequences, or of the same in another order, replays the graph
-    recorded for its size; else (qwen35: the DeltaNet dispatches bind each sequence's state)
-    it is recorded again for them."""
+    """Where the decode kernels read each row's sequence id (model.seq_input: K/V writes,
+    split attention, and qwen35's conv and delta rule), a step of other sequences, or of the
+    same in another order, replays the graph recorded for its size; else (the fallback: a
+    dispatch per sequence on its region) it is recorded again for them."""
     m = slots
     if not m.replays_decode:
         return   # host-routed MoE: no step is replayed (test_mixed_batches covers its batches)
@@ -212,7 +212,7 @@ def test_other_sequences_replay_the_same_graph(slots):
         assert m.slot_step_records - records <= 1
     else:
         assert m.slot_step_records - records >= 3
-    assert m.seq_input == (m.seq_kernels and not m.kv.recurrent)
+    assert m.seq_input == m.seq_kernels   # every layer of these files as wide as the cache's rows
 
 
 def test_copy_seq_forks_a_sequence(slots):

@@ -109,20 +109,31 @@ def attention(m, i: int, n: int) -> None:
     ops.add_rms_norm(a["x"], a["h"], t.vector(p + s.ffn_norm + ".weight"), a["h"], s.eps, n, E)
 
 
-def attention_runs(m, width: int) -> list[tuple[int, int, int | None]]:
-    """The attention's dispatches for m.segs: (first row, end row, sequence) of a run of one
-    sequence's rows (a prefill chunk: the flash kernels on its region; a lone decode row: the
-    split kernel on it), or (.., None) for consecutive decode rows of different sequences,
-    one dispatch for them all reading each row's sequence id (model.seq_kernels: the whole
-    cache fits one binding; rows of the layout's width)."""
+def seq_runs(m, merge: bool) -> list[tuple[int, int, int | None, bool]]:
+    """The dispatches of a layer's per-sequence ops for m.segs: (first row, end row, sequence,
+    reset) of a run of one sequence's rows (a prefill chunk, a lone decode row), or with
+    `merge` (sequence None) consecutive decode rows of different sequences that do not start
+    their state: one dispatch for them all, reading each row's sequence id (seq_ids)."""
     out = []
-    for r0, r1, seq, _reset in m.segs:
-        one = r1 - r0 == 1 and m.seq_kernels and width == m.kv.layout.k_width == m.kv.layout.v_width
-        if one and out and out[-1][3]:
-            out[-1] = (out[-1][0], r1, None, True)
+    for r0, r1, seq, reset in m.segs:
+        one = merge and r1 - r0 == 1 and not reset
+        if one and out and out[-1][4]:
+            out[-1] = (out[-1][0], r1, None, False, True)
         else:
-            out.append((r0, r1, seq, one))
-    return [(r0, r1, seq if r1 - r0 == 1 or not one else None) for r0, r1, seq, one in out]
+            out.append((r0, r1, seq, reset, one))
+    return [run[:4] for run in out]
+
+
+def seq_ids(m, r0: int, r1: int):
+    """Rows r0..r1's sequence ids: in the scratch's pos, after the positions (model.seq_at)."""
+    return view(m.act["pos"], m.seq_at + 4 * r0, 4 * (r1 - r0))
+
+
+def attention_runs(m, width: int) -> list[tuple[int, int, int | None]]:
+    """seq_runs for a layer of K/V rows `width` wide: decode rows merged where the kernels can
+    bind the whole cache (model.seq_kernels) and the rows are the layout's width."""
+    merge = m.seq_kernels and width == m.kv.layout.k_width == m.kv.layout.v_width
+    return [(r0, r1, seq) for r0, r1, seq, _reset in seq_runs(m, merge)]
 
 
 def _caches(m, i: int, r0: int, r1: int, seq):
@@ -130,8 +141,7 @@ def _caches(m, i: int, r0: int, r1: int, seq):
     run's sequence ids) and the kernels' keywords for it."""
     if seq is not None:
         return m.kv.k_seq(i, seq), m.kv.v_seq(i, seq), {}
-    ids = view(m.act["pos"], m.seq_at + 4 * r0, 4 * (r1 - r0))
-    return m.kv.k(i), m.kv.v(i), {"seq": ids, "n_seq": m.kv.n_seq}
+    return m.kv.k(i), m.kv.v(i), {"seq": seq_ids(m, r0, r1), "n_seq": m.kv.n_seq}
 
 
 def dense_ffn(m, i: int, n: int) -> None:

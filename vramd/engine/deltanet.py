@@ -25,7 +25,7 @@ from vramd.errors import UsageError
 from vramd.gpu.kernels import Kernel, grid
 
 # kernel -> (storage buffers, push-constant bytes): the shaders' layouts
-_KERNELS = {"ssm_conv_silu": (4, 36), "gated_delta": (7, 52), "gated_delta_chunked": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
+_KERNELS = {"ssm_conv_silu": (5, 44), "gated_delta": (8, 60), "gated_delta_chunked": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
 _WG = 256
 # More tokens than this take the chunked kernel: its per-chunk set-up (the q/k tiles, A, QK) costs
 # about what a few recurrent tokens do; on lavapipe the two cross near one chunk (16 tokens at
@@ -47,28 +47,43 @@ def _groups(ops, n: int, wg: int = _WG):
     return gx, gy, 1
 
 
+def _seqs(ops, seq, n: int, n_seq: int, fallback):
+    """The sequence ids' binding (view, int offset) and the sequences' count, or (fallback, 0), 1."""
+    if seq is None:
+        return fallback, 0, 1
+    v, o = ops._bind(seq, 4 * n, "sequence ids")
+    return v, o, n_seq
+
+
 def ssm_conv_silu(ops, x, state, w, out, n: int, c: int, d: int, *, x_stride: int | None = None,
-                  reset: bool = False) -> None:
+                  reset: bool = False, seq=None, n_seq: int = 1) -> None:
     """out[t, ch] = silu(sum_j w[ch, j] win_t[j]) over the d - 1 inputs before t (the state's rows
     first; zeros with reset) and x[t, ch]; state [d - 1, c] then holds the last d - 1 inputs.
-    f32 throughout; x rows x_stride floats apart (default c), out [n, c] contiguous."""
+    f32 throughout; x rows x_stride floats apart (default c), out [n, c] contiguous.  seq: the
+    tokens' sequence ids (int32 [n]; parallel slots' decode, one token of each): state is then
+    n_seq states, token t continuing its sequence's."""
     if not 1 <= d <= MAX_CONV:
         raise UsageError(f"ssm_conv_silu: {d} taps (at most {MAX_CONV})")
     x_stride = c if x_stride is None else int(x_stride)
+    one = 4 * max(1, (d - 1) * c)
     xv, xo = ops._bind(x, 4 * ((n - 1) * x_stride + c), "ssm_conv x")
-    sv, so = ops._bind(state, 4 * max(1, (d - 1) * c), "ssm_conv state")
+    qv, qo, states = _seqs(ops, seq, n, n_seq, xv)
+    sv, so = ops._bind(state, states * one, "ssm_conv state")
     wv, wo = ops._bind(w, 4 * c * d, "ssm_conv weight")
     ov, oo = ops._bind(out, 4 * n * c, "ssm_conv out")
-    push = struct.pack("<9I", n, c, d, xo, so, wo, oo, x_stride, int(reset))
-    ops._dispatch(_kernel(ops, "ssm_conv_silu"), [xv, sv, wv, ov], push, _groups(ops, c, 64))
+    push = struct.pack("<11I", n, c, d, xo, so, wo, oo, x_stride, int(reset), qo, one // 4 if seq is not None else 0)
+    gx, gy, _ = _groups(ops, c, 64)
+    ops._dispatch(_kernel(ops, "ssm_conv_silu"), [xv, sv, wv, ov, qv], push, (gx, gy, n if seq is not None else 1))
 
 
 def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: int, hv: int, eps: float, *,
-                reset: bool = False, chunked: bool | None = None) -> None:
+                reset: bool = False, chunked: bool | None = None, seq=None, n_seq: int = 1) -> None:
     """The gated delta rule over n tokens (gated_delta.comp's header): conv [n, 2 hk s + hv s],
     alpha / beta [n, hv] (the raw projections), dt / a [hv] (ssm_dt.bias, ssm_a), state
     [hv, s, s] (read, or zeros with reset; then the new state), out [n, hv, s].  chunked picks
-    the form (default: chunked above CHUNKED_MIN tokens); both leave the same state."""
+    the form (default: chunked above CHUNKED_MIN tokens); both leave the same state.  seq: the
+    tokens' sequence ids (int32 [n]; one token of each of several sequences, the recurrent form):
+    state is then n_seq states, token t continuing its sequence's."""
     if not 1 <= s <= MAX_STATE or hv % hk:
         raise UsageError(f"gated_delta: head size {s} (at most {MAX_STATE}), {hv} value heads on {hk} key heads")
     c = 2 * hk * s + hv * s
@@ -77,8 +92,13 @@ def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: i
     bv, bo = ops._bind(beta, 4 * n * hv, "gated_delta beta")
     dv, do = ops._bind(dt, 4 * hv, "gated_delta dt")
     gv, go = ops._bind(a, 4 * hv, "gated_delta a")
-    sv, so = ops._bind(state, 4 * hv * s * s, "gated_delta state")
     ov, oo = ops._bind(out, 4 * n * hv * s, "gated_delta out")
+    qv, qo, states = _seqs(ops, seq, n, n_seq, ov)
+    sv, so = ops._bind(state, 4 * states * hv * s * s, "gated_delta state")
+    if seq is not None:   # a work group per (value head, token), each its sequence's state
+        push = struct.pack("<4If10I", n, s, hk, hv, eps, co, ao, bo, do, go, so, oo, int(reset), qo, hv * s * s)
+        ops._dispatch(_kernel(ops, "gated_delta"), [cv, av, bv, dv, gv, sv, ov, qv], push, (hv, n, 1))
+        return
     if chunked is None:
         chunked = n > CHUNKED_MIN
     name = "gated_delta_chunked" if chunked else "gated_delta"
@@ -93,7 +113,11 @@ def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: i
         k = min(piece, n - t0)
         push = struct.pack("<4If8I", k, s, hk, hv, eps, co + t0 * c, ao + t0 * hv, bo + t0 * hv, do, go, so,
                            oo + t0 * hv * s, int(reset and t0 == 0))
-        ops._dispatch(_kernel(ops, name), [cv, av, bv, dv, gv, sv, ov], push, (hv, 1, 1))
+        views = [cv, av, bv, dv, gv, sv, ov]
+        if not chunked:   # the recurrent form's sequence ids: none (bound, never read)
+            push += struct.pack("<2I", 0, 0)
+            views.append(ov)
+        ops._dispatch(_kernel(ops, name), views, push, (hv, 1, 1))
 
 
 def qgate_split(ops, qg, q, gate, n: int, hd: int) -> None:
@@ -118,19 +142,23 @@ def deltanet(m, i: int, n: int) -> None:
     silu(z)), then h = the FFN's input norm of x.  The conv and delta-rule states of the layer
     (m.kv.conv(i, seq), m.kv.ssm(i, seq)) of each sequence of m.segs are continued, or started
     afresh where its reset says."""
-    from vramd.engine.blocks import linears, rows   # blocks imports this module for the attention gate
+    from vramd.engine.blocks import linears, rows, seq_ids, seq_runs   # blocks imports this module (the gate)
     s, ops, a, t = m.spec, m.ops, m.act, m.t
     d, p, E = s.deltanet, f"blk.{i}.", s.n_embd
     C, V = d.conv_dim, d.value_dim
     linears(m, [(p + "attn_qkv", a["h"], a["mixed"], C), (p + "attn_gate", a["h"], a["z"], V),
                 (p + "ssm_alpha", a["h"], a["alpha"], d.hv), (p + "ssm_beta", a["h"], a["beta"], d.hv)], n)
-    for r0, r1, seq, reset in m.segs:   # each sequence's rows continue its own state
+    for r0, r1, seq, reset in seq_runs(m, m.seq_kernels):   # each sequence's rows continue its own state
         k = r1 - r0
-        ssm_conv_silu(ops, rows(a["mixed"], r0, r1, C), m.kv.conv(i, seq), t.vector(p + "ssm_conv1d.weight", C * d.d_conv),
-                      rows(a["conv"], r0, r1, C), k, C, d.d_conv, reset=reset)
+        if seq is None:   # decode rows of several sequences: every state bound, each row's id read
+            conv, ssm, more = m.kv.conv_all(i), m.kv.ssm_all(i), {"seq": seq_ids(m, r0, r1), "n_seq": m.kv.n_seq}
+        else:
+            conv, ssm, more = m.kv.conv(i, seq), m.kv.ssm(i, seq), {}
+        ssm_conv_silu(ops, rows(a["mixed"], r0, r1, C), conv, t.vector(p + "ssm_conv1d.weight", C * d.d_conv),
+                      rows(a["conv"], r0, r1, C), k, C, d.d_conv, reset=reset, **more)
         gated_delta(ops, rows(a["conv"], r0, r1, C), rows(a["alpha"], r0, r1, d.hv), rows(a["beta"], r0, r1, d.hv),
-                    t.vector(p + "ssm_dt.bias"), t.vector(p + "ssm_a"), m.kv.ssm(i, seq), rows(a["dno"], r0, r1, V),
-                    k, d.s, d.hk, d.hv, s.eps, reset=reset)
+                    t.vector(p + "ssm_dt.bias"), t.vector(p + "ssm_a"), ssm, rows(a["dno"], r0, r1, V),
+                    k, d.s, d.hk, d.hv, s.eps, reset=reset, **more)
     ops.rms_norm(a["dno"], t.vector(p + "ssm_norm.weight"), a["dno"], s.eps, n * d.hv, d.s)
     ops.silu_mul(a["z"], a["dno"], a["dno"], n * V)
     linears(m, [(p + "ssm_out", a["dno"], a["h"], E)], n)

@@ -102,6 +102,13 @@ class KVCache:
     def v(self, layer: int):
         return self._v[layer]
 
+    def conv_all(self, layer: int):
+        """Layer's conv states, every sequence's (the kernels that read each row's sequence)."""
+        return self._conv[layer]
+
+    def ssm_all(self, layer: int):
+        return self._ssm[layer]
+
     # Views of one sequence's part (vramd/engine/ops.py `view`: made when the region is resident,
     # as the recorders make them).  Sequence s's K (V) rows: s * ctx rows of the layout's width on.
     def k_seq(self, layer: int, s: int = 0):

@@ -84,11 +84,13 @@ class TransformerModel:
         # sequence's K/V rows fit one binding; else a dispatch per sequence on its region.
         self.seq_at = self.act["pos"].nbytes // 2
         L = self.kv.layout
-        self.seq_kernels = n_seq > 1 and 2 * n_seq * ctx * max(L.k_width, L.v_width) <= self.ops.max_range
+        self.seq_kernels = n_seq > 1 and n_seq * max(2 * ctx * L.k_width, 2 * ctx * L.v_width, L.conv_bytes,
+                                                     L.ssm_bytes) <= self.ops.max_range
         # ... and then a decode step of several sequences reads their ids as an input: one graph
-        # for any sequences (not where a recurrent layer or a narrower layer binds a region)
-        self.seq_input = self.seq_kernels and not L.recurrent and all(
-            self.spec.kv_width_of(i) == L.k_width == L.v_width for i in range(self.spec.n_layer))
+        # for any sequences (not where a layer narrower than the cache's rows binds a region)
+        self.seq_input = self.seq_kernels and all(
+            self.spec.kv_width_of(i) == L.k_width == L.v_width for i in range(self.spec.n_layer)
+            if not self.spec.layers[i].recurrent)
         self._timer = None
 
     @property
