@@ -250,3 +250,16 @@ def test_the_footprint_counts_every_sequence(tmp_path):
     assert three.recurrent_bytes == 3 * one.recurrent_bytes > 0
     assert three.region_bytes("kv") >= 3 * sum(n for _t, n in one.layouts["kv"])
     assert three.device_bytes > one.device_bytes
+
+
+def test_hidden_states_advance_sequence_0(slots):
+    """The embedding path (hidden) runs on sequence 0: its state's position after it is the
+    tokens' count (qwen35), the other sequences' unchanged."""
+    m = slots
+    for s in range(N_SEQ):
+        m.clear_seq(s)
+    m.forward_batch(TokenBatch.of([5, 6], 0, seq=2))
+    h = m.hidden([1, 2, 3, 4, 5], (4,))
+    assert h.shape == (1, m.spec.n_embd)
+    if m.kv.recurrent:
+        assert m.rec_positions == [5, 0, 2, 0]

@@ -4,7 +4,8 @@ Owns: `TransformerModel` (one loaded model: spec, tensor table, KV cache,
 scratch; `forward(batch)`: chunking, input embeddings, logits rows, the
 replayed decode steps, the per-kernel profile; `forward_batch(batch)`: a
 batch of several sequences' tokens (parallel slots), and the per-sequence
-helpers `copy_seq`, `clear_seq`, `save/restore_checkpoint(seq)`; `hidden(tokens, rows)`: the
+helpers `copy_seq`, `clear_seq`, `save/restore_checkpoint(seq)` (vramd/
+engine/sequences.py's); `hidden(tokens, rows)`: the
 final-normed hidden states instead of logits, for embeddings).  The scratch it needs is
 vramd/engine/scratch.py's `scratch_layout(spec)`.
 
@@ -37,6 +38,7 @@ from vramd.engine.decode_step import DecodeStep
 from vramd.engine.kvcache import KVCache, KVLayout
 from vramd.engine.ops import Ops
 from vramd.engine.scratch import buffer_cap, chunk_tokens, logit_rows
+from vramd.engine.sequences import Sequences
 from vramd.engine.tensors import TensorTable
 from vramd.errors import ModelError
 
@@ -74,23 +76,10 @@ class TransformerModel:
                            for i, layer in enumerate(self.spec.layers)]
         self._steps: dict[int, DecodeStep] = {}   # the replayed decode step, by batch size
         self._slot_steps: dict[int, DecodeStep] = {}   # one token of each of n sequences, by n
-        # A recurrent state (qwen35) holds every position before its sequence's rec_positions[s]
-        # and cannot go back: a batch continues it (pos0 == rec_positions[s]) or starts over at 0
-        # (the segment's reset: the kernels start from zeros instead of reading it).
-        self.rec_positions = [0] * n_seq
+        self.seqs = Sequences(self.kv, self.ops, self.spec, self.file.path)
         self.segs: list[tuple[int, int, int, bool]] = []   # the recorded batch's runs (blocks.py)
-        # The rows' sequence ids: in the scratch's "pos" after the positions (scratch.py).  The
-        # decode rows of several sequences take one dispatch reading them where every
-        # sequence's K/V rows fit one binding; else a dispatch per sequence on its region.
-        self.seq_at = self.act["pos"].nbytes // 2
-        L = self.kv.layout
-        self.seq_kernels = n_seq > 1 and n_seq * max(2 * ctx * L.k_width, 2 * ctx * L.v_width, L.conv_bytes,
-                                                     L.ssm_bytes) <= self.ops.max_range
-        # ... and then a decode step of several sequences reads their ids as an input: one graph
-        # for any sequences (not where a layer narrower than the cache's rows binds a region)
-        self.seq_input = self.seq_kernels and all(
-            self.spec.kv_width_of(i) == L.k_width == L.v_width for i in range(self.spec.n_layer)
-            if not self.spec.layers[i].recurrent)
+        self.seq_at = self.act["pos"].nbytes // 2   # the rows' sequence ids: after the positions (scratch.py)
+        self.seq_kernels, self.seq_input = self.seqs.kernels, self.seqs.input
         self._timer = None
 
     @property
@@ -98,13 +87,18 @@ class TransformerModel:
         return self.kv.n_seq
 
     @property
+    def rec_positions(self) -> list[int]:
+        """Each sequence's recurrent state position (sequences.py)."""
+        return self.seqs.positions
+
+    @property
     def rec_pos(self) -> int:
         """Sequence 0's recurrent state position (the one-slot Engine's)."""
-        return self.rec_positions[0]
+        return self.seqs.positions[0]
 
     @rec_pos.setter
     def rec_pos(self, value: int) -> None:
-        self.rec_positions[0] = value
+        self.seqs.positions[0] = value
 
     @property
     def replays_decode(self) -> bool:
@@ -127,8 +121,6 @@ class TransformerModel:
             if not len(tokens):
                 raise ValueError("no tokens")
             batch = TokenBatch.of(tokens, pos0, all_logits=all_logits, embeds=embeds)
-        if batch.embeds and not self.spec.takes_embeds:
-            raise ModelError(f"{self.file.path}: {self.spec.arch} models do not take input embeddings")
         logits = self.forward_batch(batch)
         return logits if len(batch.out) != 1 or all_logits else logits[0]
 
@@ -140,62 +132,27 @@ class TransformerModel:
         if batch.embeds and not self.spec.takes_embeds:
             raise ModelError(f"{self.file.path}: {self.spec.arch} models do not take input embeddings")
         self.kv.check(batch)
-        after = self._continue_state(batch)
+        after = self.seqs.continue_state(batch)
         logits = self._run(batch)
-        for seq, pos in after.items():
-            self.rec_positions[seq] = pos
+        self._advance(after)
         return logits
 
-    def _continue_state(self, batch: TokenBatch) -> dict:
-        """With a recurrent state: each sequence's rows start at 0 or where its state is (else a
-        ModelError: the caller, runner.py's prefix reuse, must re-prefill).  Returns {sequence:
-        its state's position after the batch}; until the batch has run they are -1 (a failed
-        batch leaves states that nothing may continue)."""
-        if not self.kv.recurrent:
-            return {}
-        after = {}
-        for r0, r1, seq in batch.segments():
-            pos0, at = int(batch.pos[r0]), self.rec_positions[seq]
-            if pos0 not in (0, at) or not (batch.pos[r0:r1] == pos0 + np.arange(r1 - r0)).all():
-                where = "" if self.n_seq == 1 else f" of sequence {seq}"
-                raise ModelError(f"{self.file.path}: the recurrent state{where} holds positions 0..{at - 1}: "
-                                 f"a batch from position {pos0} cannot continue it (it restarts at 0)")
-            after[seq] = pos0 + r1 - r0
-        for seq in after:
-            self.rec_positions[seq] = -1
-        return after
+    def _advance(self, after: dict) -> None:
+        for seq, pos in after.items():
+            self.seqs.positions[seq] = pos
 
-    def _copy_all(self, pairs) -> None:
-        with self.ops.batch():
-            for src, dst in pairs:
-                self.ops.copy(src, dst, src[2])
-        self.ops.sync()
-
+    # the per-sequence operations (sequences.py), for the Engine and the scheduler
     def save_checkpoint(self, seq: int = 0) -> int:
-        """Copies sequence seq's recurrent state (at its position) to its checkpoint; returns the position."""
-        self._copy_all(self.kv.checkpoint_pairs(seq))
-        return self.rec_positions[seq]
+        return self.seqs.save_checkpoint(seq)
 
     def restore_checkpoint(self, pos: int, seq: int = 0) -> None:
-        """Sequence seq's recurrent state back to its checkpoint, which holds positions 0..pos-1
-        (the caller, runner.py, knows which tokens those were)."""
-        self._copy_all([(ck, state) for state, ck in self.kv.checkpoint_pairs(seq)])
-        self.rec_positions[seq] = pos
+        self.seqs.restore_checkpoint(pos, seq)
 
     def copy_seq(self, src: int, dst: int) -> None:
-        """Sequence dst's K/V rows and recurrent state become src's (a shared prefix forked
-        into another slot: dst then continues from src's positions)."""
-        if src != dst:
-            self.ops.sync()
-            self._copy_all(list(zip(self.kv.seq_parts(src), self.kv.seq_parts(dst))))
-            self.rec_positions[dst] = self.rec_positions[src]
+        self.seqs.copy(src, dst)
 
     def clear_seq(self, seq: int) -> None:
-        """Sequence seq holds nothing: its recurrent state restarts with its next batch (which
-        must start at position 0).  Its K/V rows need no clearing: a token attends only over
-        the rows its sequence wrote up to its position."""
-        self.kv.check(TokenBatch.of([0], 0, seq=seq))
-        self.rec_positions[seq] = 0
+        self.seqs.clear(seq)
 
     def _run(self, batch: TokenBatch) -> np.ndarray:
         """The logits of batch.out's rows, [len(out), n_vocab] (forward() checked the batch)."""
@@ -225,12 +182,12 @@ class TransformerModel:
         batch = TokenBatch.of(tokens, 0)
         batch.out = ()
         self.kv.check(batch)
-        after = self._continue_state(batch)
+        after = self.seqs.continue_state(batch)
         out = []
         for k, chunk in enumerate(batch.chunks(self.batch)):
             start = k * self.batch
             out.append(self._chunk(chunk, hidden=tuple(r - start for r in rows if start <= r < start + len(chunk))))
-        self.rec_pos = after
+        self._advance(after)
         return np.concatenate(out, axis=0)
 
     def _step(self, n: int) -> DecodeStep:
