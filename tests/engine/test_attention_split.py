@@ -134,3 +134,15 @@ def test_tokens_of_several_sequences(ops, bufs, rng, window, softcap, sinks, gqa
         args = (q[j:j + 1], kc_after[region], vc_after[region], np.array([ps]), n_kv, scale)
         ref = sink_ref(*args, sk.astype(np.float64), window) if sinks else attention_ref(*args, window, softcap)
         np.testing.assert_allclose(out[j:j + 1], ref, rtol=1e-4, atol=2e-5)
+
+
+def test_several_sequences_need_the_split_form(ops, bufs):
+    """Tokens of several sequences read their regions only through the split form: without
+    its tmp the call is refused (never attention.comp over the whole cache)."""
+    from vramd.errors import UsageError
+    from vramd.engine.ops import view
+    t = bufs(q=np.ones((2, 2, 8), np.float32), ps=np.array([0, 0, 0, 1], np.int32), out=128, kc=2 * 2 * 16 * 8,
+             vc=2 * 2 * 16 * 8)
+    with pytest.raises(UsageError, match="several sequences' tokens need the split form's tmp"):
+        ops.attention(t["q"], t["kc"], t["vc"], view(t["ps"], 0, 8), t["out"], 2, 2, 1, 8, 16, 0.3,
+                      seq=view(t["ps"], 8, 8), n_seq=2)
