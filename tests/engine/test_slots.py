@@ -212,6 +212,14 @@ def test_other_sequences_replay_the_same_graph(slots):
         assert m.slot_step_records - records <= 1
     else:
         assert m.slot_step_records - records >= 3
+    one = m.step_records   # and the one-token step, on one sequence then another
+    for k, s in enumerate((0, 2, 1, 3)):
+        m.forward_batch(TokenBatch.of([40 + k], at[s], seq=s))
+        at[s] += 1
+    if m.seq_input:
+        assert m.step_records - one <= 1
+    else:
+        assert m.step_records - one >= 3
     assert m.seq_input == m.seq_kernels   # every layer of these files as wide as the cache's rows
 
 

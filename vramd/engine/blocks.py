@@ -111,9 +111,10 @@ def attention(m, i: int, n: int) -> None:
 
 def seq_runs(m, merge: bool) -> list[tuple[int, int, int | None, bool]]:
     """The dispatches of a layer's per-sequence ops for m.segs: (first row, end row, sequence,
-    reset) of a run of one sequence's rows (a prefill chunk, a lone decode row), or with
-    `merge` (sequence None) consecutive decode rows of different sequences that do not start
-    their state: one dispatch for them all, reading each row's sequence id (seq_ids)."""
+    reset) of a run of one sequence's rows (a prefill chunk; a decode row without `merge`),
+    or with `merge` (sequence None) consecutive decode rows, of different sequences, that do
+    not start their state: one dispatch for them all, reading each row's sequence id
+    (seq_ids), so that a recorded step serves any sequences."""
     out = []
     for r0, r1, seq, reset in m.segs:
         one = merge and r1 - r0 == 1 and not reset
@@ -121,7 +122,7 @@ def seq_runs(m, merge: bool) -> list[tuple[int, int, int | None, bool]]:
             out[-1] = (out[-1][0], r1, None, False, True)
         else:
             out.append((r0, r1, seq, reset, one))
-    return [run[:4] for run in out]
+    return [(r0, r1, None if one else seq, reset) for r0, r1, seq, reset, one in out]
 
 
 def seq_ids(m, r0: int, r1: int):

@@ -161,15 +161,13 @@ class TransformerModel:
         slots = batch.slots_decode_shape and n <= min(SLOTS_REPLAY, logit_rows(self.spec, self.batch), self.batch)
         if ((single or slots) and self.replays_decode
                 and not (self.kv.recurrent and 0 in batch.pos[[r0 for r0, _r1, _s in batch.segments()]])):
-            # (a step never resets a state).  The graph binds each row's sequence's region: it
-            # is recorded again when the sequences of its rows change (a slot joins or leaves).
+            # (a step never resets a state).  Where its rows read their sequence ids (one token
+            # a sequence, model.seq_input) one graph serves any sequences; else it binds each
+            # row's sequence's region and is recorded again when they change (a slot joins or leaves).
             segs = [(r0, r1, seq, False) for r0, r1, seq in batch.segments()]
-            if single:
-                return self._step(n).run(batch.ids, batch.pos, lambda: self._record(n, batch.out, segs),
-                                         key=tuple(segs))
-            key = n if self.seq_input else tuple(segs)
-            return self._slot_step(n).run(batch.ids, batch.pos, lambda: self._record(n, batch.out, segs),
-                                          key=key, seq=batch.seq)
+            key = n if self.seq_input and (slots or n == 1) else tuple(segs)
+            step = self._step(n) if single else self._slot_step(n)
+            return step.run(batch.ids, batch.pos, lambda: self._record(n, batch.out, segs), key=key, seq=batch.seq)
         size = min(self.batch, logit_rows(self.spec, self.batch)) if len(batch.out) > 1 else self.batch
         out = [o for o in (self._chunk(c) for c in batch.chunks(size)) if o is not None]
         return np.concatenate(out, axis=0) if out else np.empty((0, self.spec.n_vocab), np.float32)
@@ -193,7 +191,8 @@ class TransformerModel:
     def _step(self, n: int) -> DecodeStep:
         step = self._steps.get(n)
         if step is None:
-            step = self._steps[n] = DecodeStep(self.ops, self.residency, self.act, self.spec.n_vocab, n_tokens=n)
+            step = self._steps[n] = DecodeStep(self.ops, self.residency, self.act, self.spec.n_vocab, n_tokens=n,
+                                               seq_at=self.seq_at if self.seq_kernels else None)
             if n == 1:   # the profile times the one-token step only (steps of n > 1 never keep a timer)
                 step.timer = self._timer
         return step
