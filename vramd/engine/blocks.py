@@ -21,7 +21,7 @@ last the output_norm), the residual add fused with that norm.
 
 from __future__ import annotations
 
-from vramd.engine import deltanet
+from vramd.engine import deltanet, ple
 from vramd.engine.ops import view
 
 
@@ -50,6 +50,8 @@ def embed(m, n: int) -> None:
     ops.get_rows(m.t.matrix("token_embd.weight"), a["ids"], a["x"], n)
     if s.embed_scale != 1.0:
         ops.scale(a["x"], a["x"], n * s.n_embd, s.embed_scale)
+    if s.ple:
+        ple.inputs(m, n)
     ops.rms_norm(a["x"], m.t.vector("blk.0.attn_norm.weight"), a["h"], s.eps, n, s.n_embd)
 
 
@@ -70,18 +72,20 @@ def attention(m, i: int, n: int) -> None:
     p, layer, E = f"blk.{i}.", s.layers[i], s.n_embd
     hd, n_kv, Q, KV = s.head_dim_of(i), s.n_head_kv_of(i), s.q_width_of(i), s.kv_width_of(i)
     q_out, q_rows = (a["qg"], 2 * Q) if s.attn_gate else (a["q"], Q)
-    items = [(p + "attn_q", a["h"], q_out, q_rows), (p + "attn_k", a["h"], a["k"], KV)]
-    linears(m, items if layer.v_from_k else items + [(p + "attn_v", a["h"], a["v"], KV)], n)
+    own_kv = layer.kv_source < 0   # else the layer reads an earlier layer's K/V (gemma4 E2B/E4B)
+    items = [(p + "attn_q", a["h"], q_out, q_rows)] + ([(p + "attn_k", a["h"], a["k"], KV)] if own_kv else [])
+    linears(m, items if layer.v_from_k or not own_kv else items + [(p + "attn_v", a["h"], a["v"], KV)], n)
     if s.attn_gate:   # qwen35: each head's [query | gate] rows apart
         deltanet.qgate_split(ops, a["qg"], a["q"], a["agate"], n * Q, hd)
-    if layer.v_from_k and not s.v_norm:   # V is K's projection, taken before k's norm (gemma4's k_eq_v)
+    if own_kv and layer.v_from_k and not s.v_norm:   # V is K's projection, taken before k's norm (gemma4's k_eq_v)
         ops.copy(a["k"], a["v"], 4 * n * KV)
-    elif s.v_norm:   # per head, no weight; from k before its norm where V is K
+    elif own_kv and s.v_norm:   # per head, no weight; from k before its norm where V is K
         ops.rms_norm(a["k"] if layer.v_from_k else a["v"], None, a["v"], s.eps, n * n_kv, hd)
     if s.qk_norm:   # every head's row of head_dim floats is a row of its own
         with ops.parallel():
             ops.rms_norm(a["q"], t.vector(p + "attn_q_norm.weight"), a["q"], s.eps, n * s.n_head, hd)
-            ops.rms_norm(a["k"], t.vector(p + "attn_k_norm.weight"), a["k"], s.eps, n * n_kv, hd)
+            if own_kv:
+                ops.rms_norm(a["k"], t.vector(p + "attn_k_norm.weight"), a["k"], s.eps, n * n_kv, hd)
     factors = s.rope_factors_name(kv.ctx) if layer.rope_factors else None
     rope = dict(s.rope_params(i), freq_factors=t.vector(factors) if factors else None)
     temperature = (s.attn_temp_scale, s.attn_temp_floor, s.attn_temp_offset) if s.attn_temp_scale else None
@@ -89,11 +93,12 @@ def attention(m, i: int, n: int) -> None:
     runs = attention_runs(m, KV)
     with ops.parallel():   # q rotates in place, k rotated into the cache, v to the cache as it is
         ops.rope(a["q"], a["pos"], n, s.n_head, hd, temperature=temperature, **rope)
-        for r0, r1, seq in runs:   # each sequence's rows into its own region
-            k, kc, vc, more = r1 - r0, *_caches(m, i, r0, r1, seq)
-            pos = rows(a["pos"], r0, r1, 1)
-            ops.rope_kv_write(rows(a["k"], r0, r1, KV), kc, pos, k, n_kv, hd, kv.ctx, **rope, **more)
-            ops.kv_write(rows(a["v"], r0, r1, KV), vc, pos, k, KV, kv.ctx, **more)
+        if own_kv:   # a KV-sharing layer writes none (gemma4 E2B/E4B)
+            for r0, r1, seq in runs:   # each sequence's rows into its own region
+                k, kc, vc, more = r1 - r0, *_caches(m, i, r0, r1, seq)
+                pos = rows(a["pos"], r0, r1, 1)
+                ops.rope_kv_write(rows(a["k"], r0, r1, KV), kc, pos, k, n_kv, hd, kv.ctx, **rope, **more)
+                ops.kv_write(rows(a["v"], r0, r1, KV), vc, pos, k, KV, kv.ctx, **more)
     # tmp: a buffer free until the FFN, where decode attention keeps its per-range partials
     # (the dispatches one after another).
     for r0, r1, seq in runs:
@@ -148,7 +153,7 @@ def _caches(m, i: int, r0: int, r1: int, seq):
 def dense_ffn(m, i: int, n: int) -> None:
     """Layer i's gated FFN, from h = ffn_norm(x): x += Wdown(act(Wgate h) * Wup h); h = next norm."""
     s, ops, a = m.spec, m.ops, m.act
-    p, E, F = f"blk.{i}.", s.n_embd, s.n_ff
+    p, E, F = f"blk.{i}.", s.n_embd, s.n_ff_of(i)
     linears(m, [(p + "ffn_gate", a["h"], a["gate"], F), (p + "ffn_up", a["h"], a["up"], F)], n)
     (ops.gelu_mul if s.activation == "gelu" else ops.silu_mul)(a["gate"], a["up"], a["gate"], n * F)
     linears(m, [(p + "ffn_down", a["gate"], a["h"], E)], n)
@@ -158,9 +163,13 @@ def dense_ffn(m, i: int, n: int) -> None:
 
 
 def end_layer(m, i: int, n: int) -> None:
-    """x += h (the layer's last output); x *= the layer's out_scale (gemma4); h = next norm(x)."""
+    """x += h (the layer's last output; with per-layer embeddings, then x += their term);
+    x *= the layer's out_scale (gemma4); h = next norm(x)."""
     s, ops, a, E = m.spec, m.ops, m.act, m.spec.n_embd
     scale = s.layers[i].out_scale
+    if s.ple:   # x += h, then h = the layer's per-layer-embedding term, added below (gemma4 E2B/E4B)
+        ops.add(a["x"], a["h"], a["x"], n * E, n * E)
+        ple.layer_term(m, i, n)
     if scale == 1.0:
         ops.add_rms_norm(a["x"], a["h"], next_norm(m, i), a["h"], s.eps, n, E)
         return

@@ -17,6 +17,8 @@ sequence (docs/architecture.md says why regions, not pages).  n_seq comes from o
 as llama.cpp's default.  Qwen3.5's DeltaNet layers keep a recurrent
 state instead (conv inputs and the delta rule's matrices, f32, as llama.cpp's r/s caches): in the
 same region, so it goes cold, warm and to the host under --evict-state exactly as K/V do.
+Gemma 4 E2B / E4B's KV-sharing layers (`shared`: layer -> source layer) get no tensors:
+k(layer) and v(layer) are the source's, as llama.cpp's layer_reuse_cb.
 """
 
 from __future__ import annotations
@@ -38,14 +40,16 @@ class KVLayout:
     recurrent: tuple = ()   # layers with a recurrent state instead of K/V (qwen35's DeltaNet)
     conv_bytes: int = 0     # per recurrent layer: the conv's last d - 1 inputs (f32)
     ssm_bytes: int = 0      # per recurrent layer: the delta rule's [hv, s, s] state (f32)
+    shared: tuple = ()      # (layer, source layer): no rows of its own, it reads the source's (gemma4 E2B/E4B)
 
     @classmethod
     def for_spec(cls, spec, ctx: int, n_seq: int = 1) -> "KVLayout":
         d = spec.deltanet
         # every layer's rows as wide as the widest layer's (gemma4's sliding and global
         # layers differ; a narrower layer uses the front of its rows' space)
+        shared = tuple((i, layer.kv_source) for i, layer in enumerate(spec.layers) if layer.kv_source >= 0)
         if d is None:
-            return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width, n_seq)
+            return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width, n_seq, shared=shared)
         rec = tuple(i for i, layer in enumerate(spec.layers) if layer.recurrent)
         return cls(spec.n_layer, ctx, spec.max_kv_width, spec.max_kv_width, n_seq, recurrent=rec,
                    conv_bytes=4 * max(1, d.d_conv - 1) * d.conv_dim, ssm_bytes=4 * d.hv * d.s * d.s)
@@ -57,8 +61,10 @@ class KVLayout:
     def tensors(self) -> list[tuple[str, int]]:
         """[(name, bytes)] of the `state` region that holds the cache (and the recurrent state)."""
         k, v = (self.n_seq * self.ctx * w * KV_BYTES for w in (self.k_width, self.v_width))
-        out = []
+        out, shared = [], dict(self.shared)
         for i in range(self.n_layer):
+            if i in shared:
+                continue
             if i in self.recurrent:   # the state, then its checkpoint (runner.py's prefix reuse)
                 c, s = self.n_seq * self.conv_bytes, self.n_seq * self.ssm_bytes
                 out += [(f"rec_conv_l{i}", c), (f"rec_ssm_l{i}", s), (f"rec_conv_ck_l{i}", c), (f"rec_ssm_ck_l{i}", s)]
@@ -84,9 +90,12 @@ class KVCache:
         missing = [name for name, _n in layout.tensors() if name not in tensors]
         if missing:
             raise ModelError(f"the KV region has no {missing[0]!r}")
-        kv = [i for i in range(layout.n_layer) if i not in layout.recurrent]
+        shared = dict(layout.shared)
+        kv = [i for i in range(layout.n_layer) if i not in layout.recurrent and i not in shared]
         self._k = {i: tensors[f"cache_k_l{i}"] for i in kv}
         self._v = {i: tensors[f"cache_v_l{i}"] for i in kv}
+        for i, src in shared.items():   # a KV-sharing layer reads its source layer's rows
+            self._k[i], self._v[i] = self._k[src], self._v[src]
         self._conv = {i: tensors[f"rec_conv_l{i}"] for i in layout.recurrent}
         self._ssm = {i: tensors[f"rec_ssm_l{i}"] for i in layout.recurrent}
         self._ck = {(k, i): tensors[f"rec_{k}_ck_l{i}"] for i in layout.recurrent for k in ("conv", "ssm")}

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vramd.engine import blocks, moe
+from vramd.engine import blocks, moe, ple
 from vramd.engine.arch import spec_for
 from vramd.engine.batch import TokenBatch
 from vramd.engine.decode_step import DecodeStep
@@ -81,6 +81,7 @@ class TransformerModel:
         self.seq_at = self.act["pos"].nbytes // 2   # the rows' sequence ids: after the positions (scratch.py)
         self.seq_kernels, self.seq_input = self.seqs.kernels, self.seqs.input
         self._timer = None
+        self._ple_gen = None   # residency generation at which ple.write_index last filled the scratch
 
     @property
     def n_seq(self) -> int:
@@ -167,6 +168,9 @@ class TransformerModel:
             segs = [(r0, r1, seq, False) for r0, r1, seq in batch.segments()]
             key = n if self.seq_input and (slots or n == 1) else tuple(segs)
             step = self._step(n) if single else self._slot_step(n)
+            if self.spec.ple and self._ple_gen != self.residency.generation:   # a rebuilt scratch
+                ple.write_index(self)
+                self._ple_gen = self.residency.generation
             return step.run(batch.ids, batch.pos, lambda: self._record(n, batch.out, segs), key=key, seq=batch.seq)
         size = min(self.batch, logit_rows(self.spec, self.batch)) if len(batch.out) > 1 else self.batch
         out = [o for o in (self._chunk(c) for c in batch.chunks(size)) if o is not None]
@@ -278,6 +282,9 @@ class TransformerModel:
         a["pos"].write(batch.seq.astype(np.int32), self.seq_at)
         # a recurrent state starts over with position 0
         segs = [(r0, r1, seq, int(batch.pos[r0]) == 0) for r0, r1, seq in batch.segments()]
+        if s.ple:
+            ple.write_index(self)
+            self._ple_gen = self.residency.generation
         if self.replays_decode:
             with ops.batch():
                 self._record(n, batch.out, segs)

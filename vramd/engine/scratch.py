@@ -68,12 +68,16 @@ def scratch_layout(spec, batch: int | None = None, *, cut: bool = True,
         b = chunk_tokens(spec, b, cap)
     layout = [("x", 4 * b * spec.n_embd), ("h", 4 * b * spec.n_embd), ("q", 4 * b * spec.max_q_width),
               ("k", 4 * b * spec.max_kv_width), ("v", 4 * b * spec.max_kv_width), ("att", 4 * b * spec.max_q_width)]
-    if spec.n_ff:
+    if spec.n_ff:   # the widest layer's (gemma4 E-models' double-wide FFNs)
         layout += [("gate", 4 * b * spec.n_ff), ("up", 4 * b * spec.n_ff)]
     if spec.moe:
         layout += _moe_layout(spec, b)
     if spec.attn_gate:   # qwen35's attention: the [query | gate] projection, the gate
         layout += [("qg", 8 * b * spec.q_width), ("agate", 4 * b * spec.q_width)]
+    if spec.ple:         # per-layer embeddings (vramd/engine/ple.py): token-major inputs, table rows,
+        lp = spec.n_layer * spec.ple   # the gate, a layer's gathered slab, the gather's row numbers
+        layout += [("ple_all", 4 * b * lp), ("ple_tok", 4 * b * lp), ("ple_g", 4 * b * spec.ple),
+                   ("ple_in", 4 * b * spec.ple), ("ple_idx", 4 * b * spec.n_layer)]
     if spec.deltanet:    # its DeltaNet layers (vramd/engine/deltanet.py)
         d = spec.deltanet
         layout += [("mixed", 4 * b * d.conv_dim), ("conv", 4 * b * d.conv_dim), ("z", 4 * b * d.value_dim),

@@ -26,6 +26,10 @@ def required(spec) -> tuple[dict, dict]:
     E, V = spec.n_embd, spec.n_vocab
     mats = {"token_embd.weight": (E, V)}
     vecs = {"output_norm.weight": E}
+    if spec.ple:   # per-layer embeddings (vramd/engine/ple.py)
+        P = spec.ple * spec.n_layer
+        mats.update({"per_layer_token_embd.weight": (P, V), "per_layer_model_proj.weight": (E, P)})
+        vecs["per_layer_proj_norm.weight"] = spec.ple
     if not spec.tied_output:
         mats["output.weight"] = (E, V)
     for i, layer in enumerate(spec.layers):
@@ -43,17 +47,24 @@ def required(spec) -> tuple[dict, dict]:
         elif spec.fused_qkv:
             mats[p + "attn_qkv.weight"] = (E, Q + 2 * KV)
         else:
-            mats.update({p + "attn_q.weight": (E, 2 * Q if spec.attn_gate else Q), p + "attn_k.weight": (E, KV)})
-            if not layer.v_from_k:
-                mats[p + "attn_v.weight"] = (E, KV)
+            mats[p + "attn_q.weight"] = (E, 2 * Q if spec.attn_gate else Q)
+            if layer.kv_source < 0:   # a KV-sharing layer (gemma4 E2B/E4B) projects its queries only
+                mats[p + "attn_k.weight"] = (E, KV)
+                if not layer.v_from_k:
+                    mats[p + "attn_v.weight"] = (E, KV)
         if not layer.recurrent:
             mats[p + "attn_output.weight"] = (Q, E)
         if spec.qk_norm and not layer.recurrent:
-            vecs.update({p + "attn_q_norm.weight": hd, p + "attn_k_norm.weight": hd})
+            vecs[p + "attn_q_norm.weight"] = hd
+            if layer.kv_source < 0:
+                vecs[p + "attn_k_norm.weight"] = hd
         if spec.post_norms:
             vecs.update({p + "post_attention_norm.weight": E, p + "post_ffw_norm.weight": E})
+        if spec.ple:   # vramd/engine/ple.py
+            mats.update({p + "inp_gate.weight": (E, spec.ple), p + "proj.weight": (spec.ple, E)})
+            vecs[p + "post_norm.weight"] = E
         if not layer.moe:
-            F = spec.n_ff
+            F = spec.n_ff_of(i)
             if spec.fused_up:
                 mats.update({p + "ffn_up.weight": (E, 2 * F), p + "ffn_down.weight": (F, E)})
             else:
@@ -85,7 +96,8 @@ def optional(spec) -> dict:
         vecs.update({p + "attn_q.bias": spec.q_width_of(i), p + "attn_k.bias": spec.kv_width_of(i),
                      p + "attn_v.bias": spec.kv_width_of(i), p + "attn_output.bias": spec.n_embd})
         if spec.n_ff and not spec.layers[i].moe and not spec.fused_up:
-            vecs.update({p + "ffn_gate.bias": spec.n_ff, p + "ffn_up.bias": spec.n_ff, p + "ffn_down.bias": spec.n_embd})
+            F = spec.n_ff_of(i)
+            vecs.update({p + "ffn_gate.bias": F, p + "ffn_up.bias": F, p + "ffn_down.bias": spec.n_embd})
     return vecs
 
 

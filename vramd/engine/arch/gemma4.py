@@ -29,11 +29,11 @@ Per kind of layer:
            writes the array: the 31B has 16 KV heads on sliding layers, 4 on global)
 Norm weights are used as stored (the converter shifts none for Gemma 4).
 
+E2B / E4B (attention.shared_kv_layers, embedding_length_per_layer_input, a
+feed_forward_length per layer): arch/gemma4_e.py.
+
 Refused by name, before a device is opened (what the engine does not compute):
-attention.shared_kv_layers > 0 (later layers reusing earlier layers' K/V: E2B, E4B),
-embedding_length_per_layer_input > 0 (per-layer token embeddings: E2B, E4B),
-expert_count (the 26B-A4B's MoE: arch/__init__.py's BUILDERS has no routed builder),
-a feed_forward_length that differs per layer (use_double_wide_mlp, only with KV sharing).
+expert_count (the 26B-A4B's MoE: arch/__init__.py's BUILDERS has no routed builder).
 """
 
 from __future__ import annotations
@@ -44,23 +44,18 @@ import struct
 
 from gguf import GGMLQuantizationType
 
+from vramd.engine.arch import gemma4_e
 from vramd.engine.arch.hparams import Hparams
 from vramd.engine.arch.spec import ArchSpec, LayerSpec
 
 
 def gemma4(hp: Hparams) -> ArchSpec:
     a = hp.arch
-    for key, what in (("attention.shared_kv_layers", "KV shared across layers"),
-                      ("embedding_length_per_layer_input", "per-layer token embeddings")):
-        if hp.size(key):
-            raise hp.fail(f"{a}.{key} = {hp.size(key)}: {what} (Gemma 4 E2B / E4B) are not supported")
     n_layer, n_embd, n_head = hp.get("block_count"), hp.get("embedding_length"), hp.get("attention.head_count")
     swa = hp.flags("attention.sliding_window_pattern", n_layer)
     window = hp.get("attention.sliding_window")
     n_kv = hp.per_layer("attention.head_count_kv", n_layer, n_head)
     n_ff = hp.per_layer("feed_forward_length", n_layer)
-    if len(set(n_ff)) != 1:
-        raise hp.fail(f"{a}.feed_forward_length differs per layer {list(n_ff)}: not supported")
     hd, rot, base = {}, {}, {}
     for kind, sfx in ((False, ""), (True, "_swa")):
         hd[kind] = hp.get("attention.key_length" + sfx, hd.get(False, n_embd // n_head))
@@ -83,13 +78,15 @@ def gemma4(hp: Hparams) -> ArchSpec:
                              rope_factors=not s, v_from_k=f"blk.{i}.attn_v.weight" not in hp.tensor_names,
                              out_scale=_out_scale(hp, i))
                    for i, s in enumerate(swa))
+    layers = gemma4_e.e_layers(hp, layers, n_ff, gemma4_e.kv_sources(hp, swa, n_kv, hd))
     glob = next((i for i, s in enumerate(swa) if not s), 0)   # the spec-level geometry: a global layer's
     return ArchSpec(arch=a, family=a, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_kv[glob],
                     head_dim=hd[False], n_vocab=hp.n_vocab(), eps=hp.get("attention.layer_norm_rms_epsilon", kind=float),
                     n_rot=rot[False], tied_output="output.weight" not in hp.tensor_names, layers=layers,
-                    n_ff=n_ff[0], neox=True, qk_norm=True, post_norms=True, embed_scale=math.sqrt(n_embd),
+                    n_ff=max(n_ff), ple=gemma4_e.ple_width(hp), neox=True, qk_norm=True, post_norms=True, embed_scale=math.sqrt(n_embd),
                     activation="gelu", attn_scale=1.0, final_softcap=softcap, v_norm=True,
-                    rope_factors="rope_freqs.weight" in hp.tensor_names, rope_scaling=hp.rope_scaling())
+                    rope_factors="rope_freqs.weight" in hp.tensor_names, rope_scaling=hp.rope_scaling(),
+                    takes_embeds=not gemma4_e.ple_width(hp))
 
 
 def _out_scale(hp: Hparams, i: int) -> float:

@@ -60,6 +60,8 @@ class LayerSpec:
     v_from_k: bool = False     # no attn_v: V is the K projection, before k's norm and RoPE (gemma4)
     out_scale: float = 1.0     # the layer's output (the residual stream) times this (gemma4's layer_output_scale)
     recurrent: bool = False    # a Gated DeltaNet layer (spec.deltanet) instead of attention (qwen35)
+    kv_source: int = -1        # >= 0: the layer writes no K/V and attends over that layer's (gemma4 E2B/E4B)
+    n_ff: int = 0              # the layer's dense FFN width where it differs per layer (0: the spec's)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class ArchSpec:
     attn_sinks: bool = False    # attn_sinks.weight: a logit per head in each softmax's denominator (gpt-oss)
     moe: MoESpec | None = None
     deltanet: DeltaNetSpec | None = None   # the recurrent layers' geometry (LayerSpec.recurrent)
+    ple: int = 0               # > 0: per-layer embeddings of this width (gemma4 E2B/E4B: vramd/engine/ple.py)
     attn_gate: bool = False    # attn_q holds per head [query | gate]; out *= sigmoid(gate) before Wo (qwen35)
     ffn_norm: str = "ffn_norm"  # the FFN's input norm tensor (qwen35: post_attention_norm)
     batch: int = 512           # tokens per prefill chunk by default (--prefill-chunk; vramd/engine/scratch.py;
@@ -155,6 +158,9 @@ class ArchSpec:
 
     def n_rot_of(self, i: int) -> int:
         return self.layers[i].n_rot or self.n_rot
+
+    def n_ff_of(self, i: int) -> int:
+        return self.layers[i].n_ff or self.n_ff
 
     def q_width_of(self, i: int) -> int:
         return self.n_head * self.head_dim_of(i)
