@@ -100,7 +100,7 @@ MOE = ("qwen3moe", "qwen2moe", "mixtral", "gpt-oss")
 
 _GROUP = {"llama": 0, "qwen2": 0, "qwen3": 1, "gemma3": 1, "qwen3moe": 2, "qwen2moe": 2, "mixtral": 2,
           "gemma2": 0, "phi3": 0, "mistral3": 0, "qwen3-yarn": 1, "qwen2-yarn": 0, "llama-yarn": 0,
-          "gemma4": 1, "qwen35": 1, "qwen35moe": 2, "gpt-oss": 2}
+          "gemma4": 1, "qwen35": 1, "qwen35moe": 2, "gpt-oss": 2, "gemma4-e2b": 1, "gemma4-e4b": 1}
 # Cases the engine does not run yet (it would refuse their files before opening a device); their
 # references still face llama.cpp.
 ENGINE_PENDING: tuple = ()
@@ -226,6 +226,10 @@ _FEATURES = [
     ("gemma4", "the proportional RoPE's factors", "rope_freqs", None),
     ("gemma4", "the sliding window", "window", 0),
     ("gemma4", "V's norm", "v_norm", False),
+    ("gemma4-e2b", "per-layer embeddings", "n_ple", 0),
+    ("gemma4-e2b", "KV sharing", "kv_source", list(range(7))),   # each layer its own K/V instead
+    ("gemma4-e4b", "per-layer embeddings", "n_ple", 0),
+    ("gemma4-e4b", "KV sharing", "kv_source", list(range(8))),
 ]
 
 
@@ -235,7 +239,7 @@ def test_each_long_tail_feature_matters(case, arch, what, attr, off):
     from tests.engine.reference.llama import ReferenceModel
     c = case(arch, "F32")
     from tests.engine.reference.gemma4 import Gemma4Reference
-    ref = (Gemma3Reference(c.path) if arch == "gemma2" else Gemma4Reference(c.path) if arch == "gemma4"
+    ref = (Gemma3Reference(c.path) if arch == "gemma2" else Gemma4Reference(c.path) if arch.startswith("gemma4")
            else ReferenceModel(c.path, n_ctx=CTX))
     setattr(ref, attr, off)
     logits = ref.forward(c.tokens, ref.new_kv(np.float16), 0)

@@ -17,8 +17,17 @@ Gemma 4 checkpoints (the 31B) carry, at test size:
   * global layers without attn_v (Gemma 4's attention_k_eq_v: V is K's projection);
   * blk.N.layer_output_scale.weight, a [1] scalar per layer (the HF layer_scalar);
   * final_logit_softcapping (15 here, small enough to bite; Gemma 4 ships 30);
-  * the metadata the loader requires: shared_kv_layers 0 and
-    embedding_length_per_layer_input 0 (no per-layer embeddings: that is E2B/E4B).
+  * the metadata the loader requires: shared_kv_layers and
+    embedding_length_per_layer_input (0 for the dense 31B layout).
+
+E2B / E4B (`shared_kv` > 0, `n_ple` > 0, `wide_shared`): the last `shared_kv`
+layers share an earlier layer's K/V (they still carry attn_k / attn_v /
+attn_k_norm, which nothing reads, as checkpoints do), per-layer embeddings of
+`n_ple` (per_layer_token_embd [n_vocab, n_layer * n_ple], per_layer_model_proj,
+per_layer_proj_norm; blk.N.inp_gate, blk.N.proj, blk.N.post_norm), and with
+`wide_shared` the sharing layers' FFN twice as wide (feed_forward_length written
+as one width per layer: use_double_wide_mlp).  E2B_SHAPE / E4B_SHAPE are the
+conformance suite's shapes.
 
 Norm weights are stored as the graph multiplies them (Gemma 4's converter
 shifts nothing: norm_shift 0).  attn_q_norm / attn_k_norm gains are 0.4 because
@@ -73,6 +82,12 @@ class Gemma4Spec:
     seed: int = 0
     chat_template: str = ""        # "": none (tests/ggufgen/vocab.py)
     vocab: str = "spm"             # or "gemma4": tokenizer.ggml.model "gemma4", as real Gemma 4 files
+    shared_kv: int = 0             # attention.shared_kv_layers (E2B / E4B)
+    n_ple: int = 0                 # embedding_length_per_layer_input (E2B / E4B)
+    wide_shared: bool = False      # the KV-sharing layers' FFN 2 n_ff wide
+
+    def ff(self, i: int) -> int:
+        return 2 * self.n_ff if self.wide_shared and i >= self.n_layer - self.shared_kv else self.n_ff
 
     @property
     def n_layer(self) -> int:
@@ -90,7 +105,7 @@ class Gemma4Spec:
             hd, kv = self.geometry(i)
             if self.n_head % kv or hd % 2 or (self.n_head * hd) % block:
                 raise ValueError(f"layer {i}: {self.n_head} heads of {hd} over {kv} KV heads")
-        if self.n_embd % block or self.n_ff % block:
+        if self.n_embd % block or self.n_ff % block or self.n_ple % block:
             raise ValueError(f"rows of {self.n_embd} / {self.n_ff}: not multiples of {self.weight_type}'s {block}")
         return self
 
@@ -98,14 +113,19 @@ class Gemma4Spec:
 def make_gemma4_weights(spec: Gemma4Spec) -> dict[str, np.ndarray]:
     """Every tensor as float32 in numpy order ([rows, row length]), in file order."""
     spec = spec.check()
-    e, f = spec.n_embd, spec.n_ff
+    e, P = spec.n_embd, spec.n_ple
     normal_, gain_ = functools.partial(normal, spec), functools.partial(gain, spec)
     pairs = spec.head_dim // 2
     rotated = int(spec.head_dim * spec.partial_rotary / 2)
     w = {"rope_freqs.weight": np.array([1.0] * rotated + [NO_ROTATION] * (pairs - rotated), np.float32),
          "token_embd.weight": normal_("token_embd.weight", (spec.n_vocab, e), TIED_EMBD / np.sqrt(e))}
+    if P:
+        lp = spec.n_layer * P
+        w["per_layer_token_embd.weight"] = normal_("per_layer_token_embd.weight", (spec.n_vocab, lp), 1 / np.sqrt(P))
+        w["per_layer_model_proj.weight"] = normal_("per_layer_model_proj.weight", (lp, e), 1 / np.sqrt(e))
+        w["per_layer_proj_norm.weight"] = gain_("per_layer_proj_norm.weight", P)
     for i in range(spec.n_layer):
-        p, (hd, kv) = f"blk.{i}.", spec.geometry(i)
+        p, (hd, kv), f = f"blk.{i}.", spec.geometry(i), spec.ff(i)
         q = spec.n_head * hd
         w[p + "attn_norm.weight"] = gain_(p + "attn_norm.weight", e)
         w[p + "attn_q.weight"] = normal_(p + "attn_q.weight", (q, e), 1 / np.sqrt(e))
@@ -121,6 +141,10 @@ def make_gemma4_weights(spec: Gemma4Spec) -> dict[str, np.ndarray]:
         w[p + "ffn_up.weight"] = normal_(p + "ffn_up.weight", (f, e), 1 / np.sqrt(e))
         w[p + "ffn_down.weight"] = normal_(p + "ffn_down.weight", (e, f), 1 / np.sqrt(f))
         w[p + "post_ffw_norm.weight"] = gain_(p + "post_ffw_norm.weight", e)
+        if P:
+            w[p + "inp_gate.weight"] = normal_(p + "inp_gate.weight", (P, e), 1 / np.sqrt(e))
+            w[p + "proj.weight"] = normal_(p + "proj.weight", (e, P), 1 / np.sqrt(P))
+            w[p + "post_norm.weight"] = gain_(p + "post_norm.weight", e, 0.5)
         if spec.layer_scale:
             w[p + "layer_output_scale.weight"] = gain_(p + "layer_output_scale.weight", 1, 0.7)
     if spec.tied_output:
@@ -147,7 +171,8 @@ def write_gemma4_weights(path: str | Path, spec: Gemma4Spec, weights: dict[str, 
     writer.add_file_type(FILE_TYPES[qtype])
     writer.add_context_length(4096)
     writer.add_embedding_length(spec.n_embd)
-    writer.add_feed_forward_length(spec.n_ff)
+    ffs = [spec.ff(i) for i in range(spec.n_layer)]
+    writer.add_feed_forward_length(ffs if len(set(ffs)) > 1 else spec.n_ff)
     writer.add_block_count(spec.n_layer)
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv([spec.geometry(i)[1] for i in range(spec.n_layer)])
@@ -162,10 +187,17 @@ def write_gemma4_weights(path: str | Path, spec: Gemma4Spec, weights: dict[str, 
     writer.add_rope_freq_base_swa(spec.rope_freq_base_swa)
     writer.add_sliding_window(spec.window)
     writer.add_sliding_window_pattern(list(spec.swa_layers))
-    writer.add_shared_kv_layers(0)
-    writer.add_embedding_length_per_layer_input(0)
+    writer.add_shared_kv_layers(spec.shared_kv)
+    writer.add_embedding_length_per_layer_input(spec.n_ple)
     if spec.softcap is not None:
         writer.add_final_logit_softcapping(spec.softcap)
     write_vocab(writer, SimpleNamespace(n_vocab=spec.n_vocab, vocab=spec.vocab, chat_template=spec.chat_template))
     write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
     return path
+
+
+# The conformance suite's E-model shapes (cases.py): E2B's (7 layers, the last 3 sharing K/V --
+# layers 4 and 5 read sliding layer 2's, 6 global layer 3's -- their FFNs double-wide) and
+# E4B's (8 layers, 2 sharing: 6 reads 4's, 7 reads 5's; one FFN width); per-layer embeddings of 256.
+E2B_SHAPE = dict(swa_layers=(True, False, True, False, True, True, False), shared_kv=3, n_ple=256, wide_shared=True)
+E4B_SHAPE = dict(swa_layers=(True, True, False, True, True, False, True, False), shared_kv=2, n_ple=256)

@@ -46,6 +46,13 @@ same scaling on qwen2's and llama's case).  And in F32, F16, Q8_0 and Q4_K:
               plus the sigmoid-gated shared expert; F32 and F16 (the reference keeps no routes
               to leave near-tie steps out by, so only the types whose rounding cannot flip them).
 
+and Gemma 4's E-models, in F32, F16, Q8_0 and Q4_K (tests/ggufgen/gemma4.py's E2B_SHAPE / E4B_SHAPE
+on gemma4's default heads):
+  gemma4-e2b  7 layers, the last 3 sharing K/V (4 and 5 read sliding layer 2's, 6 global layer 3's),
+              their FFNs double-wide (feed_forward_length per layer), per-layer embeddings of 256
+  gemma4-e4b  8 layers, the last 2 sharing (6 reads 4's, 7 reads 5's), one FFN width, PLE of 256
+  (the suite's 28-token prompt crosses the window of 8 on every sliding layer, the sharing ones included)
+
 and gpt-oss (issue 17 item 2):
   gpt-oss     tests/ggufgen/gptoss.py: attention sinks, q/k/v/o, router and expert
               biases, the clamped SwiGLU, a window of 8 on even layers, YaRN factor 4
@@ -66,7 +73,7 @@ import numpy as np
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
          "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn", "gemma4",
-         "qwen35", "qwen35moe", "gpt-oss")
+         "qwen35", "qwen35moe", "gpt-oss", "gemma4-e2b", "gemma4-e4b")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
 # qwen35: the long tail's types and Q6_K.  (The prebuilt llama-server dies with SIGILL on quantized
@@ -83,6 +90,7 @@ PROMPTS["qwen35moe"] = PROMPTS["qwen35"]
 _YARN = dict(rope_scaling="yarn", rope_scaling_factor=4.0, orig_ctx=16)
 GPTOSS_TYPES = ("F32", "F16", "Q8_0")
 TYPES_OF["gpt-oss"] = GPTOSS_TYPES
+TYPES_OF |= {"gemma4-e2b": TAIL_TYPES, "gemma4-e4b": TAIL_TYPES}
 GGUF_ARCH["gpt-oss"] = "gpt-oss"
 
 _DENSE = dict(n_embd=256, n_ff=512, n_head=4, n_layer=2, n_vocab=512, seed=7)
@@ -122,8 +130,10 @@ def _spec(arch: str):
         return (gemma3.Gemma3Spec(arch=arch, weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=2,
                                   head_dim=64, n_layer=4, window=8, attn_softcap=3.0, softcap=15.0, seed=5),
                 gemma3.make_gemma3_weights, gemma3.write_gemma3_weights)
-    if arch == "gemma4":
-        return gemma4.Gemma4Spec(weight_type="F32", seed=5), gemma4.make_gemma4_weights, gemma4.write_gemma4_weights
+    if arch.startswith("gemma4"):
+        shape = {"gemma4-e2b": gemma4.E2B_SHAPE, "gemma4-e4b": gemma4.E4B_SHAPE}.get(arch, {})
+        return (gemma4.Gemma4Spec(weight_type="F32", seed=5, **shape), gemma4.make_gemma4_weights,
+                gemma4.write_gemma4_weights)
     if arch == "gemma3":
         return (gemma3.Gemma3Spec(weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=1,
                                          head_dim=64, n_layer=7, window=8, seed=5),

@@ -22,8 +22,8 @@ Metadata keys read (`A` = "gemma4")
   A.rope.scaling.*                     common.read_rope_scaling (both kinds of layer)
   A.attention.layer_norm_rms_epsilon   (required)
   A.final_logit_softcapping            absent or 0: none
-  A.attention.shared_kv_layers, A.embedding_length_per_layer_input: must be 0
-  (KV sharing and per-layer embeddings, the E2B/E4B models, are not described here)
+  A.attention.shared_kv_layers = N      the last N layers share K/V (E2B / E4B), 0: none
+  A.embedding_length_per_layer_input = P  per-layer embeddings of P (E2B / E4B), 0: none
 
 The computation, per token t at position p (layer l: sliding or global)
 ----------------------------------------------------------------------
@@ -42,7 +42,13 @@ The computation, per token t at position p (layer l: sliding or global)
     x = x + rms_norm(Wo o) * post_attention_norm
     h = rms_norm(x) * ffn_norm
     x = x + rms_norm(Wdown (gelu(Wgate h) * Wup h)) * post_ffw_norm
+    x = x + rms_norm(Wproj_l (gelu(Winp_gate_l x) * ple[l])) * post_norm_l   where P > 0
     x = x * layer_output_scale                           where blk.l.layer_output_scale exists
+  KV sharing (llama.cpp's layer_reuse_cb): with n_kv = block_count - N, a layer l >= n_kv
+  projects no K/V and attends over layer n_kv - 2's (sliding l) or n_kv - 1's (global l).
+  Per-layer inputs (x0 = token_embd[t] * sqrt(n_embd); per layer a row of P):
+    ple[l] = (rms_norm((per_layer_model_proj x0 / sqrt(n_embd))[l]) * per_layer_proj_norm
+              + per_layer_token_embd[t][l] * sqrt(P)) / sqrt(2)
   logits = Wout (rms_norm(x) * output_norm); logits = cap tanh(logits / cap) when cap > 0
 
 Precision as gemma3.py (float64, the K/V cache in the ReferenceKV's dtype, the
@@ -68,6 +74,7 @@ _MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", 
 _NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm",
           "layer_output_scale")
 _OPTIONAL = ("attn_v", "layer_output_scale")
+_PLE = ("inp_gate", "proj", "post_norm")   # per-layer embeddings' tensors of a layer
 
 
 class Gemma4Reference(Greedy):
@@ -107,8 +114,10 @@ class Gemma4Reference(Greedy):
         self.eps = float(key("attention.layer_norm_rms_epsilon", required=True))
         self.cap = float(key("final_logit_softcapping", 0.0) or 0.0)
         self.v_norm = True   # Gemma 4 always norms V (an attribute so that a test can turn it off)
-        if int(key("attention.shared_kv_layers", 0) or 0) or int(key("embedding_length_per_layer_input", 0) or 0):
-            raise ValueError(f"{path}: KV sharing / per-layer embeddings are not in this reference")
+        shared = int(key("attention.shared_kv_layers", 0) or 0)
+        first = n - shared
+        self.kv_source = [l if l < first else first - (2 if self.swa[l] else 1) for l in range(n)]
+        self.n_ple = int(key("embedding_length_per_layer_input", 0) or 0)
         self._load(str(path))
 
     def _load(self, path: str) -> None:
@@ -124,11 +133,15 @@ class Gemma4Reference(Greedy):
         self.output = self.token_embd if "output.weight" not in infos else take("output.weight", np.float32)
         self.output_norm = take("output_norm.weight")
         self.rope_freqs = take("rope_freqs.weight") if "rope_freqs.weight" in infos else None
+        if self.n_ple:
+            self.ple_table = take("per_layer_token_embd.weight")
+            self.ple_proj = take("per_layer_model_proj.weight")
+            self.ple_norm = take("per_layer_proj_norm.weight")
         self.layers = []
         for i in range(self.n_layer):
             p = f"blk.{i}."
             layer = {}
-            for m in _MATRICES + _NORMS:
+            for m in _MATRICES + _NORMS + (_PLE if self.n_ple else ()):
                 if p + m + ".weight" in infos:
                     layer[m] = take(p + m + ".weight")
                 elif m not in _OPTIONAL:
@@ -151,6 +164,7 @@ class Gemma4Reference(Greedy):
         kv, ids, positions = start_forward(self, tokens, kv, pos0)
         n = len(ids)
         x = self.token_embd[ids].astype(self.dtype) * math.sqrt(self.n_embd)
+        ple = self._per_layer_inputs(x, ids) if self.n_ple else None
         for il, L in enumerate(self.layers):
             hd, g = self.head_dim[il], self.n_head_kv[il]
             factors = None if self.swa[il] else self.rope_freqs
@@ -164,19 +178,31 @@ class Gemma4Reference(Greedy):
             k = rope(rms_norm(k, L["attn_k_norm"], self.eps), theta, "neox", mag)
             if self.v_norm:
                 v = rms_norm(v, np.ones(hd, self.dtype), self.eps)
-            kv.k[il] = np.concatenate([kv.k[il], k.astype(kv.dtype)])
-            kv.v[il] = np.concatenate([kv.v[il], v.astype(kv.dtype)])
-            o = self._attention(q, kv.k[il].astype(self.dtype), kv.v[il].astype(self.dtype), positions,
+            src = self.kv_source[il]
+            if src == il:   # else the layer's own K/V are not used: it reads layer src's
+                kv.k[il] = np.concatenate([kv.k[il], k.astype(kv.dtype)])
+                kv.v[il] = np.concatenate([kv.v[il], v.astype(kv.dtype)])
+            o = self._attention(q, kv.k[src].astype(self.dtype), kv.v[src].astype(self.dtype), positions,
                                 self.window if self.swa[il] else 0)
             x = x + rms_norm(o @ L["attn_output"].T, L["post_attention_norm"], self.eps)
             h = rms_norm(x, L["ffn_norm"], self.eps)
             f = gelu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)
             x = x + rms_norm(f @ L["ffn_down"].T, L["post_ffw_norm"], self.eps)
+            if ple is not None:
+                g = gelu(x @ L["inp_gate"].T) * ple[:, il, :]
+                x = x + rms_norm(g @ L["proj"].T, L["post_norm"], self.eps)
             if "layer_output_scale" in L:
                 x = x * L["layer_output_scale"][0]
         h = rms_norm(x, self.output_norm, self.eps)
         logits = (h.astype(np.float32) @ self.output.T).astype(self.dtype)
         return softcap(logits, self.cap) if self.cap > 0 else logits
+
+    def _per_layer_inputs(self, x0, ids) -> np.ndarray:
+        """[n, n_layer, P]: each token's input to each layer (x0 the scaled token embeddings)."""
+        n, P = len(ids), self.n_ple
+        proj = (x0 @ self.ple_proj.T / math.sqrt(self.n_embd)).reshape(n, self.n_layer, P)
+        tok = self.ple_table[ids].reshape(n, self.n_layer, P) * math.sqrt(P)
+        return (rms_norm(proj, self.ple_norm, self.eps) + tok) / math.sqrt(2.0)
 
     def _attention(self, q, k, v, positions, window: int) -> np.ndarray:
         n, m, hd = q.shape[0], k.shape[0], q.shape[2]
