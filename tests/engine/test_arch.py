@@ -275,9 +275,38 @@ def test_gemma4_layers_take_their_kinds_geometry_rope_and_scale(tmp_path):
     assert [layer.out_scale for layer in s.layers] == [float(L["layer_output_scale"][0]) for L in ref.layers]
 
 
+def test_gemma4_e2b_layers_share_kv_as_llama_cpp_picks_and_keep_no_cache(tmp_path):
+    """E2B's shape: layers 4..6 share K/V (sliding ones layer n_kv - 2 = 2's, the global one
+    layer n_kv - 1 = 3's), their FFNs double-wide; the KV layout has no rows for them."""
+    from tests.ggufgen.gemma4 import E2B_SHAPE
+    from vramd.engine.kvcache import KVCache, KVLayout
+    from vramd.model.loader import kv_shape
+    mf = validate_gguf(write_gemma4(tmp_path / "e.gguf", weight_type="F32", **E2B_SHAPE))
+    s = spec_for(mf)
+    assert [layer.kv_source for layer in s.layers] == [-1, -1, -1, -1, 2, 2, 3]
+    assert [s.n_ff_of(i) for i in range(7)] == [512] * 4 + [1024] * 3 and s.n_ff == 1024
+    assert s.ple == 256 and not s.takes_embeds
+    lay = KVLayout.for_spec(s, 64)
+    names = [n for n, _b in lay.tensors()]
+    assert names == [f"cache_{kv}_l{i}" for i in range(4) for kv in "kv"]
+    assert lay.nbytes == 4 * 2 * 64 * s.max_kv_width * 2 and kv_shape(mf, 64) == lay   # what vramd plan counts
+    cache = KVCache(lay, {n: object() for n in names})
+    assert cache.k(4) is cache.k(2) and cache.v(5) is cache.v(2) and cache.k(6) is cache.k(3)
+
+
+@pytest.mark.parametrize("shared,what", [(4, "layer 4 would share layer 2's K/V"),
+                                         (7, "at least two layers must keep their K/V")])
+def test_gemma4_kv_sharing_llama_cpp_cannot_mean_is_refused(tmp_path, shared, what):
+    """E4B's pattern with more sharing layers: llama.cpp's source for sliding layer 4 (n_kv - 2 = 2)
+    is global; or fewer than the two layers its rule reads from keep a cache."""
+    from tests.ggufgen.gemma4 import E4B_SHAPE
+    bad = write_gemma4(tmp_path / "b.gguf", weight_type="F32", **dict(E4B_SHAPE, shared_kv=shared))
+    with pytest.raises(ModelError, match=what) as e:
+        spec_for(validate_gguf(bad))
+    assert str(e.value).startswith(str(bad)) and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("key,value,what", [
-    ("gemma4.attention.shared_kv_layers", 2, "KV shared across layers"),
-    ("gemma4.embedding_length_per_layer_input", 256, "per-layer token embeddings"),
     ("gemma4.expert_count", 8, "gemma4 with experts is not supported"),
 ])
 def test_gemma4_variants_the_engine_does_not_run_are_refused_by_name(tmp_path, key, value, what):

@@ -54,12 +54,14 @@ def kv_shape(mf: ModelFile, ctx: int, n_seq: int = 1) -> KVLayout | None:
     (parallel slots; the one place n_seq is given: the engine reads it back from the
     loaded layout); None if the model does not say.  Where the
     geometry differs per layer (head_count_kv an array, a key_length_swa: gemma4's
-    sliding and global layers), no one pair of keys gives it: the engine's spec does."""
+    sliding and global layers; gemma4 E-models' KV-sharing layers, which keep none), no one
+    pair of keys gives it: the engine's spec does."""
     from vramd.engine.arch import spec_for, supported
     from vramd.errors import VramdError
     a, md = mf.architecture, mf.metadata
     if (supported(a) and (isinstance(md.get(f"{a}.attention.head_count_kv"), list)
-                          or f"{a}.attention.key_length_swa" in md)) or f"{a}.ssm.state_size" in md:
+                          or f"{a}.attention.key_length_swa" in md or md.get(f"{a}.attention.shared_kv_layers"))) \
+            or f"{a}.ssm.state_size" in md:
         # per-layer geometry (gemma4) or a recurrent state beside K/V (qwen35): the spec's
         try:
             return KVLayout.for_spec(spec_for(mf), ctx, n_seq)
