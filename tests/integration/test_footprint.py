@@ -19,6 +19,7 @@ from PIL import Image
 
 from tests.ggufgen.llama import write_llama
 from tests.ggufgen.gemma3 import write_gemma3
+from tests.ggufgen.gemma4 import E2B_SHAPE, write_gemma4
 from tests.ggufgen.moe import write_moe
 from tests.ggufgen.vision import write_mmproj
 
@@ -51,11 +52,14 @@ MODELS = {
     "llama": lambda p: write_llama(p, seed=3, n_vocab=384, n_embd=64, n_ff=160, n_head=4, n_head_kv=2),
     "gemma3": lambda p: write_gemma3(p, n_layer=2, n_embd=64, head_dim=32, n_head=2, seed=3),
     "qwen3moe": lambda p: write_moe(p, arch="qwen3moe", n_layer=3, seed=2),
+    # E2B's shape: the per-layer embedding table in the weights, no KV rows for the sharing layers
+    "gemma4-e2b": lambda p: write_gemma4(p, weight_type="F16", seed=3, **E2B_SHAPE),
 }
 
 
 @pytest.mark.parametrize("arch, flags", [("llama", ()), ("gemma3", ()), ("qwen3moe", ()),
-                                         ("qwen3moe", ("--n-cpu-moe", "1.5")), ("llama", ("--prefill-chunk", "48"))])
+                                         ("qwen3moe", ("--n-cpu-moe", "1.5")), ("llama", ("--prefill-chunk", "48")),
+                                         ("gemma4-e2b", ())])
 def test_plan_says_what_serve_allocates(arch, flags, arena, tmp_path, daemons):
     path = MODELS[arch](tmp_path / f"{arch}.gguf")
     want = plan(path, *flags)
