@@ -67,6 +67,44 @@ def test_gemma4_e_models_at_their_head_sizes_match_the_reference(device, tmp_pat
 
 
 @pytest.mark.gpu
+def test_an_e_model_decodes_right_after_its_scratch_was_freed(device, tmp_path):
+    """The per-layer gather's row numbers (ple.py's "ple_idx") live in the scratch, which a
+    switch frees: a decode step after release/restore, with no prefill chunk between to
+    write them, must still match the reference (the model writes them again when the
+    residency generation moved)."""
+    from vramd.engine.model import TransformerModel
+    from vramd.engine.scratch import scratch_layout
+    from vramd.gpu.residency import Residency
+    from vramd.model import loader
+    from tests.ggufgen.gemma4 import E4B_SHAPE
+    path = write_gemma4(tmp_path / "e.gguf", weight_type="F32", seed=5, **E4B_SHAPE)
+    mf, ref = validate_gguf(path), Gemma4Reference(path)
+    kv = ref.new_kv(np.float16)
+    res = Residency(device)
+    m = None
+    try:
+        from vramd.engine.arch import spec_for
+        lm = loader.load(path, res, 32, mf=mf, scratch=scratch_layout(spec_for(mf), 16), progress=False)
+        res.restore(["weights", "state"])
+        m = TransformerModel(lm, res, 32, lm.scratch, batch=16)
+        m.forward(TOKENS[:9], 0)
+        ref.forward(TOKENS[:9], kv, 0)
+        for pos in (9, 10, 11):
+            if pos == 10:   # a switch: every region out, scratch freed, then back
+                res.release(["weights", "state", "scratch"])
+                res.drain()
+                res.restore(["weights", "state"])
+            got = log_softmax(np.asarray(m.forward([TOKENS[pos]], pos), np.float32)[None])
+            want = log_softmax(ref.forward([TOKENS[pos]], kv)[-1:])
+            assert np.abs(got - want).max() < 5e-3, (pos, np.abs(got - want).max())
+        assert m.step_records == 2
+    finally:
+        if m is not None:
+            m.close()
+        res.close()
+
+
+@pytest.mark.gpu
 def test_v_taken_from_k_without_a_norm_is_the_raw_projection(device, tmp_path):
     """The spec's other combination (v_from_k, no v_norm: a copy of K's projection) against
     the reference with its V norm off -- no file declares it; the layer math must still mean it."""
