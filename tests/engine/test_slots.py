@@ -5,7 +5,7 @@ recurrent state), vramd/engine/model.py's forward_batch runs a TokenBatch.mix of
 sequences' tokens (decode rows of some, a prefill chunk of another), and a step of one decode
 token of each of several sequences replays a recorded graph (decode_step.py).  Asserted here on
 real Vulkan, for llama, gemma3 (sliding windows), gpt-oss (sinks), qwen35 (recurrent layers), a
-MoE model (GPU- and host-routed), and llama with a dispatch per sequence for the decode rows (the
+MoE model (GPU- and host-routed), Gemma 4 E2B's shape (per-layer embeddings, shared KV), and llama with a dispatch per sequence for the decode rows (the
 fallback where a layer's whole cache passes one binding): every sequence's logits in a mixed
 batch are its logits run alone (within test_forward.py's TOL, the greedy tokens equal) over many interleaved steps; the
 replayed multi-sequence step gives what the same step not replayed gives, bit for bit; a sequence's
@@ -18,6 +18,7 @@ import pytest
 
 from tests.engine.test_forward import TOL, rel_err
 from tests.ggufgen.gemma3 import write_gemma3
+from tests.ggufgen.gemma4 import E2B_SHAPE, write_gemma4
 from tests.ggufgen.gptoss import write_gptoss
 from tests.ggufgen.llama import write_llama
 from tests.ggufgen.moe import write_moe
@@ -44,6 +45,8 @@ WRITERS = {
     "qwen3moe": lambda p: write_moe(p, seed=4),
     "qwen3moe-host": lambda p: write_moe(p, seed=4),
     "llama-per-seq": lambda p: write_llama(p, weight_type="Q8_0", n_head=4, n_head_kv=2, seed=3),
+    # Gemma 4 E2B's shape: per-layer embeddings, KV-sharing layers reading an earlier layer's region
+    "gemma4-e2b": lambda p: write_gemma4(p, weight_type="Q8_0", seed=5, **E2B_SHAPE),
 }
 
 
