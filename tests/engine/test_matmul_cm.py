@@ -8,6 +8,10 @@ every matmul_cm_<type> against a numpy reference (gguf.quants.dequantize) and
 against the portable kernel on the same data, at odd row counts, token counts
 that are no tile multiple and every tile edge (rows 1, 127, 128, 129, 300;
 tokens 4, 127, 128, 129, 300), weights bound at a 2-byte offset, x unaligned.
+Tile variants (vramd bench matmul --compile-sweep DIR): with VRAMD_CM_SWEEP=DIR
+(and VRAMD_CM_VARIANTS=a,b to choose) each variant's kernels are checked the
+same way at its own tile edges (rows BR +- 1, tokens BT +- 1), before one is
+adopted as the committed kernel.
 
 Tolerances.  The kernel rounds each weight and activation to f16 in shared
 memory, then multiplies and accumulates in f32 on the tensor cores.  So
@@ -18,6 +22,8 @@ exact f32 inputs and the portable kernel the rounding itself, at most 2^-11 of
 each factor: |y - ref| <= 1.1e-3 * sum|w||x| + 1e-5.  A wrong index, nibble,
 scale or tile edge gives errors of the order of the values themselves.
 """
+import json
+import os
 import types
 from pathlib import Path
 
@@ -32,7 +38,7 @@ from vramd.gpu.device import parse_coopmat_shapes
 
 from .test_kernels_kquants import KQUANTS, blocks
 
-TYPES = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.MXFP4]
 SHAPE_16 = {"m": 16, "n": 16, "k": 16, "a": "f16", "b": "f16", "c": "f32", "result": "f32",
             "saturating": False, "scope": "subgroup"}
 
@@ -224,3 +230,31 @@ def test_matmul_cm_every_type_and_edge(cm_ops, bufs, rng, qtype, rows, n_tokens)
 def test_matmul_cm_long_rows_aligned(cm_ops, bufs, rng, qtype):
     """An 8B model's row length, weights and x aligned (the engine's usual binding)."""
     _run(cm_ops, bufs, rng, qtype, 259, 200, cols=4096, x_off=0, w_off=0)
+
+
+def _sweep_cases():
+    """(variant, type, rows, tokens) for the variants VRAMD_CM_SWEEP names, at their tile edges."""
+    d = Path(os.environ["VRAMD_CM_SWEEP"])
+    manifest = json.loads((d / "manifest.json").read_text())
+    names = [v for v in os.environ.get("VRAMD_CM_VARIANTS", "").split(",") if v] or list(manifest)
+    out = []
+    for v in names:
+        c = manifest[v]
+        for qtype in TYPES:
+            for rows, n in [(c["BR"] + 1, c["BT"] - 1), (c["BR"] - 1, c["BT"] + 1), (1, c["BT"]), (37, 4)]:
+                out.append(pytest.param(v, qtype, rows, n, id=f"{v}-{qtype.name}-{rows}x{n}"))
+    return out
+
+
+if os.environ.get("VRAMD_CM_SWEEP"):   # (defined only then: a variant sweep is a device-run choice)
+    @pytest.mark.native_gpu
+    @pytest.mark.parametrize("variant,qtype,rows,n_tokens", _sweep_cases())
+    def test_matmul_cm_sweep_variant(cm_ops, bufs, rng, variant, qtype, rows, n_tokens):
+        from vramd.bench import matmul
+
+        d = Path(os.environ["VRAMD_CM_SWEEP"])
+        c = json.loads((d / "manifest.json").read_text())[variant]
+        if not (d / variant / f"matmul_cm_{qtype.name.lower()}.spv").is_file():
+            pytest.fail(f"{variant}: no {qtype.name} kernel compiled in {d} (--types)")
+        with matmul._variant(cm_ops, c, d / variant, "matmul_cm_" + qtype.name.lower()):
+            _run(cm_ops, bufs, rng, qtype, rows, n_tokens)

@@ -30,15 +30,16 @@ import click
 import numpy as np
 
 SHAPES = [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)]   # (rows, cols) of the 8B's matrices
-TYPES = ("F16", "Q8_0", "Q4_K")
+TYPES = ("F16", "Q8_0", "Q4_K", "MXFP4")
 
 # Tile configurations: name -> CM_* defines (BR x BT work group, SGR x SGT subgroup tile, BK,
 # padding in f16vec4s, double-buffered shared memory).  NT follows: 32 x (BR/SGR) x (BT/SGT).
-_BASE = dict(BR=128, BT=128, BK=64, SGR=32, SGT=64, PAD=2, DB=0)
+_BASE = dict(BR=128, BT=128, BK=64, SGR=32, SGT=64, PAD=2, DB=0, LATE=0, F16ACC=0)
 # Shared memory is the bound: NVIDIA's Vulkan driver offers 48 KiB a work group (the H200
 # too), so double buffers and 256-wide tiles only fit at BK 32 (config()["SHARED"]; run()
-# leaves out what the device cannot hold).
-VARIANTS = {
+# leaves out what the device cannot hold).  LATE: the next step's weights kept as raw
+# words and decoded after the multiplies (matmul_cm.glsl CM_LATE); F16ACC: f16 accumulators.
+_TILES = {
     "base": {},
     "sg64x32": dict(SGR=64, SGT=32),
     "sg64x64": dict(SGR=64, SGT=64),                          # 4 subgroups, 128 threads
@@ -48,12 +49,17 @@ VARIANTS = {
     "db_bk32": dict(DB=1, BK=32),
     "db_bk32_pad0": dict(DB=1, BK=32, PAD=0),
     "db_bk32_sg64x32": dict(DB=1, BK=32, SGR=64, SGT=32),
+    "db_bk32_sg64x64": dict(DB=1, BK=32, SGR=64, SGT=64),
     "wg256x128_bk32": dict(BR=256, SGR=64, SGT=64, BK=32),
     "wg128x256_bk32": dict(BT=256, SGR=64, SGT=64, BK=32),
     "wg256x128_bk32_pad0": dict(BR=256, SGR=64, SGT=64, BK=32, PAD=0),
     "wg64x128_sg32x32": dict(BR=64, SGR=32, SGT=32),          # small tiles: more groups at 256 tokens
     "wg128x64_sg32x32": dict(BT=64, SGR=32, SGT=32),
 }
+VARIANTS = {**_TILES, **{"late_" + k: {**v, "LATE": 1} for k, v in _TILES.items()},
+            "late_f16acc": dict(LATE=1, F16ACC=1),
+            "late_wg256x128_bk32_f16acc": dict(BR=256, SGR=64, SGT=64, BK=32, LATE=1, F16ACC=1)}
+_DEFINES = ("BR", "BT", "BK", "SGR", "SGT", "NT", "PAD", "DB", "LATE", "F16ACC")
 
 
 def config(name: str) -> dict:
@@ -74,7 +80,7 @@ def compile_sweep(out: Path, types) -> None:
     for name in VARIANTS:
         c = config(name)
         (out / name).mkdir(parents=True, exist_ok=True)
-        defs = [f"-DCM_{k}={c[k]}" for k in ("BR", "BT", "BK", "SGR", "SGT", "NT", "PAD", "DB")]
+        defs = [f"-DCM_{k}={c[k]}" for k in _DEFINES]
         for t in types:
             kname = "matmul_cm_" + t.lower()
             cmd = glslc_command(src / f"{kname}.comp", out / name / f"{kname}.spv")
@@ -96,7 +102,11 @@ def _random_weight(rng, qtype, rows: int, cols: int) -> np.ndarray:
         b = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
         b[:, 0:4] = np.full((len(b), 2), np.float16(0.002)).view(np.uint8)   # d, dmin
         return b.ravel()
-    raise click.UsageError(f"--types: {qtype.name} has no random generator here (F16, Q8_0, Q4_K)")
+    if qtype == Q.MXFP4:   # E8M0 scales 2^-8 .. 2^-5 (e 120 .. 123), any nibbles
+        b = rng.integers(0, 256, (rows * cols // 32, 17), dtype=np.uint8)
+        b[:, 0] = rng.integers(120, 124, len(b), dtype=np.uint8)
+        return b.ravel()
+    raise click.UsageError(f"--types: {qtype.name} has no random generator here ({', '.join(TYPES)})")
 
 
 @contextlib.contextmanager

@@ -37,8 +37,9 @@ MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
 MATVEC_ROWS_C = {t: 128 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
-# weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles)
-CM_TYPES = frozenset({"f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"})
+# weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles; mxfp4: gpt-oss's
+# type, its dense matrices here: its routed experts go through matvec_id, vramd/engine/moe.py)
+CM_TYPES = frozenset({"f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "mxfp4"})
 Q8_DP_ROWS = 8                        # rows per matvec_q8_0_dp work group (NR there)
 Q8_DP_MAX_COLS = 16384                # the widest row it takes (MAX_COLS there: x's quants in shared memory)
 Q8_DP_SHARED = Q8_DP_MAX_COLS + Q8_DP_MAX_COLS // 32 * 4 + 8 * 128 * 4   # its shared bytes (xq, xd, part)
