@@ -42,8 +42,14 @@
 #define CM_NT 256
 #define CM_PAD 2
 #define CM_DB 0
-#define CM_LATE 0
 #define CM_F16ACC 0
+#endif
+#ifndef CM_LATE   // per type, as measured on the H200 (docs/benchmarks.md, issue 15 sweep)
+#if defined(TYPE_F16) || defined(TYPE_BF16) || defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
+#define CM_LATE 1   // F16 and Q8_0: 9-11 % less time a layer than decoding at once
+#else
+#define CM_LATE 0   // MXFP4: 3-7 % more time late; K-quants, Q4_1, Q5_x: decoded in fetch (DQ_EAGER) anyway
+#endif
 #endif
 layout(local_size_x = CM_NT) in;
 #define BR uint(CM_BR)
@@ -83,8 +89,8 @@ layout(push_constant) uniform Params {
 // words the chunk needs into r (elements c0 .. c0 + 15 of the row at byte rowb, c0 a
 // multiple of 16, all within the row; sixteen elements never cross a block, nor a
 // scale's sub-block), dq_decode(rowb, c0, r, o) turns them into f16 values (address
-// arithmetic again, no memory).  The types decoded element by element (Q4_1, Q5_0,
-// Q5_1: DQ_EAGER) decode in dq_fetch into eight packed f16 words.  Every r index is a
+// arithmetic again, no memory).  The K-quants and the types decoded element by element
+// (Q4_1, Q5_0, Q5_1: DQ_EAGER) decode in dq_fetch into eight packed f16 words.  Every r index is a
 // constant after unrolling (a dynamically indexed private array would go to memory).
 uint wl(uint i) { return w[min(i, uint(w.length()) - 1u)]; }   // (the last chunk's extra word)
 uint fun(uint lo, uint hi, uint a) {   // the 32 bits at byte a (mod 4) of the pair lo, hi
@@ -150,68 +156,6 @@ void dq_decode(uint rowb, uint c0, uint r[RAWN], out f16vec4 o[4]) {
 #endif
     }
 }
-#elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
-#if defined(TYPE_Q4_K)
-#define RAWN 10u   // d, dmin, three scale words, five quant words
-#define KBB 144u
-#define KQS 16u
-#else
-#define RAWN 15u   // and five words of the 5th bits
-#define KBB 176u
-#define KQS 48u
-#endif
-void dq_fetch(uint rowb, uint c0, out uint r[RAWN]) {
-    uint b = rowb + (c0 >> 8) * KBB;
-    uint j = c0 & 255u, s = j >> 5, l0 = j & 31u;
-    r[0] = wl(b >> 2);
-    r[1] = wl((b + 2u) >> 2);
-    r[2] = wl((b + 4u + s) >> 2);   // scales[s], scales[s + 4], scales[s - 4] (ggml's get_scale_min_k4)
-    r[3] = wl((b + 8u + s) >> 2);
-    r[4] = wl((b + s) >> 2);
-    LOAD5(r, 5u, b + KQS + ((j >> 6) << 5) + l0);
-#if defined(TYPE_Q5_K)
-    LOAD5(r, 10u, b + 16u + l0);
-#endif
-}
-void dq_decode(uint rowb, uint c0, uint r[RAWN], out f16vec4 o[4]) {
-    uint b = rowb + (c0 >> 8) * KBB;
-    uint j = c0 & 255u, s = j >> 5, l0 = j & 31u;
-    uint qs = byte_at(r[2], b + 4u + s), qs4 = byte_at(r[3], b + 8u + s), qm4 = byte_at(r[4], b + s);
-    float sc = float(s < 4u ? qs & 63u : (qs4 & 15u) | ((qm4 >> 6) << 4));
-    float mn = float(s < 4u ? qs4 & 63u : (qs4 >> 4) | ((qs >> 6) << 4));
-    float d = half_at(r[0], b) * sc, m = half_at(r[1], b + 2u) * mn;
-    uint sh = (s & 1u) << 2;   // odd sub-blocks: the high nibbles
-    uint qa = b + KQS + ((j >> 6) << 5) + l0;
-    [[unroll]] for (uint i = 0u; i < 4u; i++) {
-        uint q = (WORD5(r, 5u, qa, i) >> sh) & 0x0F0F0F0Fu;
-#if defined(TYPE_Q5_K)
-        q |= ((WORD5(r, 10u, b + 16u + l0, i) >> s) & 0x01010101u) << 4;   // bit s of qh[l]: the 5th bit
-#endif
-        o[i] = f16vec4(d * vec4(q & 255u, (q >> 8) & 255u, (q >> 16) & 255u, q >> 24) - m);
-    }
-}
-#elif defined(TYPE_Q6_K)
-#define RAWN 12u   // the scale's word, d's, five low-bit and five high-bit quant words
-void dq_fetch(uint rowb, uint c0, out uint r[RAWN]) {
-    uint b = rowb + (c0 >> 8) * 210u;
-    uint j = c0 & 255u, n = j >> 7, g = (j >> 5) & 3u, l0 = j & 31u;
-    r[0] = wl((b + 192u + (n << 3) + (l0 >> 4) + 2u * g) >> 2);
-    r[1] = wl((b + 208u) >> 2);
-    LOAD5(r, 2u, b + (n << 6) + ((g & 1u) << 5) + l0);
-    LOAD5(r, 7u, b + 128u + (n << 5) + l0);
-}
-void dq_decode(uint rowb, uint c0, uint r[RAWN], out f16vec4 o[4]) {
-    uint b = rowb + (c0 >> 8) * 210u;
-    uint j = c0 & 255u, n = j >> 7, g = (j >> 5) & 3u, l0 = j & 31u;
-    int sc = int(byte_at(r[0], b + 192u + (n << 3) + (l0 >> 4) + 2u * g) << 24) >> 24;
-    float d = half_at(r[1], b + 208u) * float(sc);
-    uint qla = b + (n << 6) + ((g & 1u) << 5) + l0, qha = b + 128u + (n << 5) + l0;
-    uint sh = g < 2u ? 0u : 4u;
-    [[unroll]] for (uint i = 0u; i < 4u; i++) {
-        uint q = ((WORD5(r, 2u, qla, i) >> sh) & 0x0F0F0F0Fu) | (((WORD5(r, 7u, qha, i) >> (2u * g)) & 0x03030303u) << 4);
-        o[i] = f16vec4(d * (vec4(q & 255u, (q >> 8) & 255u, (q >> 16) & 255u, q >> 24) - 32.0));
-    }
-}
 #elif defined(TYPE_MXFP4)
 #define RAWN 8u   // the scale byte's word, the five words covering the 16 quant bytes (any offset)
 void dq_fetch(uint rowb, uint c0, out uint r[RAWN]) {
@@ -229,6 +173,60 @@ void dq_decode(uint rowb, uint c0, uint r[RAWN], out f16vec4 o[4]) {
         uint q = WORD5(r, 1u, b + 1u, i) >> sh;
         o[i] = f16vec4(d * vec4(MXFP4_KV[q & 15u], MXFP4_KV[(q >> 8) & 15u], MXFP4_KV[(q >> 16) & 15u],
                                 MXFP4_KV[(q >> 24) & 15u]));
+    }
+}
+#elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_Q6_K)
+// K-quants: 16 elements decoded at once from uint32 words (the scales once), packed into
+// eight f16 words (DQ_EAGER).  Their raw-word form (a scale word each, five-word funnels)
+// measured 9-18 % slower on the H200 (docs/benchmarks.md, issue 15 sweep).
+#define RAWN 8u
+#define DQ_EAGER
+#if defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
+void dq16(uint rowb, uint c0, out f16vec4 o[4]) {
+#if defined(TYPE_Q4_K)
+    uint b = rowb + (c0 >> 8) * 144u, qs = 16u;
+#else
+    uint b = rowb + (c0 >> 8) * 176u, qs = 48u;
+#endif
+    uint j = c0 & 255u, s = j >> 5, l0 = j & 31u;
+    float sc, mn;
+    k4_scale_min(b, s, sc, mn);
+    float d = w_f16(b) * sc, m = w_f16(b + 2u) * mn;
+    uint sh = (s & 1u) << 2;   // odd sub-blocks: the high nibbles
+    uint qb = b + qs + ((j >> 6) << 5) + l0;
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uint q = (w_u32a2(qb + 4u * i) >> sh) & 0x0F0F0F0Fu;
+#if defined(TYPE_Q5_K)
+        q |= ((w_u32a2(b + 16u + l0 + 4u * i) >> s) & 0x01010101u) << 4;   // bit s of qh[l]: the 5th bit
+#endif
+        o[i] = f16vec4(d * vec4(q & 255u, (q >> 8) & 255u, (q >> 16) & 255u, q >> 24) - m);
+    }
+}
+#else   // Q6_K
+void dq16(uint rowb, uint c0, out f16vec4 o[4]) {
+    uint b = rowb + (c0 >> 8) * 210u;
+    uint j = c0 & 255u, n = j >> 7, g = (j >> 5) & 3u, l0 = j & 31u;
+    int sc = int(w_u8(b + 192u + (n << 3) + (l0 >> 4) + 2u * g) << 24) >> 24;
+    float d = w_f16(b + 208u) * float(sc);
+    uint qlb = b + (n << 6) + ((g & 1u) << 5) + l0, qhb = b + 128u + (n << 5) + l0;
+    uint sh = g < 2u ? 0u : 4u;
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        uint q = ((w_u32a2(qlb + 4u * i) >> sh) & 0x0F0F0F0Fu) | (((w_u32a2(qhb + 4u * i) >> (2u * g)) & 0x03030303u) << 4);
+        o[i] = f16vec4(d * (vec4(q & 255u, (q >> 8) & 255u, (q >> 16) & 255u, q >> 24) - 32.0));
+    }
+}
+#endif
+void dq_fetch(uint rowb, uint c0, out uint r[RAWN]) {
+    f16vec4 o[4];
+    dq16(rowb, c0, o);
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        r[2u * i] = packFloat2x16(o[i].xy);
+        r[2u * i + 1u] = packFloat2x16(o[i].zw);
+    }
+}
+void dq_decode(uint rowb, uint c0, uint r[RAWN], out f16vec4 o[4]) {
+    [[unroll]] for (uint i = 0u; i < 4u; i++) {
+        o[i] = f16vec4(unpackFloat2x16(r[2u * i]), unpackFloat2x16(r[2u * i + 1u]));
     }
 }
 #else   // Q4_1, Q5_0, Q5_1: element by element, decoded at once

@@ -49,7 +49,9 @@ def test_every_variant_splits_its_tiles_and_fits_nvidias_48k():
 def test_the_committed_tile_is_what_linear_dispatches():
     block = GLSL.read_text().split("#ifndef CM_BR", 1)[1].split("#endif", 1)[0]
     d = {k: int(v) for k, v in re.findall(r"#define CM_(\w+) (\d+)", block)}
-    c = {**matmul._BASE, **{k: d[k] for k in matmul._BASE}}
+    c = {**matmul._BASE, **{k: d[k] for k in matmul._BASE if k != "LATE"}}   # LATE: per type, no tile
+    late = GLSL.read_text().split("#ifndef CM_LATE", 1)[1].split("#endif\n#endif", 1)[0]
+    assert re.findall(r"#define CM_LATE (\d)", late) == ["1", "0"]
     assert (d["BR"], d["BT"]) == (linear.CM_ROWS, linear.CM_TOKENS)
     matmul.VARIANTS["_committed"] = {k: c[k] for k in matmul._BASE}
     try:
