@@ -1,6 +1,7 @@
 // The end of a mixture-of-experts FFN, into the residual stream:
 //   x[t, i] += sum_j w[t, j] * down[t * k + j, i]
 //            (+ sigmoid(g[t]) * shared[t, i]   with a shared expert, qwen2moe)
+// or, with flags bit 1, x[t, i] = the sum (gemma4 norms the experts' output on its own)
 // w: the routing weights moe_route.comp wrote; down: matvec_id's output, a
 // row per slot; g: the shared expert's gate logit (a one-row matvec).  The
 // weights are read on the GPU, so the step needs no readback.  A thread per
@@ -23,7 +24,8 @@ layout(push_constant) uniform Params {
     uint w_off;
     uint s_off;
     uint g_off;
-    uint has_shared;  // 0: bindings 3 and 4 are not read
+    uint flags;       // bit 0: a shared expert (else bindings 3 and 4 are not read);
+                      // bit 1: x = the sum instead of x += (gemma4: the experts' own buffer)
 } p;
 
 void main() {
@@ -37,8 +39,12 @@ void main() {
         uint slot = t * p.k + j;
         acc += w[p.w_off + slot] * down[p.d_off + slot * p.width + c];
     }
-    if (p.has_shared != 0u) {
+    if ((p.flags & 1u) != 0u) {
         acc += sh[p.s_off + i] / (1.0 + exp(-g[p.g_off + t]));
     }
-    x[p.x_off + i] += acc;
+    if ((p.flags & 2u) != 0u) {
+        x[p.x_off + i] = acc;
+    } else {
+        x[p.x_off + i] += acc;
+    }
 }

@@ -3,7 +3,9 @@
 // probability and their weights, as vramd/engine/moe.py's route():
 //   p = softmax(logits); ids = the k largest p, by decreasing p, ties: the
 //   lower id first (numpy's stable argsort of -p); w = p[ids], divided by
-//   their sum when `renormalize` (qwen3moe, mixtral; qwen2moe keeps p).
+//   their sum when `renormalize` (qwen3moe, mixtral; qwen2moe keeps p), then
+//   times a per-expert scale where `scaled` (gemma4's ffn_down_exps.scale: the
+//   expert's output times it, the same product moe_combine takes).
 // The ids drive matvec_id_<type> (which expert matrix a slot reads) and the
 // weights moe_combine, so a decode step needs no readback to route and is
 // recorded once and replayed.
@@ -29,6 +31,7 @@ layout(local_size_x = 128) in;
 layout(std430, set = 0, binding = 0) readonly buffer Logits { float logits[]; };
 layout(std430, set = 0, binding = 1) buffer Ids { uint ids[]; };
 layout(std430, set = 0, binding = 2) buffer Weights { float weights[]; };
+layout(std430, set = 0, binding = 3) readonly buffer Scale { float scale[]; };
 
 layout(push_constant) uniform Params {
     uint n_expert;
@@ -38,6 +41,8 @@ layout(push_constant) uniform Params {
     uint i_off;        // offset of token 0's ids in binding 1 (rows k apart)
     uint w_off;        // float offset of token 0's weights in binding 2 (rows k apart)
     uint renormalize;
+    uint scaled;       // 1: each weight times scale[s_off + its expert] (gemma4's ffn_down_exps.scale)
+    uint s_off;
     uint pad;
 } p;
 
@@ -122,6 +127,9 @@ void main() {
                 z += prob[j];
             }
             w /= max(z, SUM_MIN);
+        }
+        if (p.scaled != 0u) {
+            w *= scale[p.s_off + chosen[tid]];
         }
         ids[p.i_off + t * p.k + tid] = chosen[tid];
         weights[p.w_off + t * p.k + tid] = w;

@@ -161,8 +161,11 @@ def write_gemma4(path: str | Path, **options) -> Path:
     return write_gemma4_weights(path, spec, make_gemma4_weights(spec))
 
 
-def write_gemma4_weights(path: str | Path, spec: Gemma4Spec, weights: dict[str, np.ndarray]) -> Path:
-    """Write `weights` (numpy order, float32) with the metadata and vocabulary of `spec`."""
+def write_gemma4_weights(path: str | Path, spec: Gemma4Spec, weights: dict[str, np.ndarray], *,
+                         more_keys=None, type_of=None) -> Path:
+    """Write `weights` (numpy order, float32) with the metadata and vocabulary of `spec`;
+    more_keys(writer) adds keys (tests/ggufgen/gemma4_moe.py's experts), type_of(name, value,
+    qtype) picks a tensor's type (default: F32 for 1-D tensors, else the weight type)."""
     spec = spec.check()
     path = Path(path)
     qtype = WEIGHT_TYPES[spec.weight_type]
@@ -191,8 +194,11 @@ def write_gemma4_weights(path: str | Path, spec: Gemma4Spec, weights: dict[str, 
     writer.add_embedding_length_per_layer_input(spec.n_ple)
     if spec.softcap is not None:
         writer.add_final_logit_softcapping(spec.softcap)
+    if more_keys is not None:
+        more_keys(writer)
     write_vocab(writer, SimpleNamespace(n_vocab=spec.n_vocab, vocab=spec.vocab, chat_template=spec.chat_template))
-    write_tensors(writer, weights, lambda name, value: Q.F32 if np.ndim(value) == 1 else qtype)
+    type_of = type_of or (lambda name, value, qtype: Q.F32 if np.ndim(value) == 1 else qtype)
+    write_tensors(writer, weights, lambda name, value: type_of(name, value, qtype))
     return path
 
 

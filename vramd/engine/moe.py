@@ -1,4 +1,5 @@
-"""The routed FFN of mixture-of-experts layers (qwen3moe, qwen2moe, mixtral: vramd/engine/arch/moe.py).
+"""The routed FFN of mixture-of-experts layers (qwen3moe, qwen2moe, mixtral: vramd/engine/arch/moe.py;
+gpt-oss; gemma4's 26B-A4B, whose dense FFN beside the experts is vramd/engine/moe_beside.py).
 
 Owns: `route` (the host's routing rule, the reference the GPU's moe_route
 follows), `gpu_routable`, and the two ways a layer's experts are computed,
@@ -32,7 +33,7 @@ import math
 
 import numpy as np
 
-from vramd.engine import blocks, hostmv
+from vramd.engine import blocks, hostmv, moe_beside
 from vramd.engine.ops import ROUTE_MAX_EXPERTS, ROUTE_MAX_USED, row_bytes, view
 from vramd.model.placement import EXPERT_KINDS
 
@@ -61,14 +62,16 @@ def gpu_routable(m, i: int) -> bool:
     if moe.n_expert > ROUTE_MAX_EXPERTS or moe.n_used > ROUTE_MAX_USED:
         return False
     names = [f"blk.{i}.{kind}.weight" for kind in EXPERT_KINDS]
-    return all(name not in m.t.host and m.ops.fits_matvec_id(m.t.stack(name)) for name in names)
+    return all(not m.t.on_host(name) and m.ops.fits_matvec_id(m.t.stack(name)) for name in names)
 
 
 def activate(m, gate, up, out, n: int) -> None:
-    """The experts' gated activation: silu(gate) * up, or gpt-oss's clamped SwiGLU."""
+    """The experts' gated activation: silu(gate) * up, gelu(gate) * up (gemma4), or gpt-oss's clamped SwiGLU."""
     moe = m.spec.moe
     if moe.activation == "swiglu_oai":
         m.ops.swiglu_oai(gate, up, out, n, moe.swiglu_alpha, moe.swiglu_limit)
+    elif moe.activation == "gelu":
+        m.ops.gelu_mul(gate, up, out, n)
     else:
         m.ops.silu_mul(gate, up, out, n)
 
@@ -82,8 +85,9 @@ def gpu_experts(m, i: int, n: int) -> None:
     p, E, k, F = f"blk.{i}.", s.n_embd, moe.n_used, moe.n_ff_exp
     slots = n * k
     shared = moe.n_ff_shexp > 0
+    router_in = moe_beside.inputs(m, i, n) if moe.dense_beside else a["h"]
     with ops.parallel():   # everything that reads only h
-        ops.matvec(t.matrix(p + "ffn_gate_inp.weight"), a["h"], a["router"], n)
+        ops.matvec(t.matrix(p + "ffn_gate_inp.weight"), router_in, a["router"], n)
         if shared:
             ops.matvec(t.matrix(p + "ffn_gate_inp_shexp.weight"), a["h"], a["shgate"], n)
             ops.matvec(t.matrix(p + "ffn_gate_shexp.weight"), a["h"], a["sg"], n)
@@ -91,7 +95,8 @@ def gpu_experts(m, i: int, n: int) -> None:
     if moe.biases:
         ops.add(a["router"], t.vector(p + "ffn_gate_inp.bias"), a["router"], n * moe.n_expert, moe.n_expert)
     with ops.parallel():
-        ops.moe_route(a["router"], a["route_ids"], a["route_w"], n, moe.n_expert, k, moe.renormalize)
+        ops.moe_route(a["router"], a["route_ids"], a["route_w"], n, moe.n_expert, k, moe.renormalize,
+                      scale=t.vector(p + "ffn_down_exps.scale") if moe.expert_scale else None)
         if shared:
             ops.silu_mul(a["sg"], a["su"], a["sg"], n * moe.n_ff_shexp)
     gate, up, down = (t.stack(p + kind + ".weight") for kind in EXPERT_KINDS)
@@ -108,6 +113,10 @@ def gpu_experts(m, i: int, n: int) -> None:
     ops.matvec_id(down, moe.n_expert, a["route_ids"], a["eg"], a["ed"], slots)
     if moe.biases:
         ops.add_id(a["ed"], t.vector(p + "ffn_down_exps.bias"), a["route_ids"], slots, E, moe.n_expert)
+    if moe.dense_beside:
+        ops.moe_combine(a["mo"], a["ed"], a["route_w"], n, k, E, assign=True)
+        moe_beside.finish(m, i, n)
+        return
     ops.moe_combine(a["x"], a["ed"], a["route_w"], n, k, E, shared=a["shexp"] if shared else None,
                     shared_gate=a["shgate"] if shared else None)
     ops.rms_norm(a["x"], blocks.next_norm(m, i), a["h"], s.eps, n, E)
@@ -123,7 +132,8 @@ def host_routed_layer(m, i: int, n: int) -> None:
     shared = moe.n_ff_shexp > 0
     with ops.batch():
         blocks.mixer(m, i, n)
-        ops.matvec(t.matrix(p + "ffn_gate_inp.weight"), a["h"], a["router"], n)
+        router_in = moe_beside.inputs(m, i, n) if moe.dense_beside else a["h"]
+        ops.matvec(t.matrix(p + "ffn_gate_inp.weight"), router_in, a["router"], n)
         if moe.biases:
             ops.add(a["router"], t.vector(p + "ffn_gate_inp.bias"), a["router"], n * moe.n_expert, moe.n_expert)
         if shared:   # qwen2moe's shared expert, and its scalar gate
@@ -133,22 +143,31 @@ def host_routed_layer(m, i: int, n: int) -> None:
     ops.sync()
     router = a["router"].read(np.float32, 0, 4 * n * moe.n_expert).reshape(n, moe.n_expert)
     ids, weights = route(router.astype(np.float64), moe.n_used, moe.renormalize)
+    if moe.expert_scale:
+        weights = weights * _expert_scales(m, i)[ids]
     names = [p + kind + ".weight" for kind in EXPERT_KINDS]
     # How many of this layer's expert tensors are on the host: 0..3, a prefix of gate, up, down.
-    n_host = sum(name in t.host for name in names)
+    n_host = sum(t.on_host(name) for name in names)
+    # Where the experts' sum goes: the residual stream, or gemma4's own buffer (normed, then added).
+    out = "mo" if moe.dense_beside else "x"
     if n_host:
         # The host's share: the gate (1), gate and up (2), or the whole
         # expert (3); the device takes up from `part`, or adds `cpu`.
         h = a["h"].read(np.float32, 0, 4 * n * E).reshape(n, E)
         a["part" if n_host < 3 else "cpu"].write(_host_experts(m, names[:n_host], ids, weights, h,
                                                                 _expert_biases(m, i, n_host)))
+    if out == "mo" and n_host < 3:
+        a["mo"].write(np.zeros(n * E, np.float32))
     with ops.batch():
         if n_host == 3:
-            ops.add(a["x"], a["cpu"], a["x"], n * E)
+            if out == "mo":
+                ops.copy(a["cpu"], a["mo"], 4 * n * E)
+            else:
+                ops.add(a["x"], a["cpu"], a["x"], n * E)
         else:
             for tok in range(n):
                 h_t = view(a["h"], 4 * tok * E, 4 * E)
-                x_t = view(a["x"], 4 * tok * E, 4 * E)
+                x_t = view(a[out], 4 * tok * E, 4 * E)
                 for j, e in enumerate(ids[tok]):
                     e = int(e)
                     slot = view(a["part"], 4 * (tok * moe.n_used + j) * F, 4 * F)
@@ -179,7 +198,19 @@ def host_routed_layer(m, i: int, n: int) -> None:
                 ops.scale(s_t, s_t, E, float(1.0 / (1.0 + math.exp(-g[tok]))))
                 ops.add(x_t, s_t, x_t, E)
     with ops.batch():
-        ops.rms_norm(a["x"], blocks.next_norm(m, i), a["h"], s.eps, n, E)
+        if moe.dense_beside:
+            moe_beside.finish(m, i, n)
+        else:
+            ops.rms_norm(a["x"], blocks.next_norm(m, i), a["h"], s.eps, n, E)
+
+
+def _expert_scales(m, i: int) -> np.ndarray:
+    """Layer i's per-expert output scales (gemma4's ffn_down_exps.scale, [n_expert], float64),
+    read from the device once per model and layer, for the weights of the host's routing."""
+    cache = m.__dict__.setdefault("_host_expert_scales", {})
+    if i not in cache:
+        cache[i] = m.t.vector(f"blk.{i}.ffn_down_exps.scale").read(np.float32).astype(np.float64)
+    return cache[i]
 
 
 def _expert_bias(m, name: str, e: int, y, width: int) -> None:
@@ -206,6 +237,8 @@ def _activate_host(moe, g: np.ndarray, u: np.ndarray) -> np.ndarray:
         g = np.minimum(g, moe.swiglu_limit)
         u = np.clip(u, -moe.swiglu_limit, moe.swiglu_limit)
         return g * (0.5 * (1.0 + np.tanh(0.5 * moe.swiglu_alpha * g))) * (u + 1.0)
+    if moe.activation == "gelu":   # ggml's tanh approximation, as gelu_mul.comp
+        return 0.5 * g * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g ** 3))) * u
     return g * (0.5 * (1.0 + np.tanh(0.5 * g))) * u   # silu(gate) * up
 
 
@@ -275,8 +308,8 @@ def _host_matmul(m, items, experts: np.ndarray, starts: np.ndarray, counts: np.n
     info, host = m.t.info, m.t.host
     native = []
     for name, x, out in items:
-        t = info[name]
-        if hostmv.supports(int(t.type), t.shape[0]):
+        source, off, stride, rows, cols = m.t.stack_layout(name)
+        if hostmv.supports(int(info[source].type), cols):
             native.append((name, x, out))
             continue
         for e, s, c in zip(experts.tolist(), starts.tolist(), counts.tolist()):
@@ -284,10 +317,10 @@ def _host_matmul(m, items, experts: np.ndarray, starts: np.ndarray, counts: np.n
     count = len(experts)
     jobs = np.empty(len(native) * count, hostmv.JOB)
     for i, (name, x, out) in enumerate(native):
-        t = info[name]
-        rows, cols = t.shape[1], t.shape[0]
+        source, off, stride, rows, cols = m.t.stack_layout(name)
+        t = info[source]
         job = jobs[i * count:(i + 1) * count]
-        job["w"] = hostmv.address(host[name]) + experts * (rows * row_bytes(t.type, cols))
+        job["w"] = hostmv.address(host[source]) + off + experts * stride
         job["x"] = hostmv.address(x) + starts * (4 * cols)
         job["y"] = hostmv.address(out) + starts * (4 * rows)
         job["type"], job["rows"], job["cols"], job["n"] = int(t.type), rows, cols, counts
@@ -300,9 +333,9 @@ def _host_dequantized(m, name: str, e: int, x: np.ndarray) -> np.ndarray:
     (nothing is cached, so host memory stays at the file's size)."""
     import gguf
 
-    t = m.t.info[name]
-    rows, cols = t.shape[1], t.shape[0]
+    source, off, stride, rows, cols = m.t.stack_layout(name)
+    t = m.t.info[source]
     rb = row_bytes(t.type, cols)
-    raw = m.t.host[name][e * rows * rb:(e + 1) * rows * rb]
+    raw = m.t.host[source][off + e * stride:off + e * stride + rows * rb]
     w = gguf.quants.dequantize(raw.reshape(rows, rb), t.type).reshape(rows, cols).astype(np.float32, copy=False)
     return x @ w.T

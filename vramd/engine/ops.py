@@ -66,7 +66,7 @@ _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm
             "kv_write": (3, 40), "attention": (6, 72), "attention_flash": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 72), "attention_merge": (3, 28),
             "attention_split_gqa": (5, 72),
-            "rope_kv_write": (4, 80), "matvec_id": (4, 52), "moe_route": (3, 32), "moe_combine": (5, 36),
+            "rope_kv_write": (4, 80), "matvec_id": (4, 52), "moe_route": (4, 40), "moe_combine": (5, 36),
             "swiglu_oai": (3, 24), "add_id": (3, 20)}
 
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
@@ -132,14 +132,18 @@ class Weight:
     """A weight matrix (or embedding table) in ggml order: `rows` rows of
     `cols` contiguous elements of `qtype` (a gguf.GGMLQuantizationType), in
     `tensor` (a residency Tensor or a (buffer, offset, nbytes) view).  In GGUF
-    shape terms, cols = ne[0] and rows = ne[1]."""
+    shape terms, cols = ne[0] and rows = ne[1].  In a stack of experts'
+    matrices (matvec_id), `stride` bytes lead from one expert's matrix to the
+    next: rows * row bytes, or more where the matrix is a part of each expert's
+    (gemma4's fused ffn_gate_up_exps: the gate rows, then the up rows)."""
 
-    def __init__(self, tensor, qtype, rows: int, cols: int):
+    def __init__(self, tensor, qtype, rows: int, cols: int, stride: int | None = None):
         self.tensor, self.qtype, self.rows, self.cols = tensor, int(qtype), int(rows), int(cols)
         self.suffix = _weight_type(qtype)[0]
         if self.rows <= 0 or self.cols <= 0:
             raise ModelError(f"weight of {rows} x {cols} elements")
         self.row_bytes = row_bytes(qtype, self.cols)
+        self.stride = self.rows * self.row_bytes if stride is None else int(stride)
         have = _nbytes(tensor)
         if self.rows * self.row_bytes > have:
             raise ModelError(f"{type_name(qtype)} weight of {rows} x {cols} needs {self.rows * self.row_bytes} "
@@ -433,17 +437,19 @@ class Ops:
         expert 0's matrix at the start of the stack."""
         b, off, have = _resolve(w.tensor)
         slab = w.rows * w.row_bytes
-        if n_expert * slab > have:
-            raise UsageError(f"{n_expert} experts of {w} need {n_expert * slab} bytes, the tensor has {have}")
-        per = (self.max_range - self.align - 4) // slab
-        if per < 1:
+        if (n_expert - 1) * w.stride + slab > have:
+            raise UsageError(f"{n_expert} experts of {w} need {(n_expert - 1) * w.stride + slab} bytes, "
+                             f"the tensor has {have}")
+        room = self.max_range - self.align - 4 - slab
+        if room < 0:
             raise UsageError(f"one expert's matrix ({w}, {slab} bytes) exceeds the device's "
                              f"maxStorageBufferRange ({self.max_range})")
+        per = 1 + room // w.stride
         for e0 in range(0, n_expert, per):
             n = min(per, n_expert - e0)
-            s = off + e0 * slab
+            s = off + e0 * w.stride
             start = s // self.align * self.align
-            yield (b, start, _round4(s - start + n * slab)), s - start, e0, n
+            yield (b, start, _round4(s - start + (n - 1) * w.stride + slab)), s - start, e0, n
 
     def matvec_id(self, w: Weight, n_expert: int, ids, x, y, n_slots: int, *, x_div: int = 1,
                   x_stride: int | None = None, y_stride: int | None = None) -> None:
@@ -475,18 +481,20 @@ class Ops:
             k, per_group = self._kernel("matvec_id_" + w.suffix, "matvec_id"), linear.MATVEC_ROWS
             if words and wo % 16 == 0:  # the unit-per-thread form, as matvec's
                 k, per_group = self._kernel("matvec_id_w_" + w.suffix, "matvec_id"), linear.MATVEC_ROWS_W[w.suffix]
-            push = struct.pack("<13I", w.rows, w.cols, n_slots, wo, xo, x_stride, yo, y_stride, io, slab, e0, n,
+            push = struct.pack("<13I", w.rows, w.cols, n_slots, wo, xo, x_stride, yo, y_stride, io, w.stride, e0, n,
                                x_div)
             gx, gy = grid(-(-w.rows // per_group), self.max_groups)
             # Each slot reads one matrix: n_slots slabs in all, whichever run holds them.
             self._dispatch(k, [wv, xv, yv, iv], push, (gx, gy, n_slots),
                            label=f"{k.name} {w.rows}x{w.cols}x{n_slots}", nbytes=n_slots * slab if e0 == 0 else 0)
 
-    def moe_route(self, logits, ids, weights, n_tokens: int, n_expert: int, k: int, renormalize: bool) -> None:
+    def moe_route(self, logits, ids, weights, n_tokens: int, n_expert: int, k: int, renormalize: bool, *,
+                  scale=None) -> None:
         """ids[t, j], weights[t, j] (j < k): token t's k experts, by decreasing
         softmax probability of its router logits (ties: the lower id first),
-        and those probabilities, divided by their sum when `renormalize` --
-        vramd/engine/moe.py's route(), on the GPU (moe_route.comp).
+        and those probabilities, divided by their sum when `renormalize`, then
+        times scale[id] where `scale` (f32 [n_expert], gemma4's per-expert output
+        scale) is given -- vramd/engine/moe.py's route(), on the GPU (moe_route.comp).
 
         logits: f32 [n_tokens, n_expert]; ids: int32 [n_tokens, k];
         weights: f32 [n_tokens, k]."""
@@ -496,15 +504,18 @@ class Ops:
         lv, lo = self._bind(logits, 4 * n_tokens * n_expert, "moe_route logits")
         iv, io = self._bind(ids, 4 * n_tokens * k, "moe_route ids")
         wv, wo = self._bind(weights, 4 * n_tokens * k, "moe_route weights")
-        push = struct.pack("<8I", n_expert, k, n_tokens, lo, io, wo, int(bool(renormalize)), 0)
+        sv, so = self._bind(scale, 4 * n_expert, "moe_route scale") if scale is not None else (lv, 0)   # unread
+        push = struct.pack("<10I", n_expert, k, n_tokens, lo, io, wo, int(bool(renormalize)), int(scale is not None),
+                           so, 0)
         gx, gy = grid(n_tokens, self.max_groups)
-        self._dispatch(self._kernel("moe_route"), [lv, iv, wv], push, (gx, gy, 1))
+        self._dispatch(self._kernel("moe_route"), [lv, iv, wv, sv], push, (gx, gy, 1))
 
     def moe_combine(self, x, down, weights, n_tokens: int, k: int, width: int, *, shared=None,
-                    shared_gate=None) -> None:
+                    shared_gate=None, assign: bool = False) -> None:
         """x[t] += sum_j weights[t, j] * down[t * k + j] (+ sigmoid(shared_gate[t])
         * shared[t]): the routed experts' outputs, weighted, and a shared
-        expert's, gated, added to the residual stream (moe_combine.comp).
+        expert's, gated, added to the residual stream (moe_combine.comp);
+        assign: x[t] = the sum instead (gemma4's experts, normed before the add).
 
         x, shared: f32 [n_tokens, width]; down: f32 [n_tokens * k, width];
         weights: f32 [n_tokens, k]; shared_gate: f32 [n_tokens] (logits)."""
@@ -518,7 +529,8 @@ class Ops:
             gv, go = self._bind(shared_gate, 4 * n_tokens, "moe_combine shared gate")
         else:
             (sv, so), (gv, go) = (dv, 0), (wv, 0)   # bound, never read
-        push = struct.pack("<9I", width, n_tokens, k, xo, do, wo, so, go, int(shared is not None))
+        push = struct.pack("<9I", width, n_tokens, k, xo, do, wo, so, go,
+                           int(shared is not None) | (2 if assign else 0))
         self._dispatch(self._kernel("moe_combine"), [xv, dv, wv, sv, gv], push,
                        self._groups1d(n_tokens * width, self.max_groups))
 

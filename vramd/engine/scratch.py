@@ -97,4 +97,6 @@ def _moe_layout(spec, b: int) -> list[tuple[str, int]]:
             # outputs, the shared expert's gate and up (qwen2moe)
             ("route_ids", 4 * slots), ("route_w", 4 * slots), ("eg", 4 * slots * moe.n_ff_exp),
             ("eu", 4 * slots * moe.n_ff_exp), ("ed", 4 * slots * e), ("sg", 4 * b * max(moe.n_ff_shexp, 1)),
-            ("su", 4 * b * max(moe.n_ff_shexp, 1))]
+            ("su", 4 * b * max(moe.n_ff_shexp, 1))] + (
+        # gemma4 (vramd/engine/moe_beside.py): the router's input, the experts' sum before its norm
+        [("hr", 4 * b * e), ("mo", 4 * b * e)] if moe.dense_beside else [])

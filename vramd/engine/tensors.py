@@ -71,10 +71,20 @@ def required(spec) -> tuple[dict, dict]:
                 mats.update({p + "ffn_gate.weight": (E, F), p + "ffn_up.weight": (E, F), p + "ffn_down.weight": (F, E)})
             continue
         m = spec.moe
-        mats.update({p + "ffn_gate_inp.weight": (E, m.n_expert),
-                     p + "ffn_gate_exps.weight": (E, m.n_ff_exp, m.n_expert),
-                     p + "ffn_up_exps.weight": (E, m.n_ff_exp, m.n_expert),
-                     p + "ffn_down_exps.weight": (m.n_ff_exp, E, m.n_expert)})
+        mats.update({p + "ffn_gate_inp.weight": (E, m.n_expert), p + "ffn_down_exps.weight": (m.n_ff_exp, E, m.n_expert)})
+        if m.fused_gate_up:
+            mats[p + "ffn_gate_up_exps.weight"] = (E, 2 * m.n_ff_exp, m.n_expert)
+        else:
+            mats.update({p + "ffn_gate_exps.weight": (E, m.n_ff_exp, m.n_expert),
+                         p + "ffn_up_exps.weight": (E, m.n_ff_exp, m.n_expert)})
+        if m.dense_beside:   # gemma4: the dense FFN beside the experts and the norms around both
+            F = spec.n_ff
+            mats.update({p + "ffn_gate.weight": (E, F), p + "ffn_up.weight": (E, F), p + "ffn_down.weight": (F, E)})
+            vecs.update({p + n + ".weight": E for n in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2")})
+        if m.router_scale:
+            vecs[p + "ffn_gate_inp.scale"] = E
+        if m.expert_scale:
+            vecs[p + "ffn_down_exps.scale"] = m.n_expert
         if m.biases:   # gpt-oss: the router's bias, and F32 [n_expert, rows] stacks of the experts' biases
             vecs[p + "ffn_gate_inp.bias"] = m.n_expert
             mats.update({p + "ffn_gate_exps.bias": (m.n_ff_exp, m.n_expert),
@@ -99,6 +109,19 @@ def optional(spec) -> dict:
             F = spec.n_ff_of(i)
             vecs.update({p + "ffn_gate.bias": F, p + "ffn_up.bias": F, p + "ffn_down.bias": spec.n_embd})
     return vecs
+
+
+def expert_views(spec) -> dict[str, tuple[str, int]]:
+    """{gate or up stack name: (fused ffn_gate_up_exps, its first row in each expert)} (gemma4)."""
+    if not (spec.moe and spec.moe.fused_gate_up):
+        return {}
+    F, views = spec.moe.n_ff_exp, {}
+    for i, layer in enumerate(spec.layers):
+        if layer.moe:
+            p = f"blk.{i}."
+            views.update({p + "ffn_gate_exps.weight": (p + "ffn_gate_up_exps.weight", 0),
+                          p + "ffn_up_exps.weight": (p + "ffn_gate_up_exps.weight", F)})
+    return views
 
 
 def fused_views(spec) -> dict[str, tuple[str, int, int]]:
@@ -127,6 +150,7 @@ class TensorTable:
         self.views: dict = {}      # filled after the check, which checks the fused tensors whole
         self._check()
         self.views = fused_views(spec)
+        self.expert_views = expert_views(spec)
 
     def _fail(self, problem: str) -> ModelError:
         return ModelError(f"{self.file.path}: {problem}")
@@ -177,16 +201,31 @@ class TensorTable:
             raise self._fail(f"{name} must be F32 of {n} elements")
         return self.weights[name]
 
+    def stack_layout(self, name: str) -> tuple[str, int, int, int, int]:
+        """(the file's tensor, byte offset of expert 0's matrix in it, bytes from one
+        expert's matrix to the next, rows, cols) of a stack of expert matrices by its
+        unfused name: ffn_gate_exps / ffn_up_exps are parts of ffn_gate_up_exps where
+        the file fuses them (every expert's gate rows, then its up rows)."""
+        source, r0 = self.expert_views.get(name, (name, 0))
+        t = self.info[source]
+        cols, rb = t.shape[0], row_bytes(t.type, t.shape[0])
+        rows = t.shape[1] if source == name else t.shape[1] // 2
+        return source, r0 * rb, t.shape[1] * rb, rows, cols
+
+    def on_host(self, name: str) -> bool:
+        """Whether a stack of expert matrices (by its unfused name) is in host memory (--n-cpu-moe)."""
+        return self.stack_layout(name)[0] in self.host
+
     def stack(self, name: str) -> Weight:
         """A stacked expert tensor on the device, as expert 0's matrix (matvec_id's form)."""
-        t = self.info[name]
-        return Weight(self.weights[name], t.type, t.shape[1], t.shape[0])
+        source, off, stride, rows, cols = self.stack_layout(name)
+        t, tensor = self.info[source], self.weights[source]
+        return Weight(view(tensor, off) if off else tensor, t.type, rows, cols, stride)
 
     def expert(self, name: str, e: int) -> Weight | None:
         """Expert e's slab of a stacked tensor on the device; None if the tensor is on the host."""
-        if name in self.host:
+        if self.on_host(name):
             return None
-        t = self.info[name]
-        rows, cols = t.shape[1], t.shape[0]
-        slab = rows * row_bytes(t.type, cols)
-        return Weight(view(self.weights[name], e * slab, slab), t.type, rows, cols)
+        source, off, stride, rows, cols = self.stack_layout(name)
+        t = self.info[source]
+        return Weight(view(self.weights[source], off + e * stride, rows * row_bytes(t.type, cols)), t.type, rows, cols)

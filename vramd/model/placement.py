@@ -4,7 +4,8 @@ The rule (brief §4): the expert tensors (`ffn_gate_exps`, `ffn_up_exps`,
 `ffn_down_exps`) of the first ⌊N⌋ layers stay in host memory and are
 computed on the CPU; in the boundary layer ⌊N⌋, k = ⌊frac × 3 + 0.5⌋ of its
 three expert tensors stay on the host (frac = N − ⌊N⌋), dropped in the
-order gate, then up — down stays on the device longest.  Everything else
+order gate, then up — down stays on the device longest (a fused
+`ffn_gate_up_exps`, gemma4's, leaves with the gate).  Everything else
 goes to the device.  `plan()` adds the KV cache and compute scratch and
 totals it all; `smallest_fit()` finds the smallest N (in steps of 1/3) whose
 device footprint fits a budget, which is what `--n-cpu-moe auto` uses.
@@ -20,7 +21,9 @@ from typing import Callable
 from vramd.errors import UsageError
 
 EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # the order they leave the device
-_EXPERT = re.compile(r"^blk\.(\d+)\.(ffn_gate_exps|ffn_up_exps|ffn_down_exps)\.weight$")
+# In the boundary layer a kind leaves the device when k reaches its rank (gate and up fused: the gate's).
+_RANK = {"ffn_gate_exps": 1, "ffn_gate_up_exps": 1, "ffn_up_exps": 2, "ffn_down_exps": 3}
+_EXPERT = re.compile(r"^blk\.(\d+)\.(ffn_gate_exps|ffn_up_exps|ffn_gate_up_exps|ffn_down_exps)\.weight$")
 
 
 def parse_n_cpu_moe(value) -> float | str:
@@ -68,9 +71,9 @@ def host_tensors(mf, n: float) -> list[str]:
     for layer in sorted(experts):
         kinds = experts[layer]
         if layer < whole:
-            out += [kinds[kind] for kind in EXPERT_KINDS if kind in kinds]
+            out += [kinds[kind] for kind in _RANK if kind in kinds]
         elif layer == whole and k:
-            out += [kinds[kind] for kind in EXPERT_KINDS[:k] if kind in kinds]
+            out += [kinds[kind] for kind, rank in _RANK.items() if rank <= k and kind in kinds]
     return out
 
 

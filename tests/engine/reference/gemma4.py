@@ -79,7 +79,12 @@ _PLE = ("inp_gate", "proj", "post_norm")   # per-layer embeddings' tensors of a 
 
 class Gemma4Reference(Greedy):
     """A gemma4 GGUF model evaluated in numpy.  Per layer: `swa[l]`, `head_dim[l]`,
-    `n_head_kv[l]`, `n_rot[l]`, `base[l]`; `.layers[l]` maps tensor short names to values."""
+    `n_head_kv[l]`, `n_rot[l]`, `base[l]`; `.layers[l]` maps tensor short names to values.
+    A subclass computes another FFN by `_ffn` and reads its tensors by `_layer_tensors`
+    (tests/engine/reference/gemma4_moe.py)."""
+
+    TENSORS = tuple(m + ".weight" for m in _MATRICES + _NORMS)     # a layer's, by their names less blk.l.
+    OPTIONAL = tuple(m + ".weight" for m in _OPTIONAL)
 
     def __init__(self, path: str | os.PathLike[str], dtype: type = np.float64):
         self.file = mf = validate_gguf(path)
@@ -141,15 +146,18 @@ class Gemma4Reference(Greedy):
         for i in range(self.n_layer):
             p = f"blk.{i}."
             layer = {}
-            for m in _MATRICES + _NORMS + (_PLE if self.n_ple else ()):
-                if p + m + ".weight" in infos:
-                    layer[m] = take(p + m + ".weight")
-                elif m not in _OPTIONAL:
-                    raise ValueError(f"{path}: missing tensor {p}{m}.weight")
+            for m in self._layer_tensors(i):
+                if p + m in infos:
+                    layer[m.removesuffix(".weight")] = take(p + m)
+                elif m not in self.OPTIONAL:
+                    raise ValueError(f"{path}: missing tensor {p}{m}")
             self.layers.append(layer)
         unknown = sorted(set(infos) - known)
         if unknown:
             raise ValueError(f"{path}: tensors the reference does not implement: {', '.join(unknown[:5])}")
+
+    def _layer_tensors(self, il: int) -> tuple:
+        return self.TENSORS + (tuple(m + ".weight" for m in _PLE) if self.n_ple else ())
 
 
     def new_kv(self, dtype: type = np.float32) -> ReferenceKV:
@@ -185,9 +193,7 @@ class Gemma4Reference(Greedy):
             o = self._attention(q, kv.k[src].astype(self.dtype), kv.v[src].astype(self.dtype), positions,
                                 self.window if self.swa[il] else 0)
             x = x + rms_norm(o @ L["attn_output"].T, L["post_attention_norm"], self.eps)
-            h = rms_norm(x, L["ffn_norm"], self.eps)
-            f = gelu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)
-            x = x + rms_norm(f @ L["ffn_down"].T, L["post_ffw_norm"], self.eps)
+            x = x + rms_norm(self._ffn(il, L, x), L["post_ffw_norm"], self.eps)
             if ple is not None:
                 g = gelu(x @ L["inp_gate"].T) * ple[:, il, :]
                 x = x + rms_norm(g @ L["proj"].T, L["post_norm"], self.eps)
@@ -203,6 +209,11 @@ class Gemma4Reference(Greedy):
         proj = (x0 @ self.ple_proj.T / math.sqrt(self.n_embd)).reshape(n, self.n_layer, P)
         tok = self.ple_table[ids].reshape(n, self.n_layer, P) * math.sqrt(P)
         return (rms_norm(proj, self.ple_norm, self.eps) + tok) / math.sqrt(2.0)
+
+    def _ffn(self, il: int, L: dict, x: np.ndarray) -> np.ndarray:
+        """Layer il's FFN of the residual stream x, before its post_ffw_norm."""
+        h = rms_norm(x, L["ffn_norm"], self.eps)
+        return (gelu(h @ L["ffn_gate"].T) * (h @ L["ffn_up"].T)) @ L["ffn_down"].T
 
     def _attention(self, q, k, v, positions, window: int) -> np.ndarray:
         n, m, hd = q.shape[0], k.shape[0], q.shape[2]

@@ -12,7 +12,7 @@ use it before a device is opened.
 
 from __future__ import annotations
 
-from vramd.engine.arch import gemma3, gemma4, gptoss, llama, moe, qwen35
+from vramd.engine.arch import gemma3, gemma4, gemma4_moe, gptoss, llama, moe, qwen35
 from vramd.engine.arch.hparams import REQUIRED_KEYS, Hparams
 from vramd.engine.arch.spec import ArchSpec, LayerSpec, MoESpec
 from vramd.errors import ModelError
@@ -24,7 +24,7 @@ BUILDERS = {
     "qwen3": (llama.qwen3, None),
     "gemma3": (gemma3.gemma3, None),
     "gemma2": (gemma3.gemma2, None),
-    "gemma4": (gemma4.gemma4, None),
+    "gemma4": (gemma4.gemma4, gemma4_moe.gemma4_moe),
     "phi3": (llama.phi3, None),
     "mistral3": (llama.mistral3, None),
     "qwen3moe": (None, moe.qwen3moe),

@@ -28,12 +28,10 @@ Per kind of layer:
   both     attention.head_count_kv, one number or one per layer (the converter
            writes the array: the 31B has 16 KV heads on sliding layers, 4 on global)
 Norm weights are used as stored (the converter shifts none for Gemma 4).
+With expert_count (the 26B-A4B) arch/gemma4_moe.py adds the routed FFN to this spec.
 
 E2B / E4B (attention.shared_kv_layers, embedding_length_per_layer_input, a
 feed_forward_length per layer): arch/gemma4_e.py.
-
-Refused by name, before a device is opened (what the engine does not compute):
-expert_count (the 26B-A4B's MoE: arch/__init__.py's BUILDERS has no routed builder).
 """
 
 from __future__ import annotations

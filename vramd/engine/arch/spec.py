@@ -96,6 +96,13 @@ class MoESpec:
     activation: str = "silu"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    # gemma4 (arch/gemma4_moe.py): a dense FFN beside the experts (ffn_norm in, post_ffw_norm_1
+    # out), the experts' own input norm (pre_ffw_norm_2) and output norm (post_ffw_norm_2),
+    # their sum post-normed (post_ffw_norm) into the residual stream; "gelu": gelu(g) * u
+    dense_beside: bool = False
+    router_scale: bool = False   # the router reads rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale
+    expert_scale: bool = False   # ffn_down_exps.scale: expert e's output times scale[e]
+    fused_gate_up: bool = False  # ffn_gate_up_exps: per expert n_ff_exp gate rows, then n_ff_exp up rows
 
 
 @dataclass(frozen=True)
