@@ -96,11 +96,12 @@ N_DECODE = 4
 CTX = 64
 MIN_TOP1 = 0.1
 ROUTE_TIE = 0.1
-MOE = ("qwen3moe", "qwen2moe", "mixtral", "gpt-oss")
+MOE = ("qwen3moe", "qwen2moe", "mixtral", "gpt-oss", "gemma4-moe")
 
 _GROUP = {"llama": 0, "qwen2": 0, "qwen3": 1, "gemma3": 1, "qwen3moe": 2, "qwen2moe": 2, "mixtral": 2,
           "gemma2": 0, "phi3": 0, "mistral3": 0, "qwen3-yarn": 1, "qwen2-yarn": 0, "llama-yarn": 0,
-          "gemma4": 1, "qwen35": 1, "qwen35moe": 2, "gpt-oss": 2, "gemma4-e2b": 1, "gemma4-e4b": 1}
+          "gemma4": 1, "qwen35": 1, "qwen35moe": 2, "gpt-oss": 2, "gemma4-e2b": 1, "gemma4-e4b": 1,
+          "gemma4-moe": 1}
 # Cases the engine does not run yet (it would refuse their files before opening a device); their
 # references still face llama.cpp.
 ENGINE_PENDING: tuple = ()
@@ -111,6 +112,12 @@ TOL = {"F32": (0.01, 0.03, 0.015), "BF16": (0.2, 0.3, 1.0),
 # F16: F32's roundings plus BF16's activation roundings at 1/8 of their unit roundoff (header)
 TOL["F16"] = tuple(round(f + (b - f) / 8, 3) for f, b in zip(TOL["F32"], TOL["BF16"]))
 REFERENCE_TYPES = ("F32", "Q8_0", "Q4_K")
+# gemma4-moe (16 experts of which 4, routers of std 10: tests/ggufgen/gemma4_moe.py) is more
+# sensitive to llama.cpp's roundings than the other qknorm cases: its f16 KV cache alone moves
+# the numpy reference by up to 0.21 in log-probability on the F32 file.  Measured maxima against
+# llama.cpp (2026-12-02, the native 0c1e570 build): F32 0.027 vramd / 0.029 reference, F16
+# 0.076 vramd; the tolerances are 1.5x those (Q8_0 keeps the group's 0.85).
+TOL_CASE = {("gemma4-moe", "F32"): 0.045, ("gemma4-moe", "F16"): 0.115}
 
 
 class Case:
@@ -124,7 +131,7 @@ class Case:
         with LlamaServer(self.path, ctx=128) as peer:
             self.chain = peer.greedy_chain(self.prompt, N_CHAIN, N_PROBS)
         self.tokens = self.prompt + self.chain.tokens[:-1]
-        self.tol = TOL[weight_type][_GROUP[arch]]
+        self.tol = TOL_CASE.get((arch, weight_type), TOL[weight_type][_GROUP[arch]])
         self._ref = None
 
     def reference(self) -> tuple[np.ndarray, np.ndarray]:
@@ -141,6 +148,9 @@ class Case:
                 ref = Qwen35Reference(self.path)
             elif self.arch == "gpt-oss":
                 ref = GptOssReference(self.path)
+            elif self.arch == "gemma4-moe":
+                from tests.engine.reference.gemma4_moe import Gemma4MoEReference
+                ref = Gemma4MoEReference(self.path)
             elif self.arch in MOE:
                 ref = ReferenceMoE(self.path)
             elif gguf_arch in ("gemma3", "gemma2"):

@@ -37,6 +37,10 @@ same scaling on qwen2's and llama's case).  And in F32, F16, Q8_0 and Q4_K:
               4 heads of 128 over 1 KV head with V = K (no attn_v) and a proportional
               RoPE (rope_freqs: 16 of 64 pairs rotate), attention scale 1, V RMS-normed,
               a layer_output_scale per layer, logits capped at 15
+  gemma4-moe  gemma4 with experts (tests/ggufgen/gemma4_moe.py's default, the 26B-A4B's layout):
+              gemma4's 5 layers, each with the dense FFN of 512 beside 16 experts of 256 (4
+              used, renormalized, GELU), fused ffn_gate_up_exps, per-expert output scales,
+              the router on its own norm of x; in F32, F16 and Q8_0 only
   qwen35      Gated DeltaNet + gated attention (tests/ggufgen/qwen35.py's defaults: 4 layers,
               DeltaNet at 0 and 2, 2 key heads read by 4 value heads of 64, a conv of 4 taps,
               attention 4 x 64 on 2 KV heads with partial rotary 32), in QWEN35_TYPES; its
@@ -73,7 +77,8 @@ import numpy as np
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "qwen2moe", "mixtral",
          "gemma2", "phi3", "mistral3", "qwen3-yarn", "qwen2-yarn", "llama-yarn", "gemma4",
-         "qwen35", "qwen35moe", "gpt-oss", "gemma4-e2b", "gemma4-e4b")
+         "qwen35", "qwen35moe", "gpt-oss", "gemma4-e2b", "gemma4-e4b",
+         "gemma4-moe")
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
 # qwen35: the long tail's types and Q6_K.  (The prebuilt llama-server dies with SIGILL on quantized
@@ -81,7 +86,7 @@ TAIL_TYPES = ("F32", "F16", "Q8_0", "Q4_K")
 # from source and vramd/bench/llama_binary.py picks that build.)
 QWEN35_TYPES = ("F32", "F16", "Q8_0", "Q4_K", "Q6_K")
 TYPES_OF = ({a: TYPES for a in ARCHS[:7]} | {a: TAIL_TYPES for a in ARCHS[7:11]} | {a: ("F32",) for a in ARCHS[11:13]}
-            | {"gemma4": TAIL_TYPES, "qwen35": QWEN35_TYPES, "qwen35moe": ("F32", "F16")})
+            | {"gemma4": TAIL_TYPES, "gemma4-moe": ("F32", "F16", "Q8_0"), "qwen35": QWEN35_TYPES, "qwen35moe": ("F32", "F16")})
 # gguf general.architecture of each case (the reference and the tolerance group go by it)
 GGUF_ARCH = {a: a.split("-")[0] for a in ARCHS} | {"mixtral": "llama"}
 # the prompt of an architecture whose default (test_conformance.PROMPT) is too short for it
@@ -130,6 +135,10 @@ def _spec(arch: str):
         return (gemma3.Gemma3Spec(arch=arch, weight_type="F32", n_embd=256, n_ff=512, n_head=4, n_head_kv=2,
                                   head_dim=64, n_layer=4, window=8, attn_softcap=3.0, softcap=15.0, seed=5),
                 gemma3.make_gemma3_weights, gemma3.write_gemma3_weights)
+    if arch == "gemma4-moe":
+        from tests.ggufgen import gemma4_moe
+        return (gemma4_moe.Gemma4MoESpec(weight_type="F32", seed=5), gemma4_moe.make_gemma4_moe_weights,
+                gemma4_moe.write_gemma4_moe_weights)
     if arch.startswith("gemma4"):
         shape = {"gemma4-e2b": gemma4.E2B_SHAPE, "gemma4-e4b": gemma4.E4B_SHAPE}.get(arch, {})
         return (gemma4.Gemma4Spec(weight_type="F32", seed=5, **shape), gemma4.make_gemma4_weights,
