@@ -70,8 +70,9 @@ def _run(device, path, n_cpu_moe: float = 0, gpu_routing: bool = True):
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("gemma4moe")
-    return {"fused": write_gemma4_moe(d / "f.gguf", weight_type="F32", moe_layers=(0, 1, 2, 4)),
-            "separate": write_gemma4_moe(d / "s.gguf", weight_type="Q8_0", fused=False)}
+    # seeds whose routes along PROMPT and the step are all decided by > 0.04 (0.057 and 0.048; 0.056 and 0.54)
+    return {"fused": write_gemma4_moe(d / "f.gguf", weight_type="F32", moe_layers=(0, 1, 2, 4), seed=1),
+            "separate": write_gemma4_moe(d / "s.gguf", weight_type="Q8_0", fused=False, seed=2)}
 
 
 @pytest.mark.gpu
@@ -87,6 +88,7 @@ def test_engine_matches_the_reference(device, files, which, n_cpu_moe, gpu_routi
     want = ref.forward(PROMPT, kv, 0)
     assert min(r.margin.min() for r in ref.last_routes) > 0.01   # no near-tie a rounding could flip
     step_want = ref.forward([12], kv)[-1]
+    assert min(r.margin.min() for r in ref.last_routes) > 0.01
     got, step = _run(device, path, n_cpu_moe, gpu_routing)
     assert np.abs(got - want).max() / np.abs(want).max() < 2e-3
     assert np.abs(step - step_want).max() / np.abs(step_want).max() < 2e-3
