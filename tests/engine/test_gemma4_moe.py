@@ -43,6 +43,20 @@ def test_a_scale_missing_in_one_layer_is_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
+def test_experts_declared_without_a_router_are_one_line(tmp_path):
+    from tests.ggufgen.gemma4 import Gemma4Spec, make_gemma4_weights, write_gemma4_weights
+    from vramd.errors import ModelError
+    spec = Gemma4Spec()
+
+    def keys(writer):
+        writer.add_expert_count(8)
+        writer.add_expert_used_count(2)
+
+    path = write_gemma4_weights(tmp_path / "d.gguf", spec, make_gemma4_weights(spec), more_keys=keys)
+    with pytest.raises(ModelError, match=r"gemma4\.expert_count is 8 but no layer has ffn_gate_inp\.weight"):
+        _spec(path)
+
+
 def _run(device, path, n_cpu_moe: float = 0, gpu_routing: bool = True):
     """(prefill logits of PROMPT, one decode step's) from the engine, host tensors placed for n_cpu_moe."""
     from vramd.engine.model import TransformerModel

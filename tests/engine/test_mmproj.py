@@ -125,7 +125,8 @@ def test_no_vision_encoder(tmp_path):
     assert _refusal(path) == "clip.has_vision_encoder is missing or false: not a vision projector"
 
 
-@pytest.mark.parametrize("projector", ["ldp", "resampler", "qwen2vl_merger", "pixtral"])
+# gemma4v: llama.cpp mtmd's Gemma 4 projector, not built yet (docs/architecture.md)
+@pytest.mark.parametrize("projector", ["ldp", "resampler", "qwen2vl_merger", "pixtral", "gemma4v"])
 def test_unsupported_projector_is_named(tmp_path, projector):
     path = _write(tmp_path, projector)
     assert _refusal(path) == f"unsupported projector type {projector!r} (supported: mlp, gemma3)"
