@@ -36,7 +36,7 @@ import numpy as np
 from tests.engine.reference.common import metadata_key, rms_norm
 from tests.engine.reference.gemma3 import gelu
 from tests.engine.reference.gemma4 import Gemma4Reference
-from tests.engine.reference.moe import WEIGHTS_SUM_MIN, Route
+from tests.engine.reference.moe import Route, softmax_top_k
 
 __all__ = ["Gemma4MoEReference"]
 
@@ -69,20 +69,7 @@ class Gemma4MoEReference(Gemma4Reference):
     def route(self, L: dict, x: np.ndarray) -> Route:
         """The experts a routed layer (its tensors L) sends each row of x, the residual stream, to."""
         r = rms_norm(x, np.ones(x.shape[1], self.dtype), self.eps) / math.sqrt(self.n_embd) * L["ffn_gate_inp.scale"]
-        logits = r @ L["ffn_gate_inp"].T
-        p = np.exp(logits - logits.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
-        order = np.argsort(-p, axis=1, kind="stable")
-        k = self.n_expert_used
-        ids = order[:, :k]
-        w = np.take_along_axis(p, ids, axis=1)
-        w = w / np.maximum(w.sum(axis=1, keepdims=True), WEIGHTS_SUM_MIN)
-        if k < self.n_expert:
-            pair = np.take_along_axis(logits, order[:, k - 1:k + 1], axis=1)
-            margin = pair[:, 0] - pair[:, 1]
-        else:
-            margin = np.full(len(logits), np.inf)
-        return Route(ids=ids.astype(np.int64), weights=w, margin=margin, logits=logits)
+        return softmax_top_k(r @ L["ffn_gate_inp"].T, self.n_expert_used, True)
 
     def _ffn(self, il: int, L: dict, x: np.ndarray) -> np.ndarray:
         if "ffn_gate_inp" not in L:

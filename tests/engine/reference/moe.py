@@ -182,6 +182,26 @@ class MoELayer:
     shexp: dict[str, np.ndarray] = field(default_factory=dict)   # qwen2moe: gate_inp, gate, up, down
 
 
+def softmax_top_k(logits: np.ndarray, k: int, renormalize: bool) -> Route:
+    """The Route of router logits [n, n_expert] (build_moe_ffn's softmax gating): softmax, the
+    k most probable (ties: lower id first), their probabilities divided by their sum
+    (clamped at WEIGHTS_SUM_MIN) when `renormalize`; the margin of the k-th over the (k+1)-th."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    probs = np.exp(z)
+    probs = probs / probs.sum(axis=1, keepdims=True)
+    order = np.argsort(-probs, axis=1, kind="stable")
+    ids = order[:, :k]
+    weights = np.take_along_axis(probs, ids, axis=1)
+    if renormalize:
+        weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), WEIGHTS_SUM_MIN)
+    if k < logits.shape[1]:
+        chosen = np.take_along_axis(logits, order[:, k - 1:k + 1], axis=1)
+        margin = chosen[:, 0] - chosen[:, 1]
+    else:
+        margin = np.full(len(logits), np.inf)
+    return Route(ids=ids.astype(np.int64), weights=weights, margin=margin, logits=logits)
+
+
 def sigmoid(z: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-z)), written with tanh so that it never overflows (= silu(z) / z)."""
     return 0.5 * (1.0 + np.tanh(0.5 * z))
@@ -364,22 +384,7 @@ class ReferenceMoE(ReferenceModel):
         """The experts layer `il` sends each row of h [n, n_embd] (its ffn_norm
         output) to, and their weights: softmax of the router logits, top-k by
         probability (ties: lower id first), renormalized for qwen3moe / llama."""
-        logits = self.router_logits(il, np.atleast_2d(h))
-        z = logits - logits.max(axis=1, keepdims=True)
-        probs = np.exp(z)
-        probs = probs / probs.sum(axis=1, keepdims=True)
-        order = np.argsort(-probs, axis=1, kind="stable")
-        k = self.n_expert_used
-        ids = order[:, :k]
-        weights = np.take_along_axis(probs, ids, axis=1)
-        if self.norm_topk:
-            weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), WEIGHTS_SUM_MIN)
-        if k < self.n_expert:
-            chosen = np.take_along_axis(logits, order[:, k - 1:k + 1], axis=1)
-            margin = chosen[:, 0] - chosen[:, 1]
-        else:
-            margin = np.full(len(logits), np.inf)
-        return Route(ids=ids.astype(np.int64), weights=weights, margin=margin, logits=logits)
+        return softmax_top_k(self.router_logits(il, np.atleast_2d(h)), self.n_expert_used, self.norm_topk)
 
     def expert(self, il: int, e: int, h: np.ndarray) -> np.ndarray:
         """Expert e of layer il on rows h [m, n_embd]: down_e (silu(gate_e h) * up_e h)."""
