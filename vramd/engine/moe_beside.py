@@ -23,7 +23,7 @@ from vramd.engine import blocks
 
 def inputs(m, i: int, n: int):
     s, ops, a, t = m.spec, m.ops, m.act, m.t
-    p, E, F = f"blk.{i}.", s.n_embd, s.n_ff
+    p, E, F = f"blk.{i}.", s.n_embd, s.n_ff_of(i)
     with ops.parallel():   # everything that reads h = ffn_norm(x) or x
         ops.matvec(t.matrix(p + "ffn_gate.weight"), a["h"], a["gate"], n)
         ops.matvec(t.matrix(p + "ffn_up.weight"), a["h"], a["up"], n)
