@@ -103,7 +103,7 @@ def ask_daemons(report: dict) -> dict:
         row["host_total"] = sum(row["host_bytes"].values())
         row["daemon"] = {k: live.get(k) for k in ("endpoint", "residency", "evict_state", "ctx", "vram_budget",
                                                    "evictions", "evicted_bytes", "engine", "device_memory",
-                                                   "recurrent_state_bytes")}
+                                                   "recurrent_state_bytes", "slots")}
     return report
 
 
@@ -172,6 +172,14 @@ def render_status(r: dict) -> str:
             total = m["host_bytes"]["state"]
             lines.append(f"state   {m['name']}: KV/STATE {human_bytes(total)} = recurrent state and its checkpoint "
                          f"{human_bytes(rec)} + K/V and alignment {human_bytes(total - rec)}")
+    for m in r["members"]:   # its slots: what each serves, a generation paused for a peer (vramd/server/slots.py)
+        sl = (m.get("daemon") or {}).get("slots")
+        if sl and (sl["busy"] or sl["queued"]):
+            rows = ", ".join(f"slot {s['id']} {s['state']}" + (f" for {s['paused_for_s']:.1f}s (a peer holds the GPU)"
+                                                               if s["state"] == "paused" else f" {s['tokens']} tokens")
+                             for s in sl["slots"] if s["state"] != "idle")
+            lines.append(f"slots   {m['name']}: {rows or 'all idle'}; {sl['queued']} queued; "
+                         f"{sl['tokens_per_second']:g} tok/s")
     for m in r["members"]:
         dm = (m.get("daemon") or {}).get("device_memory") or {}
         if dm.get("foreign_since") is not None:
@@ -334,6 +342,10 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
               help="Keep the vision encoder on the device (lower latency, less VRAM for the rest).")
 @click.option("--wake-timeout", type=float, default=None,
               help="Seconds a request waits for the GPU before it fails with 503 [60].")
+@click.option("--parallel", type=int, default=None,
+              help="Generation slots; the engine holds one sequence for now, so only 1 is accepted [1].")
+@click.option("--max-queue", type=int, default=None,
+              help="Generation requests that may wait for the slot; one more is a 503 with Retry-After [64].")
 @click.option("--priority", type=int, default=None,
               help="Eviction priority; each point counts as 60 s of recency (ages like it) [0].")
 @click.option("--log-level", default=None, help="debug, info, warning or error [info].")

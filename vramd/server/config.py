@@ -47,6 +47,8 @@ class ServeConfig:
     max_hold: float = 5.0
     residency: str = "cache"
     wake_timeout: float = 60.0
+    parallel: int = 1              # generation slots (vramd/server/slots.py: the engine holds 1 sequence for now)
+    max_queue: int = 64            # generation requests that may wait for a slot; beyond: 503 + Retry-After
     n_cpu_moe: str | None = None   # "auto" or a number >= 0 (see vramd/model/placement.py)
     prefill_chunk: int | None = None   # tokens per prefill chunk (None: the architecture's; vramd/engine/scratch.py)
     mmproj: str | None = None      # a vision encoder (projector) GGUF
@@ -108,6 +110,10 @@ class ServeConfig:
             raise UsageError(f"{where}: vram_budget must be positive")
         if not 0 <= self.port <= 65535:
             raise UsageError(f"{where}: port {self.port}: must be 0..65535")
+        from vramd.server.slots import check_parallel
+        check_parallel(self.parallel, where)
+        if not 0 <= self.max_queue <= 1 << 20:
+            raise UsageError(f"{where}: max_queue {self.max_queue}: between 0 and {1 << 20}")
         if self.quantum < 0 or self.max_hold < self.quantum:
             raise UsageError(f"{where}: need 0 <= quantum <= max_hold")
         check_http_keys(self, where)

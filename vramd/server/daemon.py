@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import os
 import queue
 import select
@@ -34,8 +33,8 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 from vramd.arena.arbiter import WARDEN_JOIN, Participant
 from vramd.arena.layout import Arena, default_base
@@ -47,15 +46,15 @@ from vramd.server.config import ServeConfig
 from vramd.server.control import ControlServer
 from vramd.server.guard import JOIN_WAIT, Guard
 from vramd.server import embeddings, openai_api, prompts
+from vramd.server.jobs import DEFAULT_WAKE_TIMEOUT, Job
 from vramd.server.http import OPEN_PATHS, ClientGone, Exchange, HttpServer, json_route
 from vramd.server.logs import LoadProgress, event
 from vramd.server.metrics import Metrics
 from vramd.server.room import Room
+from vramd.server.slots import Slots
 
 log = logging.getLogger("vramd.daemon")
 
-# A waiter for the GPU that gets no token in this long is told so (503).
-DEFAULT_WAKE_TIMEOUT = 60.0
 # While holding the token, device memory is looked at this often for foreign users (memview.ForeignWatch).
 VRAM_WATCH_INTERVAL = 5.0
 # A status or /metrics call waits at most this long for the daemon's lock to look at device memory
@@ -87,84 +86,6 @@ class _Choice:
     req: Any
     sampling: Any
     ids: list[int] | None
-
-
-@dataclass
-class Job:
-    """One unit of the loop's work.  Its `timeout` (the wait for the GPU) counts from `arrived`:
-    a job queued behind others is not given a fresh timeout when the loop reaches it."""
-    kind: str
-    fn: Callable[[], Any] | None = None
-    needs_gpu: bool = False
-    timeout: float | None = DEFAULT_WAKE_TIMEOUT
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
-    error: BaseException | None = None
-    arrived: float = field(default_factory=time.monotonic)
-    taken: threading.Event = field(default_factory=threading.Event)   # the loop started it, or it finished
-    abandoned: bool = False   # its requester stopped waiting before the loop took it
-    cancelled: threading.Event = field(default_factory=threading.Event)   # its client went away
-    _claim: threading.Lock = field(default_factory=threading.Lock)
-
-    def finish(self, result=None, error=None) -> None:
-        self.result, self.error = result, error
-        self.taken.set()
-        self.done.set()
-
-    def left(self) -> float | None:
-        """Seconds left of its timeout (None: no limit)."""
-        if self.timeout is None or not math.isfinite(self.timeout):
-            return None
-        return self.arrived + self.timeout - time.monotonic()
-
-    def take(self) -> bool:
-        """The loop starts it; False if its requester gave up meanwhile (it was told so)."""
-        with self._claim:
-            if self.abandoned:
-                return False
-            self.taken.set()
-            return True
-
-    def wait_taken(self, busy: Callable[[], str], tick: Callable[[], None] | None = None,
-                   every: float = 1.0) -> None:
-        """The requester's side: until the loop takes the job (or it finished).  Past the
-        timeout, give it up and raise Timeout: a 503 on time even behind a long job.
-        tick: called every `every` seconds meanwhile (a stream's keep-alive); what it raises
-        gives the job up too (a client that went away) and is raised here."""
-        while True:
-            left = self.left()
-            wait = every if tick is not None else None
-            if left is not None:
-                wait = max(0.0, left) if wait is None else min(wait, max(0.0, left))
-            if self.taken.wait(wait):
-                return
-            left = self.left()
-            if left is None or left > 0:
-                try:
-                    tick()
-                    continue
-                except BaseException:
-                    if self._give_up():
-                        raise
-                    return   # taken meanwhile: the reply's own writes will find what tick found
-            if self._give_up():
-                raise Timeout(f"waited {time.monotonic() - self.arrived:.1f} s for the GPU (timeout "
-                              f"{self.timeout:g} s): {busy()}")
-            return
-
-    def _give_up(self) -> bool:
-        """Abandon the job unless the loop took it already (then False)."""
-        with self._claim:
-            if self.taken.is_set():
-                return False
-            self.abandoned = True
-            return True
-
-    def wait(self) -> Any:
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.result
 
 
 # Below this address-space limit (RLIMIT_AS, `ulimit -v`) Vulkan drivers cannot open a device:
@@ -264,6 +185,10 @@ class Daemon:
             freeing=lambda: self.room.freeing_bytes(),
             on_yield_request=self.poke, on_ring_while_cold=self._ring_while_parked,
             quantum=cfg.quantum, max_hold=cfg.max_hold)
+        # Between two steps of a generation: pause for a peer that rang, resume (vramd/server/slots.py).
+        self.slots = Slots(cfg.parallel, cfg.max_queue, self.participant.yield_due_in,
+                           lambda: self.participant.go_cold(reason="yield"),
+                           lambda cancel: self._ensure_warm(None, cancel, reason="resuming a paused generation"))
         registry = Registry(self.arena.members_dir)
         self.room = Room(self.name, self.residency, self.model.regions, self._budget(),
                          members=self._other_members, is_member=lambda pid: registry.read(pid) is not None,
@@ -802,6 +727,7 @@ class Daemon:
             raise PeerError(f"{self.name} is still loading")
         if self.stopping:
             raise ShuttingDown(f"{self.name} is shutting down")
+        self.slots.admit(self._queued())   # a full queue (--max-queue): 503 with Retry-After
         # Validated, rendered and tokenized here, before the job is queued: a bad request
         # is a 400 that never rings a peer nor takes the GPU (vramd/server/prompts.py).
         choices: list[_Choice] = []
@@ -823,16 +749,17 @@ class Daemon:
             before = dict(self.engine.stats)
             try:
                 finishes = []
-                for c in choices:
-                    finishes.append(compute(c))
-                    if cancelled.is_set():
-                        break
+                with self.slots.serving(kind) as slot:
+                    for c in choices:
+                        finishes.append(compute(c, slot))
+                        if cancelled.is_set():
+                            break
                 return finishes
             finally:
                 for key in ("prompt_tokens", "generated_tokens", "reused_tokens"):
                     timing[key] = self.engine.stats[key] - before[key]
 
-        def compute(c: _Choice):
+        def compute(c: _Choice, slot):
             ids, embeds = (c.ids, {}) if c.ids is not None else self.engine.prompt(c.req.prompt_input())
             c.builder.prompt_tokens = len(ids)
             if c.req.echo:
@@ -848,7 +775,9 @@ class Daemon:
                 events.put(("piece", (c.builder.index, piece)))
                 # A stop ends the generation at its next step (a clean finish, never a dead loop);
                 # so does a token that is no longer the arena's (never compute beside another holder).
-                return not cancelled.is_set() and not self.stopping and self.lost is None
+                # Then a peer's due yield pauses it here, between two steps (slots.py).
+                return not cancelled.is_set() and not self.stopping and self.lost is None and \
+                    self.slots.between_steps(slot, lambda: self._beat_or_give_up() or cancelled.is_set())
             finish = self.engine.generate(ids, c.sampling, emit, embeds)
             if self.engine.shift_stats["shifts"]:
                 c.builder.add_shifts(self.engine.shift_stats)
@@ -1004,6 +933,7 @@ class Daemon:
                 "evictions": self.metrics.evictions, "evicted_bytes": self.metrics.evicted_bytes,
                 "engine": dict(self.engine.stats) if self.engine else None,
                 "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url,
+                "slots": self.slots.status(self._queued(), self.engine.stats["reused_tokens"] if self.engine else 0),
                 "inflight": self._inflight,   # generation requests submitted and not yet answered
                 "stopping": self.stopping,    # shutting down: draining its replies (`vramd status` says so)
                 "device_memory": self._device_memory_status()}
@@ -1032,6 +962,7 @@ class Daemon:
                                    self.participant.member.yields, self.residency.breakdown(),
                                    tokens=dict(self.engine.stats) if self.engine else None,
                                    queued=self._queued(), inflight=self._inflight) + \
+            "\n".join(self.slots.render_metrics(f'name="{self.name}"')) + "\n" + \
             render_device_memory(self.name, self._device_memory_status())
 
     def _queued(self) -> int:
