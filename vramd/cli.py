@@ -103,7 +103,7 @@ def ask_daemons(report: dict) -> dict:
         row["host_total"] = sum(row["host_bytes"].values())
         row["daemon"] = {k: live.get(k) for k in ("endpoint", "residency", "evict_state", "ctx", "vram_budget",
                                                    "evictions", "evicted_bytes", "engine", "device_memory",
-                                                   "recurrent_state_bytes", "slots")}
+                                                   "recurrent_state_bytes", "slots", "host_cache")}
     return report
 
 
@@ -180,6 +180,12 @@ def render_status(r: dict) -> str:
                              for s in sl["slots"] if s["state"] != "idle")
             lines.append(f"slots   {m['name']}: {rows or 'all idle'}; {sl['queued']} queued; "
                          f"{sl['tokens_per_second']:g} tok/s")
+    for m in r["members"]:
+        hc = (m.get("daemon") or {}).get("host_cache")
+        if hc and hc["entries"]:
+            lines.append(f"cache   {m['name']}: host prompt cache {human_bytes(hc['bytes'])} of "
+                         f"{human_bytes(hc['limit_bytes'])} ({hc['entries']} sequences, {hc['hits']} hits, "
+                         f"{hc['restored_tokens']} tokens reused)")
     for m in r["members"]:
         dm = (m.get("daemon") or {}).get("device_memory") or {}
         if dm.get("foreign_since") is not None:
@@ -344,6 +350,9 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
               help="Seconds a request waits for the GPU before it fails with 503 [60].")
 @click.option("--parallel", type=int, default=None,
               help="Generation slots; the engine holds one sequence for now, so only 1 is accepted [1].")
+@click.option("--cache-ram", type=int, default=None, metavar="MIB",
+              help="Host memory (MiB) for the prompt cache: a conversation's K/V kept when another takes the slot, "
+                   "brought back instead of prefilled again; least recently used first out; 0: none [256].")
 @click.option("--max-queue", type=int, default=None,
               help="Generation requests that may wait for the slot; one more is a 503 with Retry-After [64].")
 @click.option("--priority", type=int, default=None,

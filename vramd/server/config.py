@@ -48,6 +48,7 @@ class ServeConfig:
     residency: str = "cache"
     wake_timeout: float = 60.0
     parallel: int = 1              # generation slots (vramd/server/slots.py: the engine holds 1 sequence for now)
+    cache_ram: int = 256           # MiB of host memory for the prompt cache (vramd/server/hostcache.py); 0: none
     max_queue: int = 64            # generation requests that may wait for a slot; beyond: 503 + Retry-After
     n_cpu_moe: str | None = None   # "auto" or a number >= 0 (see vramd/model/placement.py)
     prefill_chunk: int | None = None   # tokens per prefill chunk (None: the architecture's; vramd/engine/scratch.py)
@@ -112,6 +113,8 @@ class ServeConfig:
             raise UsageError(f"{where}: port {self.port}: must be 0..65535")
         from vramd.server.slots import check_parallel
         check_parallel(self.parallel, where)
+        if not 0 <= self.cache_ram <= 1 << 24:
+            raise UsageError(f"{where}: cache_ram {self.cache_ram}: MiB, between 0 and {1 << 24}")
         if not 0 <= self.max_queue <= 1 << 20:
             raise UsageError(f"{where}: max_queue {self.max_queue}: between 0 and {1 << 20}")
         if self.quantum < 0 or self.max_hold < self.quantum:

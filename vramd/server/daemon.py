@@ -51,6 +51,7 @@ from vramd.server.http import OPEN_PATHS, ClientGone, Exchange, HttpServer, json
 from vramd.server.logs import LoadProgress, event
 from vramd.server.metrics import Metrics
 from vramd.server.room import Room
+from vramd.server.hostcache import HostCache
 from vramd.server.slots import Slots
 
 log = logging.getLogger("vramd.daemon")
@@ -137,6 +138,7 @@ class Daemon:
         self.lost: str | None = None   # why the token or the arena is no longer ours (guard.py)
         self.exit_code = 0
         self.guard = None
+        self.host_cache = HostCache(cfg.cache_ram << 20)   # --cache-ram (vramd/server/hostcache.py)
         self._current: tuple[str | None, float] = (None, 0.0)   # the job the loop runs, since when
         self._inflight_lock = threading.Lock()
 
@@ -778,7 +780,10 @@ class Daemon:
                 # Then a peer's due yield pauses it here, between two steps (slots.py).
                 return not cancelled.is_set() and not self.stopping and self.lost is None and \
                     self.slots.between_steps(slot, lambda: self._beat_or_give_up() or cancelled.is_set())
+            self.host_cache.before(self.engine, ids)   # the slot's sequence saved, or a saved one brought back
+            reused = self.engine.stats["reused_tokens"]
             finish = self.engine.generate(ids, c.sampling, emit, embeds)
+            c.builder.cached_tokens = self.engine.stats["reused_tokens"] - reused
             if self.engine.shift_stats["shifts"]:
                 c.builder.add_shifts(self.engine.shift_stats)
             if finish == "cancelled" and self.lost is not None:
@@ -934,6 +939,7 @@ class Daemon:
                 "engine": dict(self.engine.stats) if self.engine else None,
                 "vram_budget": self.cfg.vram_budget, "ctx": self.cfg.ctx, "endpoint": self.http.url,
                 "slots": self.slots.status(self._queued(), self.engine.stats["reused_tokens"] if self.engine else 0),
+                "host_cache": self.host_cache.status(),   # host memory beside the breakdown's regions
                 "inflight": self._inflight,   # generation requests submitted and not yet answered
                 "stopping": self.stopping,    # shutting down: draining its replies (`vramd status` says so)
                 "device_memory": self._device_memory_status()}
@@ -962,7 +968,8 @@ class Daemon:
                                    self.participant.member.yields, self.residency.breakdown(),
                                    tokens=dict(self.engine.stats) if self.engine else None,
                                    queued=self._queued(), inflight=self._inflight) + \
-            "\n".join(self.slots.render_metrics(f'name="{self.name}"')) + "\n" + \
+            "\n".join(self.slots.render_metrics(f'name="{self.name}"') +
+                      self.host_cache.render_metrics(f'name="{self.name}"')) + "\n" + \
             render_device_memory(self.name, self._device_memory_status())
 
     def _queued(self) -> int:

@@ -337,6 +337,7 @@ class ResponseBuilder:
         self.text: list[str] = []
         self.pieces: list[Piece] = []
         self.prompt_tokens = 0
+        self.cached_tokens = 0   # prompt tokens not prefilled: the slot's prefix or the host cache's (hostcache.py)
         self.echo_text = ""
         self.role_sent = False
         self.context: dict | None = None   # what --context-overflow dropped (vramd/engine/overflow.py)
@@ -361,7 +362,8 @@ class ResponseBuilder:
 
     def usage(self) -> dict:
         n = sum(1 for p in self.pieces if p.token >= 0)  # a text-only tail piece is no token
-        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+        out = {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n,
+               "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}   # as OpenAI and llama.cpp say it
         if self.context:
             out["context"] = dict(self.context)
         return out
@@ -461,7 +463,9 @@ def summed_usage(builders: list[ResponseBuilder], n: int) -> dict:
     usages = [b.usage() for b in builders]
     prompt = sum(u["prompt_tokens"] for u in usages[::n])
     completion = sum(u["completion_tokens"] for u in usages)
-    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"]
+                                                          for u in usages[::n])}}
     contexts = [u["context"] for u in usages[::n] if "context" in u]
     if contexts:
         merged = dict(contexts[0])
