@@ -281,7 +281,7 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
             time.sleep(0.002)
         else:
             raise Timeout(f"{label} did not yield within {timeout:g} s "
-                          "(it yields only between requests, after its hold quantum)")
+                          "(it yields between two generation steps after its hold quantum; a long prefill is one step)")
     finally:
         doorbell.remove_ring(arena.doorbell_dir)
     click.echo(f"{label} yielded")

@@ -408,8 +408,8 @@ class Participant:
             m = members.get(pid)
             if m is None:
                 return f"pid {pid} (not a vramd member)"
-            # How long it has held: since its record said warm (a holder yields only between
-            # requests, after --max-hold, so one long generation holds for as long as it runs).
+            # How long it has held: since its record said warm (a vramd holder yields between
+            # requests, and between two generation steps after its quantum: vramd/server/slots.py).
             held = f", {m.state} for {max(0.0, time.time() - m.since):.1f} s" if m.state in ("warm", "cooling") else ""
             return f"{m.name} {pid}{held}"
         return ", ".join(one(p) for p in holders)
