@@ -251,5 +251,5 @@ def test_the_docs_list_every_serve_flag_every_bench_and_a_max_tokens_in_every_ch
         for line in path.read_text().splitlines():
             if "/v1/chat/completions" in line and " -d " in line:
                 assert "max_tokens" in line, f"{path.name}: a chat example without max_tokens: {line}"
-    assert "One long request holds the GPU" in readme
+    assert "A long generation pauses between two\nsteps when a peer rings" in readme
     assert "### What one long request does to the other models" in ops

@@ -144,6 +144,7 @@ def handle(daemon, ex) -> None:
                 break
             if daemon.stopping or daemon.lost is not None:
                 raise ShuttingDown(f"{daemon.name} is shutting down: the embeddings were ended")
+            daemon.host_cache.keep_slot(engine, one)   # an embedding overwrites the slot's rows from 0
             vectors.append(engine.embed(one))
             daemon.beat = time.monotonic()
         timing["prompt_tokens"] = sum(len(one) for one in ids[:len(vectors)])

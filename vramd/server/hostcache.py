@@ -94,6 +94,13 @@ class HostCache:
             self._save(engine, list(cached), keep=best)
         return 0 if best is None else self._restore(engine, best, best_n)
 
+    def keep_slot(self, engine, ids: list[int]) -> None:
+        """Before rows 0.. are overwritten by `ids` (an embedding): save the slot's sequence if they cut it."""
+        cached = engine.cached
+        if self.limit > 0 and self.usable(engine) and len(cached) >= MIN_TOKENS and \
+                common_prefix(cached, ids) < len(cached):
+            self._save(engine, list(cached), keep=None)
+
     def _save(self, engine, tokens: list[int], keep: tuple | None) -> None:
         """Save the slot's sequence, making room by the LRU order, but never by dropping `keep`
         (the entry this request is about to restore: then the slot's sequence is not saved)."""
