@@ -176,3 +176,23 @@ def test_parallel_above_what_the_engine_holds_is_refused_by_name(arena, models):
     assert out.returncode == 2 or out.returncode != 0
     assert "parallel 4: this engine holds 1 sequence at a time" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_qwen35_generation_resumes_with_its_recurrent_state_after_going_to_the_host(arena, tmp_path, daemons):
+    """The hybrid model's slot is K/V and a DeltaNet state: both go to the host and back mid-generation."""
+    from tests.engine.conformance.cases import write_case
+    flags = ("--residency", "exclusive", "--evict-state", "always")
+    q = daemons(arena, write_case("qwen35", "Q4_K", tmp_path / "qwen35.gguf"), "qwen", *flags, ctx=256)
+    b = daemons(arena, write_model(tmp_path / "beta.gguf", seed=2, shape=SHAPE), "beta", *flags)
+    url = q.member().endpoint + "/v1/completions"
+    body = {"prompt": [1, 2, 3], "max_tokens": 120, "temperature": 0}
+    q.ask("wake")
+    alone, _ = stream(url, body)
+    assert alone
+    out = in_thread(stream, url, body)
+    while "at" not in out:
+        b.ask("wake")
+        time.sleep(0.05)
+    assert "error" not in out, out.get("error")
+    assert out["result"][0] == alone
+    assert status(q)["pauses_total"] >= 1, q.output

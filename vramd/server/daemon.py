@@ -190,7 +190,7 @@ class Daemon:
         # Between two steps of a generation: pause for a peer that rang, resume (vramd/server/slots.py).
         self.slots = Slots(cfg.parallel, cfg.max_queue, self.participant.yield_due_in,
                            lambda: self.participant.go_cold(reason="yield"),
-                           lambda cancel: self._ensure_warm(None, cancel, reason="resuming a paused generation"))
+                           lambda cancel: self._ensure_warm(cfg.wake_timeout, cancel, reason="resuming a paused generation"))
         registry = Registry(self.arena.members_dir)
         self.room = Room(self.name, self.residency, self.model.regions, self._budget(),
                          members=self._other_members, is_member=lambda pid: registry.read(pid) is not None,
@@ -778,8 +778,8 @@ class Daemon:
                 # A stop ends the generation at its next step (a clean finish, never a dead loop);
                 # so does a token that is no longer the arena's (never compute beside another holder).
                 # Then a peer's due yield pauses it here, between two steps (slots.py).
-                return not cancelled.is_set() and not self.stopping and self.lost is None and \
-                    self.slots.between_steps(slot, lambda: self._beat_or_give_up() or cancelled.is_set())
+                return not cancelled.is_set() and not self.stopping and self.lost is None and (piece.token < 0 or
+                    self.slots.between_steps(slot, lambda: self._beat_or_give_up() or cancelled.is_set()))
             self.host_cache.before(self.engine, ids)   # the slot's sequence saved, or a saved one brought back
             reused = self.engine.stats["reused_tokens"]
             finish = self.engine.generate(ids, c.sampling, emit, embeds)

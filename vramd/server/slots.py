@@ -16,7 +16,9 @@ residency move: vramd/engine/model.py) and the generation continues where it sto
 its text is the unswitched text.  The peer waits at most one of our decode steps past the
 quantum; a prefill is one step here (its chunks are not yet interruptible).  A streaming
 client sees SSE keep-alive comments meanwhile (daemon.py's stream writer sends them when no
-piece comes), a client that goes away ends the wait (the `cancel` callable), a stop too.
+piece comes), a client that goes away ends the wait (the `cancel` callable), a stop too; a
+peer that keeps the GPU past --wake-timeout fails the paused generation with that 503 (a
+streamed one: an error event after its pieces).
 
 One slot: the engine holds one sequence (Engine.cached).  MAX_PARALLEL rises when the
 batched engine lands (issue 16); `--parallel` above it is refused by name, never ignored.
