@@ -40,7 +40,7 @@ def stream(url: str, body: dict, seen: list | None = None) -> tuple[str, list[st
                 chunk = json.loads(line[6:])
                 assert "error" not in chunk, chunk
                 text.append(chunk["choices"][0]["text"])
-    assert lines[-2:] == ["data: [DONE]", ""] or "data: [DONE]" in lines, lines[-5:]
+    assert "data: [DONE]" in lines, lines[-5:]
     return "".join(text), lines
 
 
@@ -63,7 +63,6 @@ def test_a_generation_pauses_for_a_peer_and_resumes_to_the_same_text(arena, tmp_
         t0 = time.monotonic()
         alone, _ = stream(url, body)
         whole = time.monotonic() - t0
-        assert status(a)["pauses_total"] == 0 or body is not bodies[0]
         assert len(alone) > 0
         pauses = status(a)["pauses_total"]
         out = in_thread(stream, url, body)
@@ -173,7 +172,7 @@ def test_a_client_that_hangs_up_mid_stream_frees_the_slot_at_the_next_step(arena
 def test_parallel_above_what_the_engine_holds_is_refused_by_name(arena, models):
     out = subprocess.run([sys.executable, "-m", "vramd.cli", "serve", str(models[0]), "--arena", str(arena),
                           "--parallel", "4"], capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
-    assert out.returncode == 2 or out.returncode != 0
+    assert out.returncode == 2, out.stderr
     assert "parallel 4: this engine holds 1 sequence at a time" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
@@ -196,3 +195,31 @@ def test_a_qwen35_generation_resumes_with_its_recurrent_state_after_going_to_the
     assert "error" not in out, out.get("error")
     assert out["result"][0] == alone
     assert status(q)["pauses_total"] >= 1, q.output
+
+
+def test_a_client_that_hangs_up_while_paused_ends_the_generation(arena, tmp_path, daemons):
+    a = daemons(arena, write_model(tmp_path / "alpha.gguf", seed=1, shape=SHAPE), "alpha", ctx=CTX)
+    b = daemons(arena, write_model(tmp_path / "beta.gguf", seed=2, shape=SHAPE), "beta", "--quantum", "8",
+                "--max-hold", "8")   # B keeps the GPU long after A rings: A stays paused
+    u = urllib.parse.urlsplit(a.member().endpoint)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": [1, 2, 3], "max_tokens": N, "stream": True,
+                                                        "temperature": 0}), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    while not r.readline().startswith(b"data: {"):
+        pass
+    woke = in_thread(b.ask, "wake")
+    deadline = time.monotonic() + 10
+    while status(a)["paused"] == 0:
+        assert time.monotonic() < deadline, a.output
+        time.sleep(0.02)
+    made = a.ask("status")["engine"]["generated_tokens"]
+    conn.sock.close()   # hang up while paused: found at the stream's next keep-alive (2 s)
+    conn.close()
+    deadline = time.monotonic() + 10
+    while status(a)["busy"]:
+        assert time.monotonic() < deadline, a.output
+        time.sleep(0.05)
+    st = a.ask("status")
+    assert st["engine"]["generated_tokens"] == made and not st["holds_token"]   # ended cold: not resumed
+    woke["thread"].join(30)
