@@ -45,7 +45,7 @@ from gguf import GGMLQuantizationType as Q
 
 from tests.ggufgen.common import gain, normal, output_head, start_writer
 from tests.ggufgen.quant import FILE_TYPES, WEIGHT_TYPES, write_tensors
-from tests.ggufgen.vocab import CHATML_TEMPLATE, write_vocab
+from tests.ggufgen.vocab import CHATML_TEMPLATE, HARMONY_TEMPLATE, write_vocab
 
 EXPERT_TYPES = {"MXFP4": Q.MXFP4} | WEIGHT_TYPES
 
@@ -75,6 +75,11 @@ class GptOssSpec:
     bpe_pre: str = "gpt-2"
     chat_template: str = CHATML_TEMPLATE
     tied_output: bool = False
+    harmony: bool = False           # harmony's control tokens (vocab.HARMONY_TOKENS) and HARMONY_TEMPLATE
+
+    def __post_init__(self):
+        if self.harmony and self.chat_template == CHATML_TEMPLATE:
+            object.__setattr__(self, "chat_template", HARMONY_TEMPLATE)
 
     def check(self) -> "GptOssSpec":
         if self.weight_type not in WEIGHT_TYPES or self.expert_type not in EXPERT_TYPES:

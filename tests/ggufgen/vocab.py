@@ -2,7 +2,8 @@
 
 Owns `make_vocab` (and `Vocab`, `gpt2_byte_chars`, the token types), the chat
 templates (`LLAMA2_TEMPLATE`, `MISTRAL_TEMPLATE`, `CHATML_TEMPLATE`,
-`QWEN3_TEMPLATE`: Qwen3's own, with enable_thinking, as templates/qwen3.jinja),
+`QWEN3_TEMPLATE`: Qwen3's own, with enable_thinking, as templates/qwen3.jinja;
+`HARMONY_TEMPLATE`, a cut-down gpt-oss one, with `HARMONY_TOKENS`),
 `write_vocab` (the tokenizer.* metadata of a spec) and
 `LLAMA_CPP_TOKENIZATIONS` (llama.cpp's tokenizations of a few texts with these
 vocabularies: goldens for the engine's tokenizer).
@@ -101,6 +102,21 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
+# A cut-down harmony template (gpt-oss's markers, tools as a developer line, an assistant's call as
+# the real template renders it, the generation prompt "<|start|>assistant"); with HARMONY_TOKENS.
+HARMONY_TEMPLATE = (
+    "{%- if tools -%}<|start|>developer<|message|># Tools\n{%- for t in tools %} functions.{{ t.function.name }}"
+    "{%- endfor -%}<|end|>{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' and m.tool_calls -%}{%- for c in m.tool_calls -%}<|start|>assistant<|channel|>"
+    "commentary to=functions.{{ c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments }}<|call|>"
+    "{%- endfor -%}"
+    "{%- elif m.role == 'assistant' -%}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>"
+    "{%- elif m.role == 'tool' -%}<|start|>functions.{{ m.name }} to=assistant<|channel|>commentary<|message|>"
+    "{{ m.content }}<|end|>"
+    "{%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}")
+
 # Qwen3's own template (the "chat_template" of Qwen/Qwen3-0.6B's tokenizer_config.json,
 # with its enable_thinking switch), kept as a data file of the writer package.
 QWEN3_TEMPLATE = (Path(__file__).parent / "templates" / "qwen3.jinja").read_text()
@@ -124,6 +140,8 @@ class Vocab:
 # Control tokens a style's vocabulary ends with: llama.cpp's phi3 vocabulary loader looks up
 # "<|endoftext|>" (a file without it fails to load, "_Map_base::at"); Phi-3's chat tokens.
 PHI3_TOKENS = ("<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>")
+# OpenAI harmony's (gpt-oss's o200k_harmony) markers, CONTROL tokens; a spec with harmony=True has them.
+HARMONY_TOKENS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 
 
 @functools.lru_cache(maxsize=None)
@@ -325,8 +343,9 @@ def write_vocab(writer: gguf.GGUFWriter, spec) -> None:
     fim = getattr(spec, "fim", None)
     if fim is not None and fim not in FIM_STYLES:
         raise ValueError(f"fim {fim!r}: expected one of {', '.join(FIM_STYLES)} or None")
-    v = make_vocab(spec.vocab, spec.n_vocab, fim is not None, PHI3_TOKENS if getattr(spec, "arch", "") == "phi3" else (),
-                   getattr(spec, "tool_tokens", False))
+    extra = (PHI3_TOKENS if getattr(spec, "arch", "") == "phi3" else
+             HARMONY_TOKENS if getattr(spec, "harmony", False) else ())
+    v = make_vocab(spec.vocab, spec.n_vocab, fim is not None, extra, getattr(spec, "tool_tokens", False))
     writer.add_tokenizer_model(v.model)
     if v.model == "gpt2":
         writer.add_tokenizer_pre(spec.bpe_pre)

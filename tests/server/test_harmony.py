@@ -26,6 +26,7 @@ CASES = [   # (text, reasoning, content)
     ("<|channel|>commentary<|message|>Let me look.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
      None, "Let me look.Done."),
     ("No channels at all, a <|channel|> later.", None, "No channels at all, a <|channel|> later."),
+    (" to=functions.nothing, just text", None, "to=functions.nothing, just text"),   # not a header after all
     ("<|channel|>final<|message|>a < b and 2<|3 stays<|return|>ignored", None, "a < b and 2<|3 stays"),
 ]
 
@@ -54,6 +55,9 @@ CALLS = [   # (text, reasoning, content, [(name, arguments)])
      "Need the weather.", None, [("get_weather", '{"city": "Paris"}')]),
     ('<|start|>assistant to=functions.sacks<|channel|>commentary json<|message|>{"day": 1}',   # recipient first,
      None, None, [("sacks", '{"day": 1}')]),                                                # ended by EOG
+    (' to=functions.sacks<|channel|>analysis<|message|>{"day": 1}', None, None,   # the recipient right after
+     [("sacks", '{"day": 1}')]),                                                 # the prompt's <|start|>assistant
+    (" to=functions.nothing, just text", None, "to=functions.nothing, just text", []),   # no header follows
     ("<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary "
      'to=functions.a<|message|>{}<|call|>', None, "Checking.", [("a", "{}")]),
 ]
@@ -86,15 +90,16 @@ def _plan(body):
 FNS = [{"type": "function", "function": {"name": "tide", "parameters": {"type": "object"}}}]
 
 
-def test_harmony_plans_free_text_with_control_tokens_and_refuses_forced_calls():
+def test_harmony_plans_control_text_and_its_constraints_need_a_vocabulary():
+    """Calls and a response_format are grammars in harmony's channels (tests/engine/test_harmony_grammar.py
+    checks them on a file's vocabulary); without a vocabulary they are refused, not left free."""
     from vramd.errors import UsageError
-    req, (grammar, special) = _plan({"tools": FNS})
-    assert req.tool_format == "harmony" and grammar is None and special and req.reasoning == H
     req, (grammar, special) = _plan({})
-    assert req.tool_format is None and grammar is None and special   # channels need the markers as text
-    for choice in ("required", {"type": "function", "function": {"name": "tide"}}):
-        with pytest.raises(UsageError, match="harmony"):
-            _plan({"tools": FNS, "tool_choice": choice})
+    assert req.tool_format is None and grammar is None and special and req.reasoning == H  # markers as text
+    for body in ({"tools": FNS}, {"tools": FNS, "tool_choice": "required"},
+                 {"response_format": {"type": "json_object"}}):
+        with pytest.raises(UsageError, match="vocabulary"):
+            _plan(body)
 
 
 def test_reasoning_format_none_keeps_the_analysis_in_content_and_still_reads_calls():

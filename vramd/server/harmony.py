@@ -10,7 +10,9 @@ a tool call a recipient `to=functions.NAME` and `<|constrain|>json`; a call
 ends with `<|call|>`).  The `analysis` channel is reasoning; `final` and
 `commentary` (a preamble) are content.  The markers are control tokens, so a
 harmony request decodes control tokens as text (vramd/server/tools.py).
-Text that does not start with a header is content as written.
+Text that does not start with a header is content as written (with tools, a
+leading ` to=functions.NAME` is a header: the recipient right after the
+prompt's `<|start|>assistant`, llama.cpp's "^ to" trigger).
 
 Owns `is_harmony(template)` and `HarmonySplit` (the interface of
 reasoning.ReasoningSplit: feed(text) -> (reasoning, content), finish(); and
@@ -30,6 +32,7 @@ from vramd.server.toolcalls import new_id
 CHANNEL, MESSAGE, START = "<|channel|>", "<|message|>", "<|start|>"
 ENDS = ("<|end|>", "<|return|>", "<|call|>")
 _LONGEST = max(len(m) for m in (CHANNEL, MESSAGE, START, *ENDS))
+ROLE_TO = "to=functions."
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 
 
@@ -62,6 +65,7 @@ class HarmonySplit:
         self.args = ""
         self.calls: list[dict] = []         # completed, not yet taken
         self.n_calls = 0
+        self.role_lead = False              # the text began " to=functions.": a header only if one follows
 
     def take_calls(self) -> list[dict]:
         out, self.calls = self.calls, []
@@ -80,10 +84,13 @@ class HarmonySplit:
         while buf:
             if self.state == "lead":
                 lead = buf.lstrip()
-                if len(lead) < _LONGEST and (CHANNEL.startswith(lead) or START.startswith(lead)):
+                # a call may name its recipient first, right after the prompt's <|start|>assistant
+                heads = (CHANNEL, START, ROLE_TO) if self.take_calls_at_all else (CHANNEL, START)
+                if len(lead) < len(ROLE_TO) and any(h.startswith(lead) for h in heads):
                     self.pending = buf
                     break
-                self.state = "header" if lead.startswith((CHANNEL, START)) else "plain"
+                self.state = "header" if lead.startswith(heads) else "plain"
+                self.role_lead = lead.startswith(ROLE_TO)
                 buf = lead if self.state == "header" else buf
             elif self.state == "plain":
                 content.append(buf)
@@ -98,7 +105,7 @@ class HarmonySplit:
                 self.channel = name.split("<|", 1)[0].split(" ", 1)[0].strip()
                 to = _RECIPIENT.search(head) if self.take_calls_at_all else None
                 self.recipient = to.group(1) if to else None
-                self.state, buf = "body", buf[at + len(MESSAGE):]
+                self.state, buf, self.role_lead = "body", buf[at + len(MESSAGE):], False
             elif self.state == "body":
                 ends = [(buf.find(m), m) for m in ENDS if m in buf]
                 if ends:
@@ -126,4 +133,5 @@ class HarmonySplit:
             return "", ""
         if self.state == "body":
             return (rest, "") if self.channel == "analysis" and not self.inline else ("", rest)
-        return ("", rest) if self.state in ("lead", "plain") else ("", "")
+        # plain text that only began like a recipient (no <|message|> came) stays content
+        return ("", rest) if self.state in ("lead", "plain") or self.role_lead else ("", "")

@@ -26,6 +26,9 @@ starting {"name"), then a call of one of the request's tools, valid for its
 `parameters`, and with parallel_tool_calls false exactly one call, then only the
 end of generation; required and a named function constrain the whole answer to
 calls; none shows the tools and parses nothing.
+    harmony  [GPT-OSS]       the template writes channels (gpt-oss): calls and a
+             response_format's JSON in the model's own channels, the analysis
+             channel free first (vramd/server/harmony_grammar.py).
 `plan` also sets the request's reasoning split (vramd/server/reasoning.py):
 under a <think> block the template's prompt opened, a grammar starts with
 "</think>" so that the constrained JSON is the answer, not the thought.
@@ -39,7 +42,7 @@ import time
 from vramd.engine import grammar as g
 from vramd.engine.chat_polyfill import add_system
 from vramd.errors import UsageError
-from vramd.server import reasoning
+from vramd.server import harmony_grammar, reasoning
 from vramd.server.harmony import is_harmony
 
 GENERIC_PROMPT = ("Respond in JSON format, either with `tool_call` (a request to call tools) or with "
@@ -70,17 +73,17 @@ def plan(tokenizer, template, req) -> tuple[str | None, bool]:
     # constrained answer first closes it (an empty thought, as Qwen's enable_thinking=false writes).
     req.reasoning = reasoning.plan(template, req.reasoning_format, req.template_kwargs) if req.kind == "chat" else None
     close = json.dumps(reasoning.CLOSE) + " " if req.reasoning is not None and req.reasoning.open else ""
-    special = req.reasoning is not None and req.reasoning.harmony   # harmony's markers are control tokens
+    harmony = req.reasoning is not None and req.reasoning.harmony
+    special = harmony   # harmony's markers are control tokens
     if s.tools:
         fmt = detect(template)
         if fmt == "llama3":
             req.template_kwargs.update(date_string=time.strftime("%d %b %Y"), tools_in_user_message=False)
         if fmt == "harmony" and s.calls_tools:
-            # the model writes its calls in its own channels, read after the fact (harmony.py):
-            # nothing constrains them yet, so a forced call cannot be honoured
-            if s.tool_choice != "auto" or s.json_schema is not None:
-                raise UsageError("this model's harmony (gpt-oss) template takes tool_choice 'auto' only, "
-                                 "without response_format, in vramd for now")
+            # calls in the model's own channels (harmony_grammar.py), read back by harmony.py
+            if tokenizer is None:
+                raise UsageError("this model has no vocabulary in its file: tool calls need one")
+            grammar = harmony_grammar.calls(tokenizer, s, _functions(s))
             req.tool_format, special = fmt, True
         elif s.calls_tools:
             if s.json_schema is not None:
@@ -90,7 +93,9 @@ def plan(tokenizer, template, req) -> tuple[str | None, bool]:
             grammar = _call_grammar(fmt, tokenizer, s, close)
             special = special or fmt == "mistral"
             req.tool_format = fmt
-    if grammar is None and s.json_schema is not None and not s.calls_tools:
+    if grammar is None and s.json_schema is not None and not s.calls_tools and harmony and tokenizer is not None:
+        grammar = harmony_grammar.response(tokenizer, s.json_schema)   # thought first, then the JSON
+    elif grammar is None and s.json_schema is not None and not s.calls_tools:
         grammar = g.lark(f"start: {close}{g.json_in_lark(s.json_schema)}\n") if close else g.json_schema(s.json_schema)
     if grammar is not None:
         if tokenizer is None:
