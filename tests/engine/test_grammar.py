@@ -338,3 +338,21 @@ def test_under_an_open_think_block_the_trigger_counts_only_after_it(engine):
     assert walk(c, tok, "maybe</think>\n\nso " + trigger + call.replace("tide", "flood")) is not None
     c = g.Constraint(tok, grammar)
     assert walk(c, tok, "maybe</think>\n\nso " + trigger + call) is None and c.done
+
+
+def test_the_matchers_state_is_read_while_the_next_mask_is_computed(engine):
+    """`done` (read by the generation loop right after `prefetch`) does not touch the matcher the
+    worker is filling a mask from: llguidance raised "Already mutably borrowed" (seen 2 runs in 3
+    on tests/engine/test_harmony_grammar.py's random walks before the state was kept)."""
+    tok = engine.tokenizer
+    c = g.Constraint(tok, g.lark('start: /[a-z ]*/ "."\n'))
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        token = int(np.argmax(c.masked(rng.normal(size=tok.n_vocab).astype(np.float32))))
+        if tok.is_eog(token):
+            break
+        c.advance(token)
+        c.prefetch()
+        if c.done:
+            break
+        assert not c.accepting

@@ -197,6 +197,9 @@ def test_auto_tools_leave_text_and_channels_free_until_a_recipient(engine):
     assert after(tok, gr, ANALYSIS + ["<|channel|>", "commentary", "<|message|>", "Let me look", "<|end|>"]) \
         == marker(tok, "<|start|>")
     assert names_after(tok, gr, ANALYSIS + ["<|channel|>", "commentary to=functions."]) == set(SCHEMAS)
+    assert names_after(tok, gr, ANALYSIS + [" to=functions."]) == set(SCHEMAS)       # the recipient in the role
+    assert not after(tok, gr, ANALYSIS + ["<|channel|>", "commentary to=functions.sacks", "<|message|>"]) \
+        & set(ids_of(tok, ["Plain"]))                                                   # the arguments are JSON
     # with a response_format the final channel's body is the schema's JSON (an object here)
     assert after(tok, gr, ANALYSIS + ["<|channel|>", "final", "<|message|>", "{}"]) == marker(tok, "<|return|>")
 

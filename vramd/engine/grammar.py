@@ -158,6 +158,9 @@ class Constraint:
             raise UsageError(f"grammar: {_one_line(self.matcher.get_error())}")
         self._bits = llg.numpy.allocate_token_bitmask(1, self.n_vocab)
         self._next: Future | None = None   # the next step's allowed tokens, being computed
+        # the matcher's state read on this thread after each token: while the worker fills a mask the
+        # matcher is borrowed there, and reading it here raised "Already mutably borrowed" (llguidance)
+        self._stopped, self._accepting = self.matcher.is_stopped(), self.matcher.is_accepting()
 
     def allowed(self) -> np.ndarray:
         """A boolean vector over the vocabulary: the tokens the grammar allows next."""
@@ -174,7 +177,7 @@ class Constraint:
     def prefetch(self) -> None:
         """Start computing the next mask on the worker thread (the matcher is not touched
         here again until `masked` has taken the result)."""
-        if self._next is None and not self.matcher.is_stopped():
+        if self._next is None and not self._stopped:
             self._next = _mask_worker().submit(self._allowed_ids)
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
@@ -204,12 +207,13 @@ class Constraint:
         if not self.matcher.consume_token(token):
             raise VramdError(f"grammar: token {token} was refused after the mask allowed it: "
                              f"{_one_line(self.matcher.get_error())}")
+        self._stopped, self._accepting = self.matcher.is_stopped(), self.matcher.is_accepting()
 
     @property
     def done(self) -> bool:
         """The grammar is complete and admits nothing more (only an end of generation)."""
-        return self.matcher.is_stopped()
+        return self._stopped
 
     @property
     def accepting(self) -> bool:
-        return self.matcher.is_accepting()
+        return self._accepting

@@ -37,56 +37,56 @@ import json
 
 from vramd.engine import grammar as g
 
-MARKERS = {"START": "<|start|>", "CH": "<|channel|>", "MSG": "<|message|>", "END": "<|end|>",
-           "RET": "<|return|>", "CALL": "<|call|>", "CON": "<|constrain|>"}
-# text with no "<|" in it: every "<" is followed by a character other than "|" (or ends the text)
-_BODY = 'BODY: /([^<]|<+[^<|])*<*/\n'
-_FREE = 'free: m_ch ("analysis" | "commentary") m_msg BODY m_end m_start "assistant"\n'
+MARKERS = {"m_start": "<|start|>", "m_ch": "<|channel|>", "m_msg": "<|message|>", "m_end": "<|end|>",
+           "m_ret": "<|return|>", "m_call": "<|call|>", "m_con": "<|constrain|>"}
+# A message body: text with no "<|" in it (every "<" followed by a character other than "|", or last).
+# A thought (analysis) and a preamble (commentary) are whole messages, the next one's <|start|>assistant
+# included.
+_MESSAGES = ('BODY: /([^<]|<+[^<|])*<*/\n'
+             'thought: m_ch "analysis" m_msg BODY m_end m_start "assistant"\n'
+             'preamble: m_ch "commentary" m_msg BODY m_end m_start "assistant"\n')
 
 
-def _markers(tokenizer) -> str:
-    """The markers as Lark rules: the control token, or its text where the vocabulary lacks it."""
-    return "".join(f"m_{k.lower()}: {g.special_token(tokenizer, t) or json.dumps(t)}\n" for k, t in MARKERS.items())
+def _grammar(start: str, tokenizer) -> str:
+    """A Lark grammar from its start rules, with the messages and the markers (each the control
+    token by id, or its text where the vocabulary lacks it)."""
+    markers = "".join(f"{k}: {g.special_token(tokenizer, t) or json.dumps(t)}\n" for k, t in MARKERS.items())
+    return g.lark("%llguidance {}\n" + start + _MESSAGES + markers)
 
 
-def _final_body(schema: dict | None) -> str:
-    return g.json_in_lark(schema) if schema is not None else "BODY"
+def _final(schema: dict | None) -> str:
+    """The final channel: its body the schema's JSON (free text without one), then <|return|>."""
+    body = g.json_in_lark(schema) if schema is not None else "BODY"
+    return f'final: m_ch "final" (" " m_con? /[a-zA-Z0-9_-]+/)? m_msg {body} m_ret\n'
 
 
 def response(tokenizer, schema: dict) -> str:
-    return g.lark(
-        '%llguidance {}\nstart: (analysis m_start "assistant")? final\n'
-        'analysis: m_ch "analysis" m_msg BODY m_end\n'
-        f'final: m_ch "final" (" " m_con? /[a-zA-Z0-9_-]+/)? m_msg {_final_body(schema)} m_ret\n'
-        + _markers(tokenizer) + _BODY)
+    return _grammar("start: thought? final\n" + _final(schema), tokenizer)
 
 
 def _call_rules(functions: list[dict]) -> str:
+    """channel_call and role_call: a call of one of `functions`, the recipient in the channel's
+    header or in the role's."""
     rules = ['callch: m_ch ("commentary" | "analysis")\njsonhdr: (" " m_con? "json")?\n']
-    names, role_names = [], []
     for i, fn in enumerate(functions):
         name = json.dumps(fn["name"])
         rules.append(f"args{i}: {g.json_in_lark(fn['parameters'])}\n"
                      f"fn{i}: {name} jsonhdr m_msg args{i} m_call\n"
                      f"rfn{i}: {name} callch jsonhdr m_msg args{i} m_call\n")
-        names.append(f"fn{i}")
-        role_names.append(f"rfn{i}")
-    rules.append(f'call: callch " to=functions." ({" | ".join(names)}) | role_call\n'
-                 f'role_call: " to=functions." ({" | ".join(role_names)})\n')
+    n = range(len(functions))
+    rules.append(f'channel_call: callch " to=functions." ({" | ".join(f"fn{i}" for i in n)})\n'
+                 f'role_call: " to=functions." ({" | ".join(f"rfn{i}" for i in n)})\n')
     return "".join(rules)
 
 
 def calls(tokenizer, s, functions: list[dict]) -> str:
     """The grammar of a harmony answer under tool_choice auto, required or a named function."""
     if s.tool_choice in ("required", "function"):
-        start = ('start: (m_ch "analysis" m_msg BODY m_end m_start "assistant")? '
-                 '(m_ch "commentary" m_msg BODY m_end m_start "assistant")? call\n')
+        start = "start: thought? preamble? (channel_call | role_call)\n"
     else:
-        # plain text (no channel: content as written), or messages, the last a final answer or a call;
-        # a call in the role (" to=functions." right after the prompt's <|start|>assistant) only
-        # after a message, where plain text cannot be
-        start = ('start: TEXT? | free* (m_ch "final" m_msg ' + _final_body(s.json_schema) + ' m_ret | channel_call)'
-                 ' | free+ role_call\n' + _FREE + 'TEXT: /(.|\\n)+/\n'
-                 'channel_call: callch " to=functions." (' +
-                 " | ".join(f"fn{i}" for i in range(len(functions))) + ')\n')
-    return g.lark("%llguidance {}\n" + start + _call_rules(functions) + _markers(tokenizer) + _BODY)
+        # plain text (no channel: content as written), or messages, the last a final answer or a
+        # call; a call in the role (" to=functions." right after the prompt's <|start|>assistant)
+        # only after a message, where plain text cannot be
+        start = ("start: TEXT? | (thought | preamble)* (final | channel_call) | (thought | preamble)+ role_call\n"
+                 "TEXT: /(.|\\n)+/\n" + _final(s.json_schema))
+    return _grammar(start + _call_rules(functions), tokenizer)
