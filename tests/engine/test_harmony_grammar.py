@@ -14,7 +14,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from tests.engine.test_grammar import random_schema, sample_on
+from tests.engine.test_grammar import _utf8, random_schema, sample_on
 from tests.ggufgen.gptoss import write_gptoss
 from vramd.engine import grammar as g
 from vramd.engine.arch import spec_for
@@ -115,7 +115,7 @@ def test_response_format_masks_leave_the_analysis_free_then_only_the_schemas_jso
     first = after(tok, gr, final)
     assert first == text_tokens(tok, lambda p: p.startswith(b"{") and json_prefix(p)) and first
     assert after(tok, gr, final + ['{"day": "Tuesday", "n": 42}']) == marker(tok, "<|return|>")
-    # a value outside the schema is refused, as is JSON before the final channel
+    # a value outside the schema is refused; no marker but <|end|> inside the thought
     c = g.Constraint(tok, gr)
     for token in ids_of(tok, final + ['{"day": "Sun']):
         ok = c.allowed()[token]
@@ -135,16 +135,9 @@ def json_prefix(piece: bytes) -> bool:
     return False
 
 
-def _utf8(p: bytes) -> bool:
-    try:
-        p.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def names_after(tok, gr, parts) -> str:
-    """Every name the grammar admits after `parts`, walked to the end of the name (a greedy DFS)."""
+def names_after(tok, gr, parts) -> set[str]:
+    """Every name the grammar admits after `parts`: a walk of every allowed token up to the end of
+    the name (a marker, or a token starting with the space of " <|constrain|>json")."""
     out = set()
 
     def dfs(prefix: bytes, c):
