@@ -24,8 +24,24 @@ vec4 xvec4(uint i);  // x[i .. i+3] (i a multiple of 4): defined by matvec.glsl 
 // x[c + k .. c + k + 3] where c is the unit's first x index and k an offset
 // in the unit (a multiple of 4): read from x, or where the kernel loaded the
 // unit's x once for several rows (matvec.glsl's MV_ROWLANE: mvx).
+// The hooks' arithmetic types: MV_XV holds x for 4 consecutive elements, MV_ACC a sum.  For one
+// token (the matvec kernels) a vec4 and a float; for matvec.glsl's MC_NT == 4 (matmul_c_<type>:
+// an invocation's rows times 4 tokens at once, each unit decoded once for the 4) a mat4 whose
+// column t is token t's 4 values and a vec4 of the 4 tokens' sums: `v * X` (v: 4 decoded
+// weights) is then the 4 tokens' dot products, so one hook body serves both.
+#if defined(MC_NT) && MC_NT == 4
+#define MV_XV mat4
+#define MV_ACC vec4
+#define MV_DOT(v, xv) ((v) * (xv))
+#define MV_XSUM(xv) (vec4(1.0) * (xv))
+#else
+#define MV_XV vec4
+#define MV_ACC float
+#define MV_DOT(v, xv) dot(v, xv)
+#define MV_XSUM(xv) dot(xv, vec4(1.0))
+#endif
 #ifdef MV_ROWLANE
-vec4 mvx[16];  // the x of the unit being summed (at most 64 elements), loaded once for all a lane's rows
+MV_XV mvx[16];  // the x of the unit being summed (at most 64 elements), loaded once for all a lane's rows
 #define MVX(c, k) mvx[(k) >> 2]
 #else
 #define MVX(c, k) xvec4((c) + (k))
@@ -90,7 +106,7 @@ float elem(uint rowb, uint c) {
 // is wd[0]'s high half and quant word i is wd[i+1].  Every word is loaded
 // before any is used (memory latency).
 #define MV_UNIT 32u
-float mv_unit(uint rowb, uint u, uint xb) {
+MV_ACC mv_unit(uint rowb, uint u, uint xb) {
     uint b = rowb + u * BLOCK_BYTES;
 #if defined(TYPE_Q8_0)
     const uint NW = 9u;   // words covering 34 bytes at an even offset
@@ -104,18 +120,18 @@ float mv_unit(uint rowb, uint u, uint xb) {
     bool odd = (b & 2u) != 0u;
     float d = unpackHalf2x16(odd ? (wd[0] >> 16) : wd[0]).x;
     uint c = xb + (u << 5);
-    float s = 0.0;
+    MV_ACC s = MV_ACC(0.0);
 #if defined(TYPE_Q8_0)
     [[unroll]] for (uint i = 0u; i < 8u; i++) {
         int q = int(odd ? wd[i + 1u] : ((wd[i] >> 16) | (wd[i + 1u] << 16)));
         vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
                       bitfieldExtract(q, 24, 8));
-        s += dot(v, MVX(c, 4u * i));
+        s += MV_DOT(v, MVX(c, 4u * i));
     }
 #else  // Q4_0: quant word i holds elements 4i..4i+3 (low nibbles) and 16+4i.. (high)
     [[unroll]] for (uint i = 0u; i < 4u; i++) {
         uint q = odd ? wd[i + 1u] : ((wd[i] >> 16) | (wd[i + 1u] << 16));
-        s += dot(nib_lo(q) - 8.0, MVX(c, 4u * i)) + dot(nib_hi(q) - 8.0, MVX(c, 16u + 4u * i));
+        s += MV_DOT(nib_lo(q) - 8.0, MVX(c, 4u * i)) + MV_DOT(nib_hi(q) - 8.0, MVX(c, 16u + 4u * i));
     }
 #endif
     return d * s;

@@ -135,7 +135,7 @@ float elem(uint rowb, uint c) {
 
 #if defined(TYPE_Q4_1) || defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
 #define MV_UNIT 32u
-float mv_unit(uint rowb, uint u, uint xb) {
+MV_ACC mv_unit(uint rowb, uint u, uint xb) {
     uint b = rowb + u * BLOCK_BYTES;
     uint c = xb + (u << 5);
 #if defined(TYPE_Q5_0)
@@ -150,17 +150,17 @@ float mv_unit(uint rowb, uint u, uint xb) {
     const uint QS = 4u;
     vec2 dm = unpackHalf2x16(w_u32a2(b));
 #endif
-    float s = 0.0, sx = 0.0;
+    MV_ACC s = MV_ACC(0.0), sx = MV_ACC(0.0);
     [[unroll]] for (uint i = 0u; i < 4u; i++) {
         uint q = w_u32a2(b + QS + 4u * i);
-        vec4 xl = MVX(c, 4u * i), xh = MVX(c, 16u + 4u * i);
+        MV_XV xl = MVX(c, 4u * i), xh = MVX(c, 16u + 4u * i);
         vec4 lo = nib_lo(q), hi = nib_hi(q);
 #if defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
         lo += bit5w(qh, 4u * i);
         hi += bit5w(qh, 16u + 4u * i);
 #endif
-        s += dot(lo, xl) + dot(hi, xh);
-        sx += dot(xl, vec4(1.0)) + dot(xh, vec4(1.0));
+        s += MV_DOT(lo, xl) + MV_DOT(hi, xh);
+        sx += MV_XSUM(xl) + MV_XSUM(xh);
     }
 #if defined(TYPE_Q5_0)
     return d * (s - 16.0 * sx);
@@ -178,7 +178,7 @@ void k4_sm(uint s0, uint s1, uint s2, uint s, out float sc, out float mn) {
     sc = float(lo ? (s0 >> t) & 63u : ((s2 >> t) & 15u) | (((s0 >> (t + 6u)) & 3u) << 4));
     mn = float(lo ? (s1 >> t) & 63u : ((s2 >> (t + 4u)) & 15u) | (((s1 >> (t + 6u)) & 3u) << 4));
 }
-float mv_unit(uint rowb, uint u, uint xb) {
+MV_ACC mv_unit(uint rowb, uint u, uint xb) {
     uint b = rowb + (u >> 2) * BLOCK_BYTES;
     uint j = u & 3u;  // sub-blocks 2j (low nibbles) and 2j + 1 (high)
     uint c = xb + (u << 6);
@@ -219,20 +219,20 @@ float mv_unit(uint rowb, uint u, uint xb) {
     float sc0, mn0, sc1, mn1;
     k4_sm(hd[1], hd[2], hd[3], 2u * j, sc0, mn0);
     k4_sm(hd[1], hd[2], hd[3], 2u * j + 1u, sc1, mn1);
-    float sl = 0.0, sh = 0.0, xl_sum = 0.0, xh_sum = 0.0;
+    MV_ACC sl = MV_ACC(0.0), sh = MV_ACC(0.0), xl_sum = MV_ACC(0.0), xh_sum = MV_ACC(0.0);
     [[unroll]] for (uint i = 0u; i < 8u; i++) {
         uint q = qw[i];
-        vec4 xl = MVX(c, 4u * i), xh = MVX(c, 32u + 4u * i);
+        MV_XV xl = MVX(c, 4u * i), xh = MVX(c, 32u + 4u * i);
         vec4 lo = nib_lo(q), hi = nib_hi(q);
 #if defined(TYPE_Q5_K)
         uint h = hw[i];  // qh[4i .. 4i+3]: bit s is sub-block s's 5th bit
         lo += bit5(h, 2u * j);
         hi += bit5(h, 2u * j + 1u);
 #endif
-        sl += dot(lo, xl);
-        sh += dot(hi, xh);
-        xl_sum += dot(xl, vec4(1.0));
-        xh_sum += dot(xh, vec4(1.0));
+        sl += MV_DOT(lo, xl);
+        sh += MV_DOT(hi, xh);
+        xl_sum += MV_XSUM(xl);
+        xh_sum += MV_XSUM(xh);
     }
     return dm.x * (sc0 * sl + sc1 * sh) - dm.y * (mn0 * xl_sum + mn1 * xh_sum);
 }
@@ -247,16 +247,16 @@ float mv_unit(uint rowb, uint u, uint xb) {
 #else
 #define MVX6(c, k) xvec4((c) + ((k) < 32u ? (k) : (k) + 32u))  // unit offset k -> x index
 #endif
-float mv_unit(uint rowb, uint u, uint xb) {
+MV_ACC mv_unit(uint rowb, uint u, uint xb) {
     uint b = rowb + (u >> 2) * BLOCK_BYTES;
     uint n = (u >> 1) & 1u;  // half of the block
     uint h = u & 1u;         // groups h (low nibbles) and h + 2 (high) of the half
     uint c = xb + ((u >> 2) << 8) + (n << 7) + (h << 5);
     float d = w_f16(b + 208u);
     uint sb = b + 192u + (n << 3) + 2u * h;  // scales of group h: sb, sb + 1; of group h + 2: sb + 4, sb + 5
-    float s = 0.0;
+    MV_ACC s = MV_ACC(0.0);
     [[unroll]] for (uint half16 = 0u; half16 < 2u; half16++) {  // l < 16, l >= 16: their own scales
-        float sa = 0.0, sbb = 0.0;
+        MV_ACC sa = MV_ACC(0.0), sbb = MV_ACC(0.0);
         [[unroll]] for (uint i = 4u * half16; i < 4u * half16 + 4u; i++) {
             uint q = w_u32a2(b + (n << 6) + (h << 5) + 4u * i);
             uint hh = w_u32a2(b + 128u + (n << 5) + 4u * i);
@@ -264,8 +264,8 @@ float mv_unit(uint rowb, uint u, uint xb) {
                                               (hh >> (2u * h + 16u)) & 3u, (hh >> (2u * h + 24u)) & 3u);
             vec4 hi = nib_hi(q) + 16.0 * vec4((hh >> (2u * h + 4u)) & 3u, (hh >> (2u * h + 12u)) & 3u,
                                               (hh >> (2u * h + 20u)) & 3u, (hh >> (2u * h + 28u)) & 3u);
-            sa += dot(lo - 32.0, MVX6(c, 4u * i));
-            sbb += dot(hi - 32.0, MVX6(c, 32u + 4u * i));  // x[c + 64 + 4i ..]
+            sa += MV_DOT(lo - 32.0, MVX6(c, 4u * i));
+            sbb += MV_DOT(hi - 32.0, MVX6(c, 32u + 4u * i));  // x[c + 64 + 4i ..]
         }
         int ka = int(w_u8(sb + half16) << 24) >> 24, kb = int(w_u8(sb + 4u + half16) << 24) >> 24;
         s += float(ka) * sa + float(kb) * sbb;

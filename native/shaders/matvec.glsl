@@ -205,7 +205,7 @@ void dot_rows(uint rowb[NR], uint xb, uint lane, uint sg, inout float acc[NR]) {
             acc[k] += elem(rowb[k], p.cols - 1u) * x[xb + p.cols - 1u];
         }
     }
-#elif defined(MV_UNIT)
+#elif defined(MV_UNIT) && !(defined(MC_NT) && MC_NT == 4)  // (matmul_c: the hook sums 4 tokens; dot_rows unused)
     uint nu = p.cols / MV_UNIT;
     for (uint u = lane; u < nu; u += sg) {
         [[unroll]] for (uint k = 0u; k < NR; k++) {
@@ -302,34 +302,55 @@ void matvec_words() {
 #ifndef MV_XAT
 #define MV_XAT(u, i) ((u) * MV_UNIT + 4u * (i))  // x index of mvx[i] for unit u: units are contiguous
 #endif
+#ifndef MC_NT
+#define MC_NT 1  // tokens an invocation multiplies (matmul_c_<type>.comp: 4, work-group z a 4-token group)
+#endif
+// x[t][i .. i+3] for the invocation's tokens (first x offsets xt[]): a vec4, or (MC_NT 4) the
+// mat4 of the 4 tokens (dequant.glsl's MV_XV).  Every lane reads the same x: one load for all.
+MV_XV x_at(uint xt[MC_NT], uint i) {
+#if MC_NT == 4
+    return mat4(xvec4(xt[0] + i), xvec4(xt[1] + i), xvec4(xt[2] + i), xvec4(xt[3] + i));
+#else
+    return xvec4(xt[0] + i);
+#endif
+}
 void matvec_rowlane() {
     uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    uint t = gl_WorkGroupID.z;
-    uint xb = p.x_off + t * p.x_stride;
-    x_aligned = (xb & 3u) == 0u;
+    uint t0 = gl_WorkGroupID.z * MC_NT;
+    uint xt[MC_NT];
+    [[unroll]] for (uint j = 0u; j < MC_NT; j++) {
+        xt[j] = p.x_off + min(t0 + j, p.n_tokens - 1u) * p.x_stride;  // past the last token: it again, not stored
+    }
+    x_aligned = (xt[0] & 3u) == 0u && (MC_NT == 1 || (p.x_stride & 3u) == 0u);
     uint nu = p.cols / MV_UNIT;
     uint r0 = wg * WG * MC_NR;
     if (r0 >= p.rows) {
         return;  // the whole group
     }
     uint rowb[MC_NR];
-    float acc[MC_NR];
+    MV_ACC acc[MC_NR];
     [[unroll]] for (uint k = 0u; k < MC_NR; k++) {
         rowb[k] = W_BASE + min(r0 + k * WG + gl_LocalInvocationID.x, p.rows - 1u) * ROW_BYTES(p.cols);
-        acc[k] = 0.0;  // (past the end: the last row again, not stored)
+        acc[k] = MV_ACC(0.0);  // (past the end: the last row again, not stored)
     }
     for (uint u = 0u; u < nu; u++) {
         [[unroll]] for (uint i = 0u; i < MV_UNIT / 4u; i++) {
-            mvx[i] = xvec4(xb + MV_XAT(u, i));
+            mvx[i] = x_at(xt, MV_XAT(u, i));
         }
         [[unroll]] for (uint k = 0u; k < MC_NR; k++) {
-            acc[k] += mv_unit(rowb[k], u, xb);
+            acc[k] += mv_unit(rowb[k], u, 0u);
         }
     }
     [[unroll]] for (uint k = 0u; k < MC_NR; k++) {
         uint r = r0 + k * WG + gl_LocalInvocationID.x;
-        if (r < p.rows) {
-            y[p.y_off + t * p.y_stride + r] = acc[k];
+        [[unroll]] for (uint j = 0u; j < MC_NT; j++) {
+            if (r < p.rows && t0 + j < p.n_tokens) {
+#if MC_NT == 4
+                y[p.y_off + (t0 + j) * p.y_stride + r] = acc[k][j];
+#else
+                y[p.y_off + (t0 + j) * p.y_stride + r] = acc[k];
+#endif
+            }
         }
     }
 }

@@ -35,6 +35,9 @@ MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
 # CPU devices: types with a row-per-invocation matvec (matvec_c_<type>, matvec.glsl's MV_ROWLANE)
 # -> rows per work group (MC_WG in matvec_c_<type>.comp)
 MATVEC_ROWS_C = {t: 128 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
+# CPU devices: the prefill form of the same types (matmul_c_<type>.comp: MC_WG x MC_NR rows, MC_NT
+# tokens a work group, each quant unit decoded once for the MC_NT tokens)
+MATMUL_C_ROWS, MATMUL_C_TOKENS = 256, 4
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
 # weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles; mxfp4: gpt-oss's
@@ -109,9 +112,10 @@ def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False,
     # Its scales are read as halves of aligned words: rows on even bytes (row_bytes is even).
     if q8_dp and n_tokens < MATMUL_FROM and w.suffix == "q8_0" and w.cols <= Q8_DP_MAX_COLS and wo % 2 == 0:
         return LinearKernel("matvec_q8_0_dp", Q8_DP_ROWS, 1)
-    if cpu and n_tokens < MATMUL_FROM and w.suffix in MATVEC_ROWS_C:
-        # (prefill keeps matmul_<type>: matvec_c per token measured no faster for 64 tokens on lavapipe)
-        return LinearKernel("matvec_c_" + w.suffix, MATVEC_ROWS_C[w.suffix], 1)
+    if cpu and w.suffix in MATVEC_ROWS_C:
+        if n_tokens < MATMUL_FROM:
+            return LinearKernel("matvec_c_" + w.suffix, MATVEC_ROWS_C[w.suffix], 1)
+        return LinearKernel("matmul_c_" + w.suffix, MATMUL_C_ROWS, MATMUL_C_TOKENS)
     if n_tokens >= MATMUL_FROM:
         if coopmat and w.suffix in CM_TYPES:
             return LinearKernel("matmul_cm_" + w.suffix, CM_ROWS, CM_TOKENS)

@@ -1,0 +1,10 @@
+// Y = X W^T with Q5_K weights for many tokens on CPU devices: rows per invocation, 4 tokens each,
+// every unit decoded once for the 4 (see matvec.glsl's MV_ROWLANE, MC_NT).
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#define TYPE_Q5_K
+#define MV_ROWLANE
+#define MC_WG 16u  // 16 x 16 rows: see linear.py MATMUL_C_ROWS
+#define MC_NR 16u
+#define MC_NT 4
+#include "matvec.glsl"
