@@ -3,6 +3,6 @@
 #extension GL_GOOGLE_include_directive : require
 #define TYPE_Q4_1
 #define MV_ROWLANE
-#define MC_WG 32u
-#define MC_NR 4u
+#define MC_WG 16u  // 16 x 16 rows: see linear.py MATVEC_ROWS_C
+#define MC_NR 16u
 #include "matvec.glsl"

@@ -113,7 +113,7 @@ def _cols(qtype):
 @pytest.mark.parametrize("rows,n_tokens", [(37, 1), (37, 3), (301, 2), (67, 5), (131, 37)])
 def test_matvec_synthetic(ops, linear_form, bufs, rng, qtype, rows, n_tokens):
     """n_tokens 1 and 3: matvec_<type> (decode: one token per work group),
-    301 rows: three of matvec_c_<type>'s 128-row groups, the last partial;
+    301 rows: two of matvec_c_<type>'s 256-row groups, the last partial;
     5 and 37: matmul_<type> (prefill tiles of 64 rows x 32 tokens: partial,
     and 131 rows x 37 tokens spanning three row tiles and two token tiles).
     Odd row counts throughout."""

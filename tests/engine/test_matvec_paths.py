@@ -6,7 +6,7 @@ the other ones: rows and x 16-byte aligned, read as uvec4/vec4.  Here both,
 on the same data: every row count around the work group's 8 rows (2 per
 subgroup), x aligned or not per token (x_stride), the weight rows aligned or
 not (a view starting 8 bytes into its tensor), several tokens (work-group z);
-300 rows: matvec_c_<type>'s 128-row groups, the last partial (CPU form,
+300 rows: two of matvec_c_<type>'s 256-row groups, the last partial (CPU form,
 linear_form runs every test in both forms).
 Q8_0 rows of 512 columns are 544 bytes: aligned, they take matvec_w_q8_0
 (a quant word per lane), 8 bytes off, matvec_q8_0.

@@ -14,8 +14,10 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
                    kernel (native/shaders/matvec_q8_0_dp.comp): where `q8_decode_usable`
   matmul_<type>    64 rows x 32 tokens a work group, from 4 tokens (prefill)
   matvec_c_<type>  CPU devices (VkPhysicalDeviceType CPU: lavapipe), decode: a row per
-                   invocation, 4 rows each, 32 invocations a group, a token per z (matvec.glsl
+                   invocation, 16 rows each, 16 invocations a group, a token per z (matvec.glsl
                    MV_ROWLANE: no subgroup op, shared memory or barrier)
+  matmul_c_<type>  CPU devices, prefill: the same form with MC_NT 4, 16 rows x 4 tokens an
+                   invocation (each quant unit decoded once for the 4 tokens), 16 invocations a group
   matmul_cm_<type> 128 rows x 128 tokens a work group on the tensor cores (KHR cooperative
                    matrices, native/shaders/matmul_cm.glsl): prefill where `coopmat_usable`
 """
@@ -34,9 +36,15 @@ MATVEC_ROWS = 8                       # rows per matvec_<type> work group (RPW i
 MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
 # CPU devices: types with a row-per-invocation matvec (matvec_c_<type>, matvec.glsl's MV_ROWLANE)
 # -> rows per work group (MC_WG in matvec_c_<type>.comp)
-MATVEC_ROWS_C = {t: 128 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
+# (16 invocations x 16 rows: the 32768-row slice of Gemma 3 270M's Q8_0 output matrix on lavapipe,
+# alternating, load 5: 32 x 4 rows 112-120 ms, 16 x 8 94-104, 16 x 16 76-90, 8 x 16 75-84)
+MATVEC_ROWS_C = {t: 256 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
 # CPU devices: the prefill form of the same types (matmul_c_<type>.comp: MC_WG x MC_NR rows, MC_NT
-# tokens a work group, each quant unit decoded once for the MC_NT tokens)
+# tokens a work group, each quant unit decoded once for the MC_NT tokens).  Rows per invocation
+# measured on lavapipe, 2048 x 640 Q5_0 x 32 tokens (alternating, load 6-9, min of 4): invocations x
+# rows 16 x 2: 240 ms, 8 x 4: 148, 8 x 8: 72-108, 8 x 16: 83, 16 x 16: 47, 8 x 32: 44, 8 x 64: 59;
+# matmul_q5_0 436.  lavapipe loads each token's x for every lane, so the rows sharing one x
+# load are what counts; 16 x 16 unrolls half of 8 x 32 (pipeline creation at first use).
 MATMUL_C_ROWS, MATMUL_C_TOKENS = 256, 4
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
