@@ -5,8 +5,8 @@ tiles per range), a sliding window, head_dim 512 (two V words per thread),
 and a long context whose ranges outnumber the merge's work group (144 ranges
 of 32 keys, 141 holding keys: two tiles of the merge).  Grouped-query shapes
 (2 to 16 q heads per KV head) take attention_split_gqa.comp, a work group
-per KV head; each case also runs with it off (`split_gqa`), the per-head
-attention_split.comp, so both forms stay checked."""
+per KV head, when it is asked for (`split_gqa`, VRAMD_SPLIT_GQA=1: opt-in,
+slower on the H200); each case runs with it on and off, so both forms stay checked."""
 import numpy as np
 import pytest
 from tests.engine.test_kernels import attention_ref, f32

@@ -93,9 +93,9 @@ def test_matvec(ops, linear_form, bufs, rng, qtype, rows, cols, n_tokens):
 
 def test_matvec_strides_write_into_wider_rows(ops, linear_form, bufs, rng):
     """y_stride > rows: three matvecs fill one fused [tokens, q|k|v] buffer.  With
-    cooperative matrices these 4 tokens go to matmul_cm, which rounds x and each
-    dequantized weight to f16 (2^-11 relative each): its bound is 1.1e-3 * sum|w||x|."""
-    n_tokens, cols = 4, 64
+    cooperative matrices these 16 tokens (linear.CM_FROM) go to matmul_cm, which rounds x and
+    each dequantized weight to f16 (2^-11 relative each): its bound is 1.1e-3 * sum|w||x|."""
+    n_tokens, cols = 16, 64
     parts = [weights(rng, Q.Q8_0, r, cols) for r in (24, 8, 8)]
     x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
     t = bufs(x=x, y=np.full(n_tokens * 40, -1, np.float32))

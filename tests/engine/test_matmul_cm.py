@@ -67,14 +67,19 @@ def _device(shapes, subgroup=32, shared=49152, sizes=None):
 
 # -- lavapipe (and any device): capability and selection -----------------------
 
-def test_lavapipe_has_no_coopmat_and_keeps_the_portable_kernels(device, ops):
+def test_the_capability_picks_the_prefill_kernels(device, ops):
+    """lavapipe has no cooperative matrices and keeps the portable kernels; a GPU that has
+    them (the native_gpu runs) takes the tensor-core form."""
     d = device.describe()
-    assert d["coopmat"] == [] and "VK_KHR_cooperative_matrix" not in d["extensions"]
-    if device.type != "cpu":
-        pytest.skip("the lavapipe half of this test")
-    assert ops.coopmat is False
     w = types.SimpleNamespace(suffix="q4_k", row_bytes=144 * 16)
-    assert linear.select(w, 512, 0, ops.coopmat).name == "matmul_q4_k"
+    if device.type == "cpu":
+        assert d["coopmat"] == [] and "VK_KHR_cooperative_matrix" not in d["extensions"]
+        assert ops.coopmat is False
+        assert linear.select(w, 512, 0, ops.coopmat, cpu=True).name == "matmul_c_q4_k"
+        assert linear.select(w, 512, 0, ops.coopmat).name == "matmul_q4_k"
+    else:
+        assert ops.coopmat == bool(d["coopmat"]) and ("VK_KHR_cooperative_matrix" in d["extensions"]) == ops.coopmat
+        assert linear.select(w, 512, 0, ops.coopmat).name == ("matmul_cm_q4_k" if ops.coopmat else "matmul_q4_k")
 
 
 def test_parse_coopmat_shapes_reads_the_vulkan_structs():
@@ -158,11 +163,14 @@ def test_a_pipeline_can_require_the_subgroup_size(device, res):
 @pytest.mark.parametrize("suffix", sorted(linear.CM_TYPES) + ["f32"])
 def test_select_by_capability_and_batch(suffix):
     w = types.SimpleNamespace(suffix=suffix, row_bytes=4096)
-    cm = linear.select(w, linear.MATMUL_FROM, 0, True)
+    cm = linear.select(w, linear.CM_FROM, 0, True)
     if suffix == "f32":
         assert cm.name == "matmul_f32"     # no tensor-core kernel for f32 weights
+        assert linear.select(w, linear.MATMUL_FROM, 0, True).name == "matmul_f32"
     else:
         assert (cm.name, cm.rows_per_group, cm.tokens_per_group) == ("matmul_cm_" + suffix, 128, 128)
+        # below CM_FROM tokens the tensor-core form is latency-bound: the matvec (linear.py)
+        assert linear.select(w, linear.CM_FROM - 1, 0, True).name.startswith("matvec")
     assert linear.select(w, linear.MATMUL_FROM, 0, False).name == "matmul_" + suffix
     assert linear.select(w, linear.MATMUL_FROM - 1, 0, True).name.startswith("matvec")
 
@@ -220,7 +228,7 @@ def cm_ops(ops):
 
 @pytest.mark.native_gpu
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows,n_tokens", [(37, 4), (129, 127), (300, 129), (128, 300), (1, 128), (127, 37)])
+@pytest.mark.parametrize("rows,n_tokens", [(37, 16), (129, 127), (300, 129), (128, 300), (1, 128), (127, 37)])
 def test_matmul_cm_every_type_and_edge(cm_ops, bufs, rng, qtype, rows, n_tokens):
     _run(cm_ops, bufs, rng, qtype, rows, n_tokens)
 

@@ -101,7 +101,7 @@ def test_a_profiled_step_times_every_dispatch(model, device):
     assert s["steps"] == 3 and s["gpu_ms_per_step"] > 0
     assert sum(k["dispatches"] for k in s["kernels"]) == n
     mv = "matvec_c_q8_0" if device.type == "cpu" else "matvec_q8_0"   # linear.select(): the CPU form on lavapipe
-    split = "attention_split_gqa" if cfg.n_head > cfg.n_head_kv else "attention_split"   # by KV head for GQA
+    split = "attention_split_gqa" if m.ops.split_gqa and cfg.n_head > cfg.n_head_kv else "attention_split"
     assert {k["kernel"].split()[0] for k in s["kernels"]} >= {mv, split, "attention_merge", "add_rms_norm", "get_rows_q8_0"}
 
 

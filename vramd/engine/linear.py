@@ -47,6 +47,11 @@ MATVEC_ROWS_C = {t: 256 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k"
 # load are what counts; 16 x 16 unrolls half of 8 x 32 (pipeline creation at first use).
 MATMUL_C_ROWS, MATMUL_C_TOKENS = 256, 4
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
+# ... and the tensor-core form: its 128-row work groups are few at small n (32 for a 4,096-row
+# matrix), so it is latency-bound there: `vramd bench slots` (8B Q8_0, H200, 2026-12-02) stepped
+# 1 / 2 / 4 / 8 / 16 sequences in 6.48 / 8.93 / 39.35 / 40.39 / 42.08 ms with it from 4 tokens,
+# where each further token through the matvec costs ~2.45 ms: they cross near 16.
+CM_FROM = 16
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
 # weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles; mxfp4: gpt-oss's
 # type, its dense matrices here: its routed experts go through matvec_id, vramd/engine/moe.py)
@@ -124,9 +129,10 @@ def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False,
         if n_tokens < MATMUL_FROM:
             return LinearKernel("matvec_c_" + w.suffix, MATVEC_ROWS_C[w.suffix], 1)
         return LinearKernel("matmul_c_" + w.suffix, MATMUL_C_ROWS, MATMUL_C_TOKENS)
-    if n_tokens >= MATMUL_FROM:
-        if coopmat and w.suffix in CM_TYPES:
+    if coopmat and w.suffix in CM_TYPES:
+        if n_tokens >= CM_FROM:
             return LinearKernel("matmul_cm_" + w.suffix, CM_ROWS, CM_TOKENS)
+    elif n_tokens >= MATMUL_FROM:
         return LinearKernel("matmul_" + w.suffix, MATMUL_ROWS, MATMUL_TOKENS)
     if w.suffix in MATVEC_ROWS_W and w.row_bytes % 16 == 0 and wo % 16 == 0:
         return LinearKernel("matvec_w_" + w.suffix, MATVEC_ROWS_W[w.suffix], 1)

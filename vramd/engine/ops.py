@@ -216,8 +216,11 @@ class Ops:
         self.flash_cm = attention_cm.usable(residency.device)    # tensor-core prefill attention (VRAMD_FLASH_CM=0: off)
         self.cpu = residency.device.type == "cpu"   # linear.select(): the row-per-invocation forms
         self.q8_dp = linear.q8_decode_usable(residency.device)   # Q8_0 decode by integer dot products
-        # decode attention of grouped-query heads by KV head (attention_split_gqa.comp; VRAMD_SPLIT_GQA=0: off)
-        self.split_gqa = os.environ.get("VRAMD_SPLIT_GQA", "1") != "0"
+        # Decode attention of grouped-query heads by KV head (attention_split_gqa.comp): opt-in
+        # (VRAMD_SPLIT_GQA=1).  On the H200 (2026-12-02, bench decode at 8,000 tokens, A/B twice)
+        # it lost: 8B Q4_K 111.1 / 110.4 tok/s against the per-head form's 145.4 / 148.3 (the
+        # per-head groups' repeated K/V reads hit the L2), gpt-oss 152.4 against 149.6.
+        self.split_gqa = os.environ.get("VRAMD_SPLIT_GQA", "0") == "1"
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
