@@ -20,6 +20,10 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
                    invocation (each quant unit decoded once for the 4 tokens), 16 invocations a group
   matmul_cm_<type> 128 rows x 128 tokens a work group on the tensor cores (KHR cooperative
                    matrices, native/shaders/matmul_cm.glsl): prefill where `coopmat_usable`
+and for mixture-of-experts layers (Ops.matvec_id / Ops.matmul_id, chosen by `grouped`):
+  matvec_id_<type> a slot (token, expert) per z: decode, a few tokens
+  matmul_id_<type> matmul_<type>'s tiles over the slots grouped by expert (moe_group.comp,
+                   matmul_rows.glsl's MM_ID): prefill
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ MATVEC_ROWS_C = {t: 256 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k"
 # load are what counts; 16 x 16 unrolls half of 8 x 32 (pipeline creation at first use).
 MATMUL_C_ROWS, MATMUL_C_TOKENS = 256, 4
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
+MATMUL_ID_FROM = 4                    # tokens (not slots) from which MoE experts take matmul_id
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
 # weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles; mxfp4: gpt-oss's
 # type, its dense matrices here: its routed experts go through matvec_id, vramd/engine/moe.py)
@@ -56,6 +61,24 @@ Q8_DP_MAX_COLS = 16384                # the widest row it takes (MAX_COLS there:
 Q8_DP_SHARED = Q8_DP_MAX_COLS + Q8_DP_MAX_COLS // 32 * 4 + 8 * 128 * 4   # its shared bytes (xq, xd, part)
 CM_SUBGROUP = 32                      # matmul_cm.glsl splits its 256 threads into 8 subgroups of 32
 CM_SHARED = 2 * 128 * 18 * 8 + 8 * 256 * 4   # bytes of shared memory it declares (ws, xs: LD4 = 18 f16vec4s a row; st)
+
+
+def grouped(n_tokens: int) -> bool:
+    """Whether a MoE layer's experts for n_tokens take the grouped matmul (matmul_id_<type>,
+    each used expert's matrix read once per tile of its slots) rather than matvec_id (one
+    expert matrix read per slot).  From MATMUL_ID_FROM tokens, as the dense matmul."""
+    return n_tokens >= MATMUL_ID_FROM
+
+
+def id_tiles(n_slots: int, n_expert: int, bt: int) -> int:
+    """The most tiles moe_group.comp makes of n_slots slots, tiles of at most bt slots of
+    one expert: sum_e ceil(c_e / bt) <= n_slots // bt + (experts with a slot)."""
+    return n_slots // bt + min(n_expert, n_slots)
+
+
+def group_words(n_slots: int, n_expert: int, bt: int) -> int:
+    """uint32 words of moe_group.comp's output: the sorted slots, the tile count, 3 per tile."""
+    return n_slots + 1 + 3 * id_tiles(n_slots, n_expert, bt)
 
 
 @dataclass(frozen=True)
