@@ -66,8 +66,12 @@ CM_SHARED = 2 * 128 * 18 * 8 + 8 * 256 * 4   # bytes of shared memory it declare
 def grouped(n_tokens: int) -> bool:
     """Whether a MoE layer's experts for n_tokens take the grouped matmul (matmul_id_<type>,
     each used expert's matrix read once per tile of its slots) rather than matvec_id (one
-    expert matrix read per slot).  From MATMUL_ID_FROM tokens, as the dense matmul."""
-    return n_tokens >= MATMUL_ID_FROM
+    expert matrix read per slot).  From MATMUL_ID_FROM tokens, as the dense matmul.
+    VRAMD_MOE_GROUPED=0 keeps matvec_id for every batch (benchmarks of one against the other)."""
+    mode = os.environ.get("VRAMD_MOE_GROUPED", "")
+    if mode not in ("", "0", "1"):
+        raise UsageError(f"VRAMD_MOE_GROUPED={mode!r}: expected 0 or 1")
+    return mode != "0" and n_tokens >= MATMUL_ID_FROM
 
 
 def id_tiles(n_slots: int, n_expert: int, bt: int) -> int:
