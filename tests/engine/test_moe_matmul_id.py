@@ -206,10 +206,20 @@ def test_matmul_id_leaves_other_slots_alone(ops, bufs, rng):
         np.testing.assert_allclose(y[s], w[ids[s]] @ x[s], rtol=1e-5, atol=1e-5)
 
 
-def test_selection():
-    """Decode and tiny batches keep matvec_id (its replayed decode step unchanged); prefill groups."""
-    assert not linear.grouped(1) and not linear.grouped(linear.MATMUL_ID_FROM - 1)
-    assert linear.grouped(linear.MATMUL_ID_FROM) and linear.grouped(512)
+def test_selection(monkeypatch):
+    """Decode and tiny batches keep matvec_id (its replayed decode step unchanged); prefill
+    groups where the experts get several slots each, on a GPU; VRAMD_MOE_GROUPED overrides."""
+    monkeypatch.delenv("VRAMD_MOE_GROUPED", raising=False)
+    assert not linear.grouped(1, 8, 128) and not linear.grouped(linear.MATMUL_ID_FROM - 1, 8, 1)
+    assert linear.grouped(512, 8, 128) and linear.grouped(64, 8, 128) and not linear.grouped(63, 8, 128)
+    assert linear.grouped(32, 4, 32) and not linear.grouped(512, 8, 128, cpu=True)
+    monkeypatch.setenv("VRAMD_MOE_GROUPED", "1")
+    assert linear.grouped(4, 8, 256, cpu=True) and not linear.grouped(1, 8, 8)
+    monkeypatch.setenv("VRAMD_MOE_GROUPED", "0")
+    assert not linear.grouped(512, 8, 8)
+    monkeypatch.setenv("VRAMD_MOE_GROUPED", "yes")
+    with pytest.raises(UsageError, match="VRAMD_MOE_GROUPED"):
+        linear.grouped(512, 8, 8)
 
 
 @pytest.mark.native_gpu
@@ -234,3 +244,39 @@ def test_group_on_gpu(ops, bufs, rng):
     want_order, want_tiles = want_groups(ids, 128, BT)
     np.testing.assert_array_equal(order, want_order)
     assert tiles == want_tiles
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "mixtral"])
+def test_model_prefill_grouped_matches_the_reference(device, tmp_path, monkeypatch, arch):
+    """A whole model's prefill through moe_group + matmul_id (VRAMD_MOE_GROUPED=1: lavapipe
+    would otherwise keep matvec_id) against the numpy reference, the next token's decode
+    (matvec_id) after it too: tests/engine/test_moe.py's tolerance."""
+    from tests.engine.reference.moe import ReferenceMoE
+    from tests.engine.test_moe import CTX, TOL, rel_err
+    from tests.ggufgen.moe import write_moe
+    from vramd.engine.arch import spec_for
+    from vramd.engine.model import TransformerModel
+    from vramd.engine.scratch import scratch_layout
+    from vramd.gpu.residency import Residency
+    from vramd.model import loader
+    from vramd.model.gguf_check import validate_gguf
+
+    monkeypatch.setenv("VRAMD_MOE_GROUPED", "1")
+    path = write_moe(tmp_path / f"{arch}.gguf", arch=arch, n_layer=2, seed=4)
+    mf = validate_gguf(path)
+    res = Residency(device)
+    model = None
+    try:
+        lm = loader.load(path, res, CTX, mf=mf, scratch=scratch_layout(spec_for(mf), 16))
+        res.restore(["weights", "state"])
+        model = TransformerModel(lm, res, CTX, lm.scratch, batch=16)
+        ref = ReferenceMoE(path)
+        prompt = [1, 20, 40, 60, 9, 33, 70, 5]
+        assert ref.min_route_margin(prompt) > 0.01
+        kv = ref.new_kv(np.float16)
+        assert rel_err(model.forward(prompt, 0, all_logits=True), ref.forward(prompt, kv, 0)) < TOL
+        assert rel_err(model.forward([3], len(prompt)), ref.forward([3], kv)[-1]) < TOL
+    finally:
+        if model is not None:
+            model.close()
+        res.close()

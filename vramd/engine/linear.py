@@ -51,7 +51,8 @@ MATVEC_ROWS_C = {t: 256 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k"
 # load are what counts; 16 x 16 unrolls half of 8 x 32 (pipeline creation at first use).
 MATMUL_C_ROWS, MATMUL_C_TOKENS = 256, 4
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
-MATMUL_ID_FROM = 4                    # tokens (not slots) from which MoE experts take matmul_id
+MATMUL_ID_FROM = 4                    # tokens (not slots) from which MoE experts may take matmul_id
+MATMUL_ID_SLOTS = 4                   # and slots per expert on average from which they do (grouped)
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
 # weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles; mxfp4: gpt-oss's
 # type, its dense matrices here: its routed experts go through matvec_id, vramd/engine/moe.py)
@@ -63,15 +64,23 @@ CM_SUBGROUP = 32                      # matmul_cm.glsl splits its 256 threads in
 CM_SHARED = 2 * 128 * 18 * 8 + 8 * 256 * 4   # bytes of shared memory it declares (ws, xs: LD4 = 18 f16vec4s a row; st)
 
 
-def grouped(n_tokens: int) -> bool:
+def grouped(n_tokens: int, n_used: int, n_expert: int, cpu: bool = False) -> bool:
     """Whether a MoE layer's experts for n_tokens take the grouped matmul (matmul_id_<type>,
     each used expert's matrix read once per tile of its slots) rather than matvec_id (one
-    expert matrix read per slot).  From MATMUL_ID_FROM tokens, as the dense matmul.
-    VRAMD_MOE_GROUPED=0 keeps matvec_id for every batch (benchmarks of one against the other)."""
+    expert matrix read per slot).  A matmul_id tile is 32 slots wide whatever it holds, so
+    it pays where the experts get several slots each: from MATMUL_ID_SLOTS slots per expert
+    on average (qwen3moe, 128 experts top-8: from 64 tokens; qwen35moe's 256: 128; gpt-oss's
+    32 top-4: 32), and not on CPU devices: on lavapipe (2 shared cores, a 512 x 2048 Q4_K
+    gate of 256 experts, `matvec_id` against moe_group + matmul_id) 256 tokens took 6.0 s
+    against 30.2 s, 64 tokens 2.5 against 20.9: there the matmul's padded tiles are compute
+    it does not have.  VRAMD_MOE_GROUPED (benchmarks, tests): 0 keeps matvec_id for every
+    batch, 1 takes matmul_id for every batch from MATMUL_ID_FROM tokens on any device."""
     mode = os.environ.get("VRAMD_MOE_GROUPED", "")
     if mode not in ("", "0", "1"):
         raise UsageError(f"VRAMD_MOE_GROUPED={mode!r}: expected 0 or 1")
-    return mode != "0" and n_tokens >= MATMUL_ID_FROM
+    if mode == "0" or n_tokens < MATMUL_ID_FROM:
+        return False
+    return mode == "1" or (not cpu and n_tokens * n_used >= MATMUL_ID_SLOTS * n_expert)
 
 
 def id_tiles(n_slots: int, n_expert: int, bt: int) -> int:

@@ -101,7 +101,7 @@ def gpu_experts(m, i: int, n: int) -> None:
         if shared:
             ops.silu_mul(a["sg"], a["su"], a["sg"], n * moe.n_ff_shexp)
     gate, up, down = (t.stack(p + kind + ".weight") for kind in EXPERT_KINDS)
-    grouped = linear.grouped(n)
+    grouped = linear.grouped(n, k, moe.n_expert, ops.cpu)
     if grouped:
         ops.moe_group(a["route_ids"], a["route_groups"], slots, moe.n_expert)
 
