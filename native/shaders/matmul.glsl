@@ -33,7 +33,7 @@ layout(push_constant) uniform Params {
     uint y_stride;  // floats from Y[t, 0] to Y[t + 1, 0]
 #ifdef MM_ID
     uint id_off;     // uint offset of moe_group.comp's output in binding 3 (n_tokens: its slot count)
-    uint slab_bytes; // bytes of one expert's matrix (rows * ROW_BYTES(cols))
+    uint slab_bytes; // bytes from one expert's matrix to the next (rows * ROW_BYTES(cols), more in a fused stack)
     uint e_first;    // binding 0 holds experts e_first .. e_first + e_count - 1,
     uint e_count;    // e_first's row 0 at byte w_off
     uint x_div;      // slots per x row

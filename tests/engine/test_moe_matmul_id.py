@@ -280,3 +280,28 @@ def test_model_prefill_grouped_matches_the_reference(device, tmp_path, monkeypat
         if model is not None:
             model.close()
         res.close()
+
+
+def test_matmul_id_fused_stack_stride(ops, bufs, rng):
+    """A stack whose experts are further apart than one matrix (gemma4's fused
+    ffn_gate_up_exps: each expert's gate rows, then its up rows): the up half,
+    Weight.stride = both halves, against numpy and matvec_id."""
+    n_expert, rows, cols = 5, 24, 256
+    raw, w = stack(rng, Q.Q8_0, n_expert, 2 * rows, cols)
+    rb = cols // 32 * 34
+    ids = slots_of([3, 0, 35, 1, 9], rng)
+    n = len(ids)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    wt = bufs("weights", w=raw)["w"]
+    t = bufs(x=x, ids=ids.astype(np.int32), g=4 * linear.group_words(n, n_expert, BT), y=4 * n * rows,
+             y_mv=4 * n * rows)
+    up = Weight(view(wt, rows * rb), Q.Q8_0, rows, cols, 2 * rows * rb)
+    ops.moe_group(t["ids"], t["g"], n, n_expert)
+    ops.matmul_id(up, n_expert, t["g"], t["x"], t["y"], n)
+    ops.matvec_id(up, n_expert, t["ids"], t["x"], t["y_mv"], n)
+    ops.sync()
+    y = f32(t["y"]).reshape(n, rows)
+    for s, e in enumerate(ids):
+        we = w[e, rows:].astype(np.float64)
+        close_to_dot(y[s], we @ x[s], np.abs(we) @ np.abs(x[s]))
+    np.testing.assert_allclose(y, f32(t["y_mv"]).reshape(n, rows), rtol=1e-5, atol=1e-4)

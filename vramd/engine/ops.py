@@ -531,8 +531,8 @@ class Ops:
         k = self._kernel("matmul_id_" + w.suffix, "matmul_id")
         gx, gy = grid(-(-w.rows // linear.MATMUL_ROWS), self.max_groups)
         for wv, wo, e0, n in self.expert_runs(w, n_expert):
-            push = struct.pack("<13I", w.rows, w.cols, n_slots, wo, xo, x_stride, yo, y_stride, go, slab, e0, n,
-                               x_div)
+            push = struct.pack("<13I", w.rows, w.cols, n_slots, wo, xo, x_stride, yo, y_stride, go, w.stride, e0,
+                               n, x_div)
             # (bytes: at most every expert's matrix once per run, fewer where some have no slot)
             self._dispatch(k, [wv, xv, yv, gv], push, (gx, gy, tiles),
                            label=f"{k.name} {w.rows}x{w.cols}x{n_slots}", nbytes=min(n, n_slots) * slab)
