@@ -8,6 +8,11 @@
 // memory once, then every thread does 4 rows x 2 tokens of multiply-adds from
 // there.  Each weight element is read once per BT tokens instead of once per
 // token.  Work-group x (+ y * width) is the row tile, z the token tile.
+//
+// Which matrix and which X / Y rows a token tile takes is matmul_rows.glsl's:
+// consecutive tokens (matmul_<type>), or with MM_ID (matmul_id_<type>) a
+// tile of one expert's slots, gathered from and scattered to their rows
+// (binding 3: moe_group.comp's sorted slots and tile list).
 layout(local_size_x = 256) in;
 #define BR 64u
 #define BT 32u
@@ -26,9 +31,17 @@ layout(push_constant) uniform Params {
     uint x_stride;  // floats from X[t, 0] to X[t + 1, 0]
     uint y_off;     // float offset of Y[0, row 0] in binding 2
     uint y_stride;  // floats from Y[t, 0] to Y[t + 1, 0]
+#ifdef MM_ID
+    uint id_off;     // uint offset of moe_group.comp's output in binding 3 (n_tokens: its slot count)
+    uint slab_bytes; // bytes from one expert's matrix to the next (rows * ROW_BYTES(cols), more in a fused stack)
+    uint e_first;    // binding 0 holds experts e_first .. e_first + e_count - 1,
+    uint e_count;    // e_first's row 0 at byte w_off
+    uint x_div;      // slots per x row
+#endif
 } p;
 
 #include "dequant.glsl"
+#include "matmul_rows.glsl"
 
 shared float ws[BR * (BK + 1u)];  // +1: rows of the tile fall in different banks
 shared float xs[BT * (BK + 1u)];
@@ -39,7 +52,10 @@ void main() {
     if (r0 >= p.rows) {
         return;  // the whole work group
     }
-    uint t0 = gl_WorkGroupID.z * BT;
+    uint wbase, ntok;
+    if (!mm_tile(wbase, ntok)) {
+        return;  // the whole work group
+    }
     uint lid = gl_LocalInvocationID.x;
     uint tr = lid % 16u, tt = lid / 16u;  // this thread: rows tr + 16i, tokens tt + 16j
     uint rb = ROW_BYTES(p.cols);
@@ -54,7 +70,7 @@ void main() {
             uint r = e / BK, c = e % BK;
             float v = 0.0;
             if (r0 + r < p.rows && k0 + c < p.cols) {
-                v = elem(p.w_off + (r0 + r) * rb, k0 + c);
+                v = elem(wbase + (r0 + r) * rb, k0 + c);
             }
             ws[r * (BK + 1u) + c] = v;
         }
@@ -62,8 +78,8 @@ void main() {
             uint e = lid + 256u * m;
             uint t = e / BK, c = e % BK;
             float v = 0.0;
-            if (t0 + t < p.n_tokens && k0 + c < p.cols) {
-                v = x[p.x_off + (t0 + t) * p.x_stride + k0 + c];
+            if (t < ntok && k0 + c < p.cols) {
+                v = x[p.x_off + mm_xrow(t) * p.x_stride + k0 + c];
             }
             xs[t * (BK + 1u) + c] = v;
         }
@@ -82,9 +98,9 @@ void main() {
     for (uint i = 0u; i < 4u; i++) {
         uint r = r0 + tr + 16u * i;
         for (uint j = 0u; j < 2u; j++) {
-            uint t = t0 + tt + 16u * j;
-            if (r < p.rows && t < p.n_tokens) {
-                y[p.y_off + t * p.y_stride + r] = acc[i][j];
+            uint t = tt + 16u * j;
+            if (r < p.rows && t < ntok) {
+                y[p.y_off + mm_yrow(t) * p.y_stride + r] = acc[i][j];
             }
         }
     }

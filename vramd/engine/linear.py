@@ -20,6 +20,10 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
                    invocation (each quant unit decoded once for the 4 tokens), 16 invocations a group
   matmul_cm_<type> 128 rows x 128 tokens a work group on the tensor cores (KHR cooperative
                    matrices, native/shaders/matmul_cm.glsl): prefill where `coopmat_usable`
+and for mixture-of-experts layers (Ops.matvec_id / Ops.matmul_id, chosen by `grouped`):
+  matvec_id_<type> a slot (token, expert) per z: decode, a few tokens
+  matmul_id_<type> matmul_<type>'s tiles over the slots grouped by expert (moe_group.comp,
+                   matmul_rows.glsl's MM_ID): prefill
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ MATMUL_FROM = 4                       # n_tokens from which the tiled form is us
 # 1 / 2 / 4 / 8 / 16 sequences in 6.48 / 8.93 / 39.35 / 40.39 / 42.08 ms with it from 4 tokens,
 # where each further token through the matvec costs ~2.45 ms: they cross near 16.
 CM_FROM = 16
+MATMUL_ID_FROM = 4                    # tokens (not slots) from which MoE experts may take matmul_id
+MATMUL_ID_SLOTS = 4                   # and slots per expert on average from which they do (grouped)
 CM_ROWS, CM_TOKENS = 128, 128         # the tile of a matmul_cm_<type> work group (BR, BT in matmul_cm.glsl)
 # weight types with a matmul_cm_<type> kernel (bf16 weights go through f16 tiles; mxfp4: gpt-oss's
 # type, its dense matrices here: its routed experts go through matvec_id, vramd/engine/moe.py)
@@ -61,6 +67,36 @@ Q8_DP_MAX_COLS = 16384                # the widest row it takes (MAX_COLS there:
 Q8_DP_SHARED = Q8_DP_MAX_COLS + Q8_DP_MAX_COLS // 32 * 4 + 8 * 128 * 4   # its shared bytes (xq, xd, part)
 CM_SUBGROUP = 32                      # matmul_cm.glsl splits its 256 threads into 8 subgroups of 32
 CM_SHARED = 2 * 128 * 18 * 8 + 8 * 256 * 4   # bytes of shared memory it declares (ws, xs: LD4 = 18 f16vec4s a row; st)
+
+
+def grouped(n_tokens: int, n_used: int, n_expert: int, cpu: bool = False) -> bool:
+    """Whether a MoE layer's experts for n_tokens take the grouped matmul (matmul_id_<type>,
+    each used expert's matrix read once per tile of its slots) rather than matvec_id (one
+    expert matrix read per slot).  A matmul_id tile is 32 slots wide whatever it holds, so
+    it pays where the experts get several slots each: from MATMUL_ID_SLOTS slots per expert
+    on average (qwen3moe, 128 experts top-8: from 64 tokens; qwen35moe's 256: 128; gpt-oss's
+    32 top-4: 32), and not on CPU devices: on lavapipe (2 shared cores, a 512 x 2048 Q4_K
+    gate of 256 experts, `matvec_id` against moe_group + matmul_id) 256 tokens took 6.0 s
+    against 30.2 s, 64 tokens 2.5 against 20.9: there the matmul's padded tiles are compute
+    it does not have.  VRAMD_MOE_GROUPED (benchmarks, tests): 0 keeps matvec_id for every
+    batch, 1 takes matmul_id for every batch from MATMUL_ID_FROM tokens on any device."""
+    mode = os.environ.get("VRAMD_MOE_GROUPED", "")
+    if mode not in ("", "0", "1"):
+        raise UsageError(f"VRAMD_MOE_GROUPED={mode!r}: expected 0 or 1")
+    if mode == "0" or n_tokens < MATMUL_ID_FROM:
+        return False
+    return mode == "1" or (not cpu and n_tokens * n_used >= MATMUL_ID_SLOTS * n_expert)
+
+
+def id_tiles(n_slots: int, n_expert: int, bt: int) -> int:
+    """The most tiles moe_group.comp makes of n_slots slots, tiles of at most bt slots of
+    one expert: sum_e ceil(c_e / bt) <= n_slots // bt + (experts with a slot)."""
+    return n_slots // bt + min(n_expert, n_slots)
+
+
+def group_words(n_slots: int, n_expert: int, bt: int) -> int:
+    """uint32 words of moe_group.comp's output: the sorted slots, the tile count, 3 per tile."""
+    return n_slots + 1 + 3 * id_tiles(n_slots, n_expert, bt)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from vramd.engine import blocks, hostmv, moe_beside
+from vramd.engine import blocks, hostmv, linear, moe_beside
 from vramd.engine.ops import ROUTE_MAX_EXPERTS, ROUTE_MAX_USED, row_bytes, view
 from vramd.model.placement import EXPERT_KINDS
 
@@ -78,8 +78,9 @@ def activate(m, gate, up, out, n: int) -> None:
 
 def gpu_experts(m, i: int, n: int) -> None:
     """Layer i's routed FFN on the GPU: x += sum_j w_j expert_j(h) (+ sigmoid(g . h)
-    shared(h), qwen2moe); h = next norm.  A dispatch each for the routing, all
-    slots' gate, up and down, and the weighted sum; nothing read back."""
+    shared(h), qwen2moe); h = next norm.  A dispatch each for the routing (and
+    the grouping by expert, prefill), all slots' gate, up and down, and the
+    weighted sum; nothing read back."""
     s, ops, a, t = m.spec, m.ops, m.act, m.t
     moe = s.moe
     p, E, k, F = f"blk.{i}.", s.n_embd, moe.n_used, moe.n_ff_exp
@@ -100,9 +101,19 @@ def gpu_experts(m, i: int, n: int) -> None:
         if shared:
             ops.silu_mul(a["sg"], a["su"], a["sg"], n * moe.n_ff_shexp)
     gate, up, down = (t.stack(p + kind + ".weight") for kind in EXPERT_KINDS)
+    grouped = linear.grouped(n, k, moe.n_expert, ops.cpu)
+    if grouped:
+        ops.moe_group(a["route_ids"], a["route_groups"], slots, moe.n_expert)
+
+    def experts(w, x, y, x_div=1):
+        if grouped:
+            ops.matmul_id(w, moe.n_expert, a["route_groups"], x, y, slots, x_div=x_div)
+        else:
+            ops.matvec_id(w, moe.n_expert, a["route_ids"], x, y, slots, x_div=x_div)
+
     with ops.parallel():   # a token's k slots all read its h row (x_div = k)
-        ops.matvec_id(gate, moe.n_expert, a["route_ids"], a["h"], a["eg"], slots, x_div=k)
-        ops.matvec_id(up, moe.n_expert, a["route_ids"], a["h"], a["eu"], slots, x_div=k)
+        experts(gate, a["h"], a["eg"], k)
+        experts(up, a["h"], a["eu"], k)
         if shared:
             ops.matvec(t.matrix(p + "ffn_down_shexp.weight"), a["sg"], a["shexp"], n)
     if moe.biases:
@@ -110,7 +121,7 @@ def gpu_experts(m, i: int, n: int) -> None:
             ops.add_id(a["eg"], t.vector(p + "ffn_gate_exps.bias"), a["route_ids"], slots, F, moe.n_expert)
             ops.add_id(a["eu"], t.vector(p + "ffn_up_exps.bias"), a["route_ids"], slots, F, moe.n_expert)
     activate(m, a["eg"], a["eu"], a["eg"], slots * F)
-    ops.matvec_id(down, moe.n_expert, a["route_ids"], a["eg"], a["ed"], slots)
+    experts(down, a["eg"], a["ed"])
     if moe.biases:
         ops.add_id(a["ed"], t.vector(p + "ffn_down_exps.bias"), a["route_ids"], slots, E, moe.n_expert)
     if moe.dense_beside:

@@ -1,7 +1,7 @@
 """The compute ops of the forward pass: a small Python API over the GLSL
 kernels in native/shaders/ (matvec_<type>, get_rows_<type>, rms_norm, rope,
 kv_write, attention (attention_flash for prefill), silu_mul, add, scale; for mixture-of-experts models
-moe_route, matvec_id_<type> and moe_combine).
+moe_route, matvec_id_<type>, moe_group, matmul_id_<type> and moe_combine).
 
 Owns: `Ops` (one per residency core: the pipelines, the recording batch),
 `Weight` (a weight matrix: tensor, GGML type, rows, cols) and `view` (a
@@ -67,7 +67,8 @@ _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 72), "attention_merge": (3, 28),
             "attention_split_gqa": (5, 72),
             "rope_kv_write": (4, 80), "matvec_id": (4, 52), "moe_route": (4, 40), "moe_combine": (5, 36),
-            "swiglu_oai": (3, 24), "add_id": (3, 20)}
+            "swiglu_oai": (3, 24), "add_id": (3, 20), "moe_group": (2, 20),
+            "matmul_id": (4, 52)}
 
 _MAX_HEAD_DIM = 512       # attention.comp: MAXD * WG
 _FLASH_HEAD_DIM = 256     # attention_flash.comp: MAXW * 2 (larger heads take attention.comp)
@@ -490,6 +491,54 @@ class Ops:
             # Each slot reads one matrix: n_slots slabs in all, whichever run holds them.
             self._dispatch(k, [wv, xv, yv, iv], push, (gx, gy, n_slots),
                            label=f"{k.name} {w.rows}x{w.cols}x{n_slots}", nbytes=n_slots * slab if e0 == 0 else 0)
+
+    def moe_group(self, ids, groups, n_slots: int, n_expert: int, bt: int = linear.MATMUL_TOKENS) -> None:
+        """groups = the slots grouped by expert and their tiles of at most `bt` slots
+        (moe_group.comp: one work group, a stable counting sort), for matmul_id.
+
+        ids: int32 [n_slots], each in 0 .. n_expert-1 (moe_route's: slot t * k + j
+        is token t's j-th expert); groups: uint32 [linear.group_words(n_slots,
+        n_expert, bt)]: the sorted slots, the tile count, (expert, first, count) a tile."""
+        if not 1 <= n_expert <= ROUTE_MAX_EXPERTS or n_slots < 1 or bt < 1:
+            raise UsageError(f"moe_group: {n_slots} slots of {n_expert} experts (the kernel takes up to "
+                             f"{ROUTE_MAX_EXPERTS}), tiles of {bt}")
+        iv, io = self._bind(ids, 4 * n_slots, "moe_group ids")
+        gv, go = self._bind(groups, 4 * linear.group_words(n_slots, n_expert, bt), "moe_group groups")
+        self._dispatch(self._kernel("moe_group"), [iv, gv], struct.pack("<5I", n_slots, n_expert, bt, io, go),
+                       (1, 1, 1))
+
+    def matmul_id(self, w: Weight, n_expert: int, groups, x, y, n_slots: int, *, x_div: int = 1,
+                  x_stride: int | None = None, y_stride: int | None = None) -> None:
+        """matvec_id's Y[s, r] = sum_c W_{ids[s]}[r, c] * X[s // x_div, c] (same arguments,
+        with `groups`, moe_group's output for those ids with bt = linear.MATMUL_TOKENS,
+        in place of the ids), as tiled matmuls over each expert's slots
+        (matmul_id_<type>: matmul.glsl with matmul_rows.glsl's MM_ID): each used
+        expert's matrix read once per tile of its slots instead of once per slot.
+        The grid covers the most tiles the slots can make (linear.id_tiles), so
+        nothing is read back; unused tiles leave at once.  A stack larger than
+        a binding goes in runs of experts, a dispatch each (expert_runs)."""
+        x_stride = w.cols if x_stride is None else int(x_stride)
+        y_stride = w.rows if y_stride is None else int(y_stride)
+        if n_slots < 1 or x_div < 1 or x_stride < w.cols or y_stride < w.rows:
+            raise UsageError(f"matmul_id: bad sizes (slots {n_slots}, x_div {x_div}, strides "
+                             f"{x_stride}/{y_stride}) for {w}")
+        bt = linear.MATMUL_TOKENS
+        tiles = linear.id_tiles(n_slots, n_expert, bt)
+        if tiles > self.max_groups[2]:
+            raise UsageError(f"matmul_id: {n_slots} slots make up to {tiles} tiles, beyond the device's grid")
+        n_x = -(-n_slots // x_div)
+        gv, go = self._bind(groups, 4 * linear.group_words(n_slots, n_expert, bt), "matmul_id groups")
+        xv, xo = self._bind(x, 4 * ((n_x - 1) * x_stride + w.cols), "matmul_id x")
+        yv, yo = self._bind(y, 4 * ((n_slots - 1) * y_stride + w.rows), "matmul_id y")
+        slab = w.rows * w.row_bytes
+        k = self._kernel("matmul_id_" + w.suffix, "matmul_id")
+        gx, gy = grid(-(-w.rows // linear.MATMUL_ROWS), self.max_groups)
+        for wv, wo, e0, n in self.expert_runs(w, n_expert):
+            push = struct.pack("<13I", w.rows, w.cols, n_slots, wo, xo, x_stride, yo, y_stride, go, w.stride, e0,
+                               n, x_div)
+            # (bytes: at most every expert's matrix once per run, fewer where some have no slot)
+            self._dispatch(k, [wv, xv, yv, gv], push, (gx, gy, tiles),
+                           label=f"{k.name} {w.rows}x{w.cols}x{n_slots}", nbytes=min(n, n_slots) * slab)
 
     def moe_route(self, logits, ids, weights, n_tokens: int, n_expert: int, k: int, renormalize: bool, *,
                   scale=None) -> None:

@@ -16,6 +16,7 @@ residency.py): a larger chunk costs device memory only while warm.
 
 from __future__ import annotations
 
+from vramd.engine import linear
 from vramd.errors import UsageError
 
 LOGITS_BYTES = 64 << 20   # the logits buffer: chunks wanting every row's logits are cut to fit it (half lavapipe's range)
@@ -97,6 +98,8 @@ def _moe_layout(spec, b: int) -> list[tuple[str, int]]:
             # outputs, the shared expert's gate and up (qwen2moe)
             ("route_ids", 4 * slots), ("route_w", 4 * slots), ("eg", 4 * slots * moe.n_ff_exp),
             ("eu", 4 * slots * moe.n_ff_exp), ("ed", 4 * slots * e), ("sg", 4 * b * max(moe.n_ff_shexp, 1)),
-            ("su", 4 * b * max(moe.n_ff_shexp, 1))] + (
+            ("su", 4 * b * max(moe.n_ff_shexp, 1)),
+            # prefill's grouped expert matmuls: the slots sorted by expert and their tiles (moe_group)
+            ("route_groups", 4 * linear.group_words(slots, moe.n_expert, linear.MATMUL_TOKENS))] + (
         # gemma4 (vramd/engine/moe_beside.py): the router's input, the experts' sum before its norm
         [("hr", 4 * b * e), ("mo", 4 * b * e)] if moe.dense_beside else [])

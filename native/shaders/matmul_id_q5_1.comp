@@ -1,0 +1,8 @@
+// Y = X W_e^T with Q5_1 expert matrices for a prefill chunk's slots, grouped
+// by expert (a tile of one expert's slots per work-group z): see
+// matmul.glsl and matmul_rows.glsl (MM_ID).
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#define TYPE_Q5_1
+#define MM_ID
+#include "matmul.glsl"
