@@ -34,15 +34,18 @@ if [ "${PART:-a}" = a ]; then
   vs 8b Q8_0 2048 2000,8000 0 70   # the tensor-core matmuls after the sweep
   } 2>&1 | tee "$OUT/part_a.log"
 else
-  TESTS=$(ls tests/engine/test_moe_group*.py tests/engine/test_matmul_id*.py tests/engine/test_moe.py tests/engine/test_gptoss.py 2>/dev/null)
-  VRAMD_TEST_DEVICE=native t 60 python3 -m pytest -q -p no:cacheprovider -m "native_gpu or not native_gpu" $TESTS \
+  TESTS=$(ls tests/engine/test_moe_matmul_id.py tests/engine/test_slots.py 2>/dev/null)
+  VRAMD_TEST_DEVICE=native t 70 python3 -m pytest -q -p no:cacheprovider -m "native_gpu or not native_gpu" $TESTS \
       > "$OUT/gpu_tests_b.log" 2>&1
   tail -n 8 "$OUT/gpu_tests_b.log"
   {
+  for g in 0 1; do   # the grouped expert matmul against matvec_id, prefill of 2,000 tokens
+    VRAMD_MOE_GROUPED=$g t 45 python3 -m vramd.cli bench decode --shape qwen35moe-35b-a3b --type Q4_K --prompt 2000 \
+        --tokens 4 --ctx 2100
+  done
+  t 50 python3 -m vramd.cli bench slots --shape 8b --type Q8_0 --slots 1,4,8,16 --tokens 8   # linear.CM_FROM
   vs gptoss-20b MXFP4 512 512,2000,8000 128 110
   vs qwen35moe-35b-a3b Q4_K 512 512,2000,8000 128 110
-  t 60 python3 -m vramd.cli bench decode --shape qwen35-27b --type Q4_K --prompt 2048 --tokens 4 --ctx 2200 \
-      --profile-prefill
-  vs qwen35-27b Q4_K 2048 512,2000 64 200
+  vs qwen35-27b Q4_K 2048 512,2000 64 190
   } 2>&1 | tee "$OUT/part_b.log"
 fi
