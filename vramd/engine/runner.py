@@ -24,11 +24,11 @@ from vramd.engine.batch import TokenBatch
 from vramd.engine.chat import MEDIA_MARKER, ChatTemplate, encode_prompt
 from vramd.engine.embed import embedding, pooling_of, rows_needed
 from vramd.engine.fim import FimTokens
-from vramd.engine.grammar import Constraint
+from vramd.engine.generation import Generation
 from vramd.engine.model import TransformerModel
 from vramd.engine.overflow import POLICIES, cut_tokens, cut_turns, room_for, shifted, too_long
 from vramd.engine.prompt import Prompt, check_token_ids
-from vramd.engine.sampler import Piece, Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
+from vramd.engine.sampler import Piece, SamplingParams
 from vramd.engine.tokenizer import Tokenizer
 from vramd.errors import ModelError, UsageError
 
@@ -233,58 +233,23 @@ class Engine:
 
         Returns the finish reason: "stop" (end of generation, a stop
         string, or params.grammar complete), "length" (max_tokens or the context is full), or
-        "cancelled" (the client went away).
+        "cancelled" (the client went away).  The per-token work is the Generation's
+        (vramd/engine/generation.py), the same that generate_batch steps for several slots.
         """
-        sampler = Sampler(params, prompt=ids)   # repeat_penalty's window starts in the prompt
-        stops = StopMatcher(params.stop)
-        decoder = self.tokenizer.stream_decoder(params.special_text) if self.tokenizer else None
-        # A grammar masks the logits before the sampler's filters; without one, no mask work at all.
-        constraint = Constraint(self._need_tokenizer(), params.grammar) if params.grammar else None
-        if constraint:
-            constraint.prefetch()         # the first mask, beside the prefill
+        gen = Generation(self, ids, params, emit)
         logits, _ = self._prefill(ids, embeds)
         shift = self.overflow == "shift" and not embeds
         self.shift_stats = {"shifts": 0, "dropped_tokens": 0}
-        budget = params.max_tokens or self.ctx
-        if not shift:
-            budget = min(budget, self.ctx - len(self.cached))
-        finish = "length"
-        for _ in range(max(budget, 0)):
-            token = sampler.sample(constraint.masked(logits) if constraint else logits)
-            if self.tokenizer is not None and self.tokenizer.is_eog(token):
-                finish = "stop"
-                break
-            if constraint:
-                constraint.advance(token)
-                constraint.prefetch()     # the next mask, computed while the GPU runs the next step
-            text = decoder.feed(token) if decoder else ""
-            safe = stops.feed(text) if params.stop else text
-            piece = Piece(token=token, text=safe)
-            if params.logprobs is not None:
-                lp = log_softmax(logits)
-                piece.logprob = float(lp[token])
-                piece.top = [(self.piece_text(t), v) for t, v in top_logprobs(logits, params.logprobs)]
-            self.stats["generated_tokens"] += 1
-            if not emit(piece):
-                return "cancelled"
-            if (params.stop and stops.stopped) or (constraint and constraint.done):
-                finish = "stop"   # a stop string, or the grammar is complete
-                break
+        gen.start(None if shift else self.ctx - len(self.cached))
+        while (token := gen.take(logits)) is not None:
             if len(self.cached) >= self.ctx:
                 if not shift:
-                    break
+                    return gen.end("length")
                 logits = self._shift(self.cached + [token])
                 continue
             logits = self.model.forward([token], len(self.cached))
             self.cached.append(token)
-        else:
-            finish = "length"
-        tail = decoder.flush() if decoder else ""
-        if params.stop and not stops.stopped:
-            tail = stops.feed(tail) + stops.flush()
-        if tail:
-            emit(Piece(token=-1, text=tail))
-        return finish
+        return gen.end()
 
     def embed(self, ids: list[int]) -> "np.ndarray":
         """The L2-normalised embedding [n_embd] of `ids` (positions 0..) under self.pooling.
