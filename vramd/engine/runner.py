@@ -56,14 +56,40 @@ class Engine:
         self.pooling = pooling_of(mf, pooling)
         self.fim = FimTokens.find(mf.metadata, self.tokenizer)
         self.model = TransformerModel(loaded, residency, ctx, loaded.scratch, chunk, spec=self.spec)
-        self.cached: list[int] = []       # tokens whose K/V are in the cache, positions 0..
-        self.checkpoint: list[int] | None = None   # tokens the recurrent state's checkpoint holds (qwen35)
+        # Per sequence (slot) of the cache: the tokens whose K/V it holds (positions 0..), and the
+        # tokens its recurrent state's checkpoint holds (qwen35); `cached`/`checkpoint` are
+        # sequence 0's, the one-slot path's.  last_used: the step a slot last served (LRU).
+        n = self.model.n_seq
+        self.seq_cached: list[list[int]] = [[] for _ in range(n)]
+        self.seq_checkpoint: list[list[int] | None] = [None] * n
+        self.last_used = [0] * n
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
+
+    @property
+    def n_seq(self) -> int:
+        return self.model.n_seq
+
+    @property
+    def cached(self) -> list[int]:
+        return self.seq_cached[0]
+
+    @cached.setter
+    def cached(self, tokens: list[int]) -> None:
+        self.seq_cached[0] = tokens
+
+    @property
+    def checkpoint(self) -> list[int] | None:
+        return self.seq_checkpoint[0]
+
+    @checkpoint.setter
+    def checkpoint(self, tokens: list[int] | None) -> None:
+        self.seq_checkpoint[0] = tokens
 
     def forget(self) -> None:
         """No prefix reuse for the next request: the K/V cache and a recurrent state's
         checkpoint count as holding nothing (a benchmark's runs each prefill alike)."""
-        self.cached, self.checkpoint = [], None
+        n = self.n_seq
+        self.seq_cached, self.seq_checkpoint = [[] for _ in range(n)], [None] * n
 
     @staticmethod
     def text_front(mf) -> tuple[Tokenizer | None, ChatTemplate | None]:
