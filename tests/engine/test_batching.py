@@ -15,9 +15,10 @@ import pytest
 
 from tests.ggufgen.llama import write_llama
 from vramd.engine.arch import spec_for
+from vramd.engine.batch import TokenBatch
 from vramd.engine.batching import Batcher
 from vramd.engine.grammar import json_schema
-from vramd.engine.prompt import Prompt
+from vramd.engine.prompt import Prompt, common_prefix
 from vramd.engine.runner import Engine
 from vramd.engine.sampler import SamplingParams
 from vramd.engine.scratch import scratch_layout
@@ -197,4 +198,52 @@ def test_a_long_prompt_is_not_starved_by_short_ones(engine):
     engine.forget()
     want = []
     engine.generate(long_ids, SamplingParams(temperature=0.0, max_tokens=3), lambda p: want.append(p) or True)
+    assert as_tuple(pieces) == as_tuple(want)
+
+
+def test_the_host_cache_saves_and_restores_a_slots_own_sequence(engine):
+    """vramd/server/hostcache.py on a slot other than 0: the rows saved are that sequence's
+    (the K/V region at seq * ctx rows), written back into another slot they continue there:
+    the extended prompt reuses them and gives its solo output."""
+    from vramd.server.hostcache import HostCache
+
+    engine.forget()
+    V = engine.spec.n_vocab
+    rng = np.random.default_rng(4)
+    base = [int(t) for t in rng.integers(3, V, 30)]
+    more = base + [int(t) for t in rng.integers(3, V, 7)]
+    kw = dict(temperature=0.0, max_tokens=5)
+    b = Batcher(engine)
+    fill = [b.submit([int(t) for t in rng.integers(3, V, 20)], SamplingParams(**kw), lambda p: True)
+            for _ in range(2)]
+    g = b.submit(base, SamplingParams(**kw), lambda p: True)
+    b.run()
+    seq = g.seq
+    assert seq not in (0, fill[0].seq) and engine.seq_cached[seq][:30] == base
+    held = list(engine.seq_cached[seq])
+    kv, lay = engine.model.kv, engine.model.kv.layout
+    want_rows = [kv.k(i).read(np.uint8, seq * lay.ctx * 2 * lay.k_width, 2 * lay.k_width * len(held))
+                 for i in range(lay.n_layer)]
+    hc = HostCache(64 << 20)
+    assert hc.before(engine, [7, 8, 9], seq=seq) == 0          # a prompt that cuts the slot: saved
+    (entry,) = hc.entries.values()
+    assert entry.tokens == held
+    for i in range(lay.n_layer):
+        assert np.array_equal(entry.rows[2 * i], want_rows[i])
+    engine.seq_cached[seq] = []
+    engine.model.forward_batch(TokenBatch.of([int(t) for t in rng.integers(3, V, 40)], 0, seq=seq))  # rows gone
+    other = 3 if seq != 3 else 2
+    engine.seq_cached[other] = []
+    n = common_prefix(held, more)
+    assert n == 30 < len(held)
+    assert hc.before(engine, more, seq=other) == n            # written back into another slot
+    assert engine.seq_cached[other] == base
+    pieces = []
+    before = engine.stats["reused_tokens"]
+    h = b.submit(more, SamplingParams(**kw), lambda p: pieces.append(p) or True)
+    b.run()
+    assert h.seq == other and engine.stats["reused_tokens"] - before == n
+    engine.forget()
+    want = []
+    engine.generate(more, SamplingParams(**kw), lambda p: want.append(p) or True)
     assert as_tuple(pieces) == as_tuple(want)

@@ -25,6 +25,7 @@ from typing import Callable
 
 from vramd.engine.batch import TokenBatch
 from vramd.engine.generation import Generation
+from vramd.engine.prompt import common_prefix
 from vramd.engine.sampler import Piece, SamplingParams
 from vramd.engine.scratch import logit_rows
 from vramd.errors import UsageError
@@ -82,8 +83,8 @@ class Batcher:
             if gen.finish is not None:   # cancelled before it had a slot
                 gen.end()
                 continue
-            seq = max(free, key=lambda s: (_shared(e.seq_cached[s], gen.ids), -e.last_used[s]))
-            keep = min(_shared(e.seq_cached[seq], gen.ids), len(gen.ids) - 1)   # >= 1 token for its logits
+            seq = max(free, key=lambda s: (common_prefix(e.seq_cached[s], gen.ids), -e.last_used[s]))
+            keep = min(common_prefix(e.seq_cached[seq], gen.ids), len(gen.ids) - 1)   # >= 1 token for its logits
             if self.model.kv.recurrent and (keep < len(e.seq_cached[seq])
                                             or self.model.rec_positions[seq] != len(e.seq_cached[seq])):
                 keep = 0   # a recurrent state cannot go back: it prefills from 0
@@ -143,11 +144,3 @@ class Batcher:
                 gen.next = token
         return True
 
-
-def _shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

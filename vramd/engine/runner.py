@@ -89,7 +89,7 @@ class Engine:
         """No prefix reuse for the next request: the K/V cache and a recurrent state's
         checkpoint count as holding nothing (a benchmark's runs each prefill alike)."""
         n = self.n_seq
-        self.seq_cached, self.seq_checkpoint = [[] for _ in range(n)], [None] * n
+        self.seq_cached, self.seq_checkpoint, self.last_used = [[] for _ in range(n)], [None] * n, [0] * n
 
     @staticmethod
     def text_front(mf) -> tuple[Tokenizer | None, ChatTemplate | None]:
