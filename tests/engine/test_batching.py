@@ -7,7 +7,8 @@ with stop strings, a grammar, penalties and logprobs, whether requests start tog
 join mid-generation, outnumber the slots (they wait), or are cancelled (the slot is freed
 for a waiting one at the next step).  Prefix reuse picks the slot that holds the prompt's
 prefix; a long prompt's prefill advances one chunk every step while short requests keep
-arriving (no starvation).
+arriving (no starvation).  The host cache saves and restores a slot's own sequence; a
+recurrent model's slots (qwen35) continue their state or prefill from 0, each its solo output.
 """
 
 import numpy as np
@@ -247,3 +248,62 @@ def test_the_host_cache_saves_and_restores_a_slots_own_sequence(engine):
     want = []
     engine.generate(more, SamplingParams(**kw), lambda p: want.append(p) or True)
     assert as_tuple(pieces) == as_tuple(want)
+
+
+@pytest.fixture(scope="module")
+def recurrent(device, tmp_path_factory):
+    """qwen35 (DeltaNet layers: a recurrent state per slot), prompts as token ids."""
+    from tests.ggufgen.qwen35 import write_qwen35
+    from vramd.gpu.residency import Residency
+
+    path = write_qwen35(tmp_path_factory.mktemp("batching35") / "q.gguf", weight_type="F32", seed=11)
+    mf = validate_gguf(path)
+    res = Residency(device)
+    lm = loader.load(path, res, CTX, mf=mf, scratch=scratch_layout(spec_for(mf), CHUNK), n_seq=3)
+    res.restore(["weights", "state"])
+    e = Engine(lm, res, CTX, chunk=CHUNK)
+    assert e.model.kv.recurrent
+    yield e
+    e.close()
+    res.close()
+
+
+def test_recurrent_slots_give_their_solo_output(recurrent):
+    """A recurrent slot continues its state where a prompt extends what it holds, else
+    prefills from 0; either way each request gives its solo (fresh) output."""
+    e = recurrent
+    V = e.spec.n_vocab
+    rng = np.random.default_rng(9)
+    prompts = [[int(t) for t in rng.integers(3, V, n)] for n in (5, 37, 12, 20)]
+    prompts.append(prompts[1] + [int(t) for t in rng.integers(3, V, 6)])   # extends request 1's prompt
+    kws = [dict(temperature=0.0, max_tokens=6), dict(temperature=0.8, seed=2, max_tokens=6)] * 3
+    want = []
+    for ids, kw in zip(prompts, kws):
+        e.forget()
+        e.model.clear_seq(0)
+        pieces = []
+        e.generate(ids, SamplingParams(**kw), lambda p: pieces.append(p) or True)
+        want.append(as_tuple(pieces))
+    e.forget()
+    b = Batcher(e)
+    got = [[] for _ in prompts]
+    gens = [b.submit(ids, SamplingParams(**kw), lambda p, k=k: got[k].append(p) or True)
+            for k, (ids, kw) in enumerate(zip(prompts[:4], kws))]
+    b.run()
+    # the fifth extends the prompt of the second, but that slot also holds its generated tokens:
+    # the state cannot go back, so it prefills from 0 (reuse 0); a prompt extending all the slot
+    # holds continues the state (reuse = what it holds)
+    gens.append(b.submit(prompts[4], SamplingParams(**kws[4]), lambda p: got[4].append(p) or True))
+    held = list(e.seq_cached[gens[3].seq])
+    cont = held + [int(t) for t in rng.integers(3, V, 4)]
+    cont_out = []
+    gens.append(b.submit(cont, SamplingParams(temperature=0.0, max_tokens=4), lambda p: cont_out.append(p) or True))
+    b.run()
+    assert gens[4].reused == 0 and gens[5].reused == len(held) and gens[5].seq == gens[3].seq
+    for k in range(5):
+        assert as_tuple(got[k]) == want[k], f"request {k}"
+    e.forget()
+    e.model.clear_seq(0)
+    solo_cont = []
+    e.generate(cont, SamplingParams(temperature=0.0, max_tokens=4), lambda p: solo_cont.append(p) or True)
+    assert as_tuple(cont_out) == as_tuple(solo_cont)
