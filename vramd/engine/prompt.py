@@ -22,6 +22,16 @@ def check_token_ids(ids, n_vocab: int, where: str = "") -> None:
         raise UsageError(f"{where}token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
 
 
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens a and b share (a slot's cached tokens and a prompt)."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 @dataclass
 class Prompt:
     kind: str                                   # "completion" or "chat"

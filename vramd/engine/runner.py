@@ -24,11 +24,11 @@ from vramd.engine.batch import TokenBatch
 from vramd.engine.chat import MEDIA_MARKER, ChatTemplate, encode_prompt
 from vramd.engine.embed import embedding, pooling_of, rows_needed
 from vramd.engine.fim import FimTokens
-from vramd.engine.grammar import Constraint
+from vramd.engine.generation import Generation
 from vramd.engine.model import TransformerModel
 from vramd.engine.overflow import POLICIES, cut_tokens, cut_turns, room_for, shifted, too_long
 from vramd.engine.prompt import Prompt, check_token_ids
-from vramd.engine.sampler import Piece, Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
+from vramd.engine.sampler import Piece, SamplingParams
 from vramd.engine.tokenizer import Tokenizer
 from vramd.errors import ModelError, UsageError
 
@@ -56,14 +56,40 @@ class Engine:
         self.pooling = pooling_of(mf, pooling)
         self.fim = FimTokens.find(mf.metadata, self.tokenizer)
         self.model = TransformerModel(loaded, residency, ctx, loaded.scratch, chunk, spec=self.spec)
-        self.cached: list[int] = []       # tokens whose K/V are in the cache, positions 0..
-        self.checkpoint: list[int] | None = None   # tokens the recurrent state's checkpoint holds (qwen35)
+        # Per sequence (slot) of the cache: the tokens whose K/V it holds (positions 0..), and the
+        # tokens its recurrent state's checkpoint holds (qwen35); `cached`/`checkpoint` are
+        # sequence 0's, the one-slot path's.  last_used: the step a slot last served (LRU).
+        n = self.model.n_seq
+        self.seq_cached: list[list[int]] = [[] for _ in range(n)]
+        self.seq_checkpoint: list[list[int] | None] = [None] * n
+        self.last_used = [0] * n
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0}
+
+    @property
+    def n_seq(self) -> int:
+        return self.model.n_seq
+
+    @property
+    def cached(self) -> list[int]:
+        return self.seq_cached[0]
+
+    @cached.setter
+    def cached(self, tokens: list[int]) -> None:
+        self.seq_cached[0] = tokens
+
+    @property
+    def checkpoint(self) -> list[int] | None:
+        return self.seq_checkpoint[0]
+
+    @checkpoint.setter
+    def checkpoint(self, tokens: list[int] | None) -> None:
+        self.seq_checkpoint[0] = tokens
 
     def forget(self) -> None:
         """No prefix reuse for the next request: the K/V cache and a recurrent state's
         checkpoint count as holding nothing (a benchmark's runs each prefill alike)."""
-        self.cached, self.checkpoint = [], None
+        n = self.n_seq
+        self.seq_cached, self.seq_checkpoint, self.last_used = [[] for _ in range(n)], [None] * n, [0] * n
 
     @staticmethod
     def text_front(mf) -> tuple[Tokenizer | None, ChatTemplate | None]:
@@ -233,58 +259,23 @@ class Engine:
 
         Returns the finish reason: "stop" (end of generation, a stop
         string, or params.grammar complete), "length" (max_tokens or the context is full), or
-        "cancelled" (the client went away).
+        "cancelled" (the client went away).  The per-token work is the Generation's
+        (vramd/engine/generation.py), the same that generate_batch steps for several slots.
         """
-        sampler = Sampler(params, prompt=ids)   # repeat_penalty's window starts in the prompt
-        stops = StopMatcher(params.stop)
-        decoder = self.tokenizer.stream_decoder(params.special_text) if self.tokenizer else None
-        # A grammar masks the logits before the sampler's filters; without one, no mask work at all.
-        constraint = Constraint(self._need_tokenizer(), params.grammar) if params.grammar else None
-        if constraint:
-            constraint.prefetch()         # the first mask, beside the prefill
+        gen = Generation(self, ids, params, emit)
         logits, _ = self._prefill(ids, embeds)
         shift = self.overflow == "shift" and not embeds
         self.shift_stats = {"shifts": 0, "dropped_tokens": 0}
-        budget = params.max_tokens or self.ctx
-        if not shift:
-            budget = min(budget, self.ctx - len(self.cached))
-        finish = "length"
-        for _ in range(max(budget, 0)):
-            token = sampler.sample(constraint.masked(logits) if constraint else logits)
-            if self.tokenizer is not None and self.tokenizer.is_eog(token):
-                finish = "stop"
-                break
-            if constraint:
-                constraint.advance(token)
-                constraint.prefetch()     # the next mask, computed while the GPU runs the next step
-            text = decoder.feed(token) if decoder else ""
-            safe = stops.feed(text) if params.stop else text
-            piece = Piece(token=token, text=safe)
-            if params.logprobs is not None:
-                lp = log_softmax(logits)
-                piece.logprob = float(lp[token])
-                piece.top = [(self.piece_text(t), v) for t, v in top_logprobs(logits, params.logprobs)]
-            self.stats["generated_tokens"] += 1
-            if not emit(piece):
-                return "cancelled"
-            if (params.stop and stops.stopped) or (constraint and constraint.done):
-                finish = "stop"   # a stop string, or the grammar is complete
-                break
+        gen.start(None if shift else self.ctx - len(self.cached))
+        while (token := gen.take(logits)) is not None:
             if len(self.cached) >= self.ctx:
                 if not shift:
-                    break
+                    return gen.end("length")
                 logits = self._shift(self.cached + [token])
                 continue
             logits = self.model.forward([token], len(self.cached))
             self.cached.append(token)
-        else:
-            finish = "length"
-        tail = decoder.flush() if decoder else ""
-        if params.stop and not stops.stopped:
-            tail = stops.feed(tail) + stops.flush()
-        if tail:
-            emit(Piece(token=-1, text=tail))
-        return finish
+        return gen.end()
 
     def embed(self, ids: list[int]) -> "np.ndarray":
         """The L2-normalised embedding [n_embd] of `ids` (positions 0..) under self.pooling.

@@ -9,7 +9,7 @@ own (Engine.cached), so only the rest is prefilled.  Bounded: the entries' bytes
 --cache-ram, the least recently used going first; a sequence saved again replaces its
 older self.  Rows go through the residency core's tensor read/write (vramd/gpu/residency.py:
 Tensor.read / write, offset and size: a device copy while warm, the shadow kept in step),
-sequence 0's rows being the first n * width of each layer's tensor (vramd/engine/kvcache.py).
+a sequence's rows starting at seq * ctx rows of each layer's tensor (vramd/engine/kvcache.py).
 
 Not for a model with a recurrent state (qwen35): its state cannot be cut to a shared prefix
 and its checkpoint is the engine's own (runner.py); such a daemon says so at start and keeps
@@ -26,18 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vramd.engine.prompt import common_prefix
+
 log = logging.getLogger("vramd.hostcache")
 
 DEFAULT_CACHE_RAM = 256   # MiB (--cache-ram); 0: no host cache
 MIN_TOKENS = 16           # shorter sequences are not worth an entry: prefilling them is about as quick
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass
@@ -62,25 +56,30 @@ class HostCache:
         kv = getattr(engine.model, "kv", None)
         return kv is not None and not kv.recurrent
 
-    def _tensors(self, engine) -> list[tuple[object, int]]:
-        """(tensor, bytes per row) of each attention layer's K and V."""
+    def _tensors(self, engine, seq: int = 0) -> list[tuple[object, int, int]]:
+        """(tensor, bytes per row, where sequence seq's rows start) of each attention layer's K
+        and V (sequence s owns rows [s * ctx, (s + 1) * ctx): vramd/engine/kvcache.py)."""
         kv = engine.model.kv
         lay = kv.layout
+        if not 0 <= seq < kv.n_seq:
+            raise ValueError(f"sequence {seq} outside the cache's {kv.n_seq}")
         out = []
         for i in range(lay.n_layer):
-            out += [(kv.k(i), lay.k_width * 2), (kv.v(i), lay.v_width * 2)]
+            for t, w in ((kv.k(i), lay.k_width * 2), (kv.v(i), lay.v_width * 2)):
+                out.append((t, w, seq * lay.ctx * w))
         return out
 
     def bytes(self) -> int:
         with self._lock:
             return sum(e.nbytes for e in self.entries.values())
 
-    def before(self, engine, ids: list[int]) -> int:
-        """Before `ids` is prefilled in the slot: save what the slot would lose, bring back a
-        saved sequence that shares more of `ids`.  Returns the tokens brought back (0: none)."""
+    def before(self, engine, ids: list[int], seq: int = 0) -> int:
+        """Before `ids` is prefilled in the slot of sequence seq: save what the slot would lose,
+        bring back a saved sequence that shares more of `ids`.  Returns the tokens brought back
+        (0: none)."""
         if self.limit <= 0 or not self.usable(engine):
             return 0
-        cached = engine.cached
+        cached = engine.seq_cached[seq]
         slot_keep = common_prefix(cached, ids)
         best, best_n = None, slot_keep
         with self._lock:
@@ -91,21 +90,22 @@ class HostCache:
         if best is not None and best_n - slot_keep < MIN_TOKENS // 2:
             best = None   # a few tokens more than the slot holds: not worth the copy
         if slot_keep < len(cached) and len(cached) >= MIN_TOKENS:
-            self._save(engine, list(cached), keep=best)
-        return 0 if best is None else self._restore(engine, best, best_n)
+            self._save(engine, list(cached), keep=best, seq=seq)
+        return 0 if best is None else self._restore(engine, best, best_n, seq)
 
-    def keep_slot(self, engine, ids: list[int]) -> None:
-        """Before rows 0.. are overwritten by `ids` (an embedding): save the slot's sequence if they cut it."""
-        cached = engine.cached
+    def keep_slot(self, engine, ids: list[int], seq: int = 0) -> None:
+        """Before rows 0.. of sequence seq are overwritten by `ids` (an embedding): save the
+        slot's sequence if they cut it."""
+        cached = engine.seq_cached[seq]
         if self.limit > 0 and self.usable(engine) and len(cached) >= MIN_TOKENS and \
                 common_prefix(cached, ids) < len(cached):
-            self._save(engine, list(cached), keep=None)
+            self._save(engine, list(cached), keep=None, seq=seq)
 
-    def _save(self, engine, tokens: list[int], keep: tuple | None) -> None:
+    def _save(self, engine, tokens: list[int], keep: tuple | None, seq: int = 0) -> None:
         """Save the slot's sequence, making room by the LRU order, but never by dropping `keep`
         (the entry this request is about to restore: then the slot's sequence is not saved)."""
         n = len(tokens)
-        size = sum(w * n for _t, w in self._tensors(engine))
+        size = sum(w * n for _t, w, _at in self._tensors(engine, seq))
         key = tuple(tokens)
         with self._lock:
             others = sum(e.nbytes for k, e in self.entries.items() if k == keep)
@@ -118,20 +118,20 @@ class HostCache:
                 victim = next(k for k in self.entries if k != keep)
                 del self.entries[victim]
                 self.evicted += 1
-        rows = [t.read(np.uint8, 0, w * n) for t, w in self._tensors(engine)]
+        rows = [t.read(np.uint8, at, w * n) for t, w, at in self._tensors(engine, seq)]
         with self._lock:
             self.entries[key] = Entry(tokens, rows)
             self.saves += 1
         log.debug("host cache: saved %d tokens (%d bytes)", n, size)
 
-    def _restore(self, engine, key: tuple, n: int) -> int:
+    def _restore(self, engine, key: tuple, n: int, seq: int = 0) -> int:
         with self._lock:
             e = self.entries[key]
             self.entries.move_to_end(key)
-        engine.cached = []   # the rows are being replaced: nothing counts as held until they are
-        for (t, w), data in zip(self._tensors(engine), e.rows):
-            t.write(data[:w * n], 0)
-        engine.cached = list(e.tokens[:n])
+        engine.seq_cached[seq] = []   # the rows are being replaced: nothing counts as held until they are
+        for (t, w, at), data in zip(self._tensors(engine, seq), e.rows):
+            t.write(data[:w * n], at)
+        engine.seq_cached[seq] = list(e.tokens[:n])
         with self._lock:
             self.hits += 1
             self.restored_tokens += n
