@@ -91,6 +91,36 @@ def test_matvec(ops, linear_form, bufs, rng, qtype, rows, cols, n_tokens):
     close_to_dot(y, ref, np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.F16], ids=lambda t: t.name)
+def test_a_steps_decode_rows_take_the_kernel_of_a_lone_token(ops, bufs, rng, qtype):
+    """A mixed step (TransformerModel._set_segs: ops.token_rows) of a decode row, a 20-token
+    prefill chunk and 17 more decode rows: every decode row's output is bit for bit the one
+    token's matvec alone, whatever kernel the chunk's (or 17 rows') size would select (f16
+    tensor-core tiles on a GPU, matmul_c on a CPU device); the chunk's rows as a 20-token matvec."""
+    rows, cols = 70, 512
+    raw, _w = weights(rng, qtype, rows, cols)
+    runs = [(0, 1, True), (1, 20, False), (21, 17, True)]
+    n = 38
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    wt = bufs("weights", w=raw)["w"]
+    t = bufs(x=x, y=4 * n * rows, y1=4 * rows, yc=4 * 20 * rows)
+    wgt = Weight(wt, qtype, rows, cols)
+    ops.token_rows = (n, runs)
+    try:
+        ops.matvec(wgt, t["x"], t["y"], n)
+    finally:
+        ops.token_rows = None
+    ops.sync()
+    got = f32(t["y"]).reshape(n, rows)
+    for r in [0, *range(21, 38)]:
+        ops.matvec(wgt, view(t["x"], 4 * r * cols), t["y1"], 1)
+        ops.sync()
+        assert np.array_equal(got[r], f32(t["y1"])), r
+    ops.matvec(wgt, view(t["x"], 4 * cols), t["yc"], 20)
+    ops.sync()
+    assert np.array_equal(got[1:21], f32(t["yc"]).reshape(20, rows))
+
+
 def test_matvec_strides_write_into_wider_rows(ops, linear_form, bufs, rng):
     """y_stride > rows: three matvecs fill one fused [tokens, q|k|v] buffer.  With
     cooperative matrices these 16 tokens (linear.CM_FROM) go to matmul_cm, which rounds x and

@@ -48,6 +48,19 @@ REPLAY_TOKENS = 8   # batches of up to this many tokens (and last-row logits) re
 # each sequence's rows take their own dispatches, so the bound is what one step's graph should hold.
 SLOTS_REPLAY = 16
 
+def _token_rows(segs: list, n: int):
+    """(n, [(first row, rows, one token a sequence)]) of a batch's runs, merged by kind; None
+    for a batch of multi-token runs only (a prefill chunk: no split)."""
+    runs: list[list] = []
+    for r0, r1, *_ in segs:
+        single = r1 - r0 == 1
+        if runs and runs[-1][2] == single:
+            runs[-1][1] += r1 - r0
+        else:
+            runs.append([r0, r1 - r0, single])
+    return (n, [tuple(r) for r in runs]) if any(r[2] for r in runs) else None
+
+
 class TransformerModel:
     """Forward passes of one loaded model (weights region, KV `state` region,
     scratch region).  gpu_routing=False routes every MoE layer on the host
@@ -235,12 +248,23 @@ class TransformerModel:
         """Records the whole pass of n tokens (ids and positions in the scratch
         buffers; every layer recordable; `segs`, their runs of one sequence, see
         blocks.py) and the logits of `rows` into logits[0..)."""
+        self._set_segs(segs, n)
+        try:
+            blocks.embed(self, n)
+            for i in range(self.spec.n_layer):
+                self._layer(i, n)
+            if rows:
+                blocks.logits(self, n, rows)
+        finally:
+            self.ops.token_rows = None   # the split holds for this batch's recording only
+
+    def _set_segs(self, segs: list, n: int) -> None:
+        """The batch's runs of one sequence (blocks.py), and for the linear layers (Ops.matvec)
+        its rows of one token a sequence: a mixed step's decode rows take the kernels they take
+        alone, so a request's output does not depend on what it was batched with (a prefill
+        chunk's rows may go to the f16 tensor-core matmuls)."""
         self.segs = segs
-        blocks.embed(self, n)
-        for i in range(self.spec.n_layer):
-            self._layer(i, n)
-        if rows:
-            blocks.logits(self, n, rows)
+        self.ops.token_rows = _token_rows(segs, n)
 
     def _layer(self, i: int, n: int) -> None:
         blocks.mixer(self, i, n)
@@ -289,19 +313,22 @@ class TransformerModel:
             with ops.batch():
                 self._record(n, batch.out, segs)
         else:
-            self.segs = segs
-            with ops.batch():
-                blocks.embed(self, n)
-            for gpu, layers in self._runs():
-                if gpu:   # no readback: the whole run in one command buffer
-                    with ops.batch():
-                        for i in layers:
-                            self._layer(i, n)
-                else:
-                    moe.host_routed_layer(self, layers[0], n)
-            if batch.out:
+            self._set_segs(segs, n)
+            try:
                 with ops.batch():
-                    blocks.logits(self, n, batch.out)
+                    blocks.embed(self, n)
+                for gpu, layers in self._runs():
+                    if gpu:   # no readback: the whole run in one command buffer
+                        with ops.batch():
+                            for i in layers:
+                                self._layer(i, n)
+                    else:
+                        moe.host_routed_layer(self, layers[0], n)
+                if batch.out:
+                    with ops.batch():
+                        blocks.logits(self, n, batch.out)
+            finally:
+                ops.token_rows = None
         ops.sync()
         if hidden is not None:
             if not hidden:

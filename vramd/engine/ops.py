@@ -226,6 +226,10 @@ class Ops:
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
         self._spare: Batch | None = None      # reused by batch()
+        # (n_tokens, [(first row, rows, one token a sequence)]) of the batch being recorded
+        # (TransformerModel._set_segs): matvec of n_tokens rows runs the one-token-a-sequence
+        # rows through the per-token kernels whatever their number (see matvec)
+        self.token_rows = None
         self._graphs: list[Batch] = []
         # A vramd.gpu.timing.Timestamps that every batch() writes into (None: untimed): the
         # prefill profile (`vramd bench decode --profile-prefill`), matmul benchmarks.  Each
@@ -414,6 +418,18 @@ class Ops:
         y_stride = w.rows if y_stride is None else int(y_stride)
         if n_tokens < 1 or x_stride < w.cols or y_stride < w.rows:
             raise UsageError(f"matvec: bad sizes (n_tokens {n_tokens}, strides {x_stride}/{y_stride}) for {w}")
+        runs = self.token_rows
+        if runs is not None and runs[0] == n_tokens:
+            # A step's decode rows (one token a sequence) go through the kernel a lone token
+            # takes, each row on its own, so a request's numbers do not depend on its batch;
+            # the rest (a prefill chunk) through what its size selects.
+            for first, count, per_token in runs[1]:
+                self._matvec(w, view(x, 4 * first * x_stride), view(y, 4 * first * y_stride), count,
+                             x_stride, y_stride, per_token)
+            return
+        self._matvec(w, x, y, n_tokens, x_stride, y_stride, False)
+
+    def _matvec(self, w: Weight, x, y, n_tokens: int, x_stride: int, y_stride: int, per_token: bool) -> None:
         # The kernel is chosen by vramd/engine/linear.py's select(), per bound row chunk.
         gz0 = -(-n_tokens // linear.MATMUL_TOKENS) if n_tokens >= linear.MATMUL_FROM else n_tokens
         if gz0 > self.max_groups[2]:
@@ -421,7 +437,7 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
-            sel = linear.select(w, n_tokens, wo, self.coopmat, cpu=self.cpu, q8_dp=self.q8_dp)
+            sel = linear.select(w, 1 if per_token else n_tokens, wo, self.coopmat, cpu=self.cpu, q8_dp=self.q8_dp)
             k = self._kernel(sel.name, "matvec")
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(-(-n // sel.rows_per_group), self.max_groups)
