@@ -17,11 +17,11 @@ if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
 fi
 # vulkan, cffi, pycparser: the Vulkan binding; the rest: the engine's and the
 # tests' imports that the device image (KINDS.md's list) does not have.
-WHEELS=(vulkan cffi pycparser gguf inotify-simple llguidance jsonschema jsonschema-specifications
+WHEELS=(vulkan cffi pycparser gguf inotify-simple "llguidance>=1.9" jsonschema jsonschema-specifications
         referencing rpds-py openai distro jiter sniffio pydantic pydantic-core annotated-types typing-inspection)
 if [ "$(ls .whl/*.whl 2>/dev/null | wc -l)" -lt "${#WHEELS[@]}" ]; then
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${WHEELS[@]}"
 fi
 if [ ! -f .carry/gemma3-270m.header ]; then

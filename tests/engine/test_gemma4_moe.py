@@ -104,5 +104,8 @@ def test_engine_matches_the_reference(device, files, which, n_cpu_moe, gpu_routi
     step_want = ref.forward([12], kv)[-1]
     assert min(r.margin.min() for r in ref.last_routes) > 0.01
     got, step = _run(device, path, n_cpu_moe, gpu_routing)
-    assert np.abs(got - want).max() / np.abs(want).max() < 2e-3
-    assert np.abs(step - step_want).max() / np.abs(step_want).max() < 2e-3
+    # A GPU with cooperative matrices runs the prompt's attention on the tensor cores (f16 P and
+    # V): 3.0e-3 measured on the H200 (2026-12-02) where lavapipe's f32 kernels stay under 2e-3.
+    tol = 6e-3 if device.describe()["coopmat"] else 2e-3
+    assert np.abs(got - want).max() / np.abs(want).max() < tol
+    assert np.abs(step - step_want).max() / np.abs(step_want).max() < tol

@@ -49,16 +49,17 @@ REPLAY_TOKENS = 8   # batches of up to this many tokens (and last-row logits) re
 SLOTS_REPLAY = 16
 
 def _token_rows(segs: list, n: int):
-    """(n, [(first row, rows, one token a sequence)]) of a batch's runs, merged by kind; None
-    for a batch of multi-token runs only (a prefill chunk: no split)."""
+    """(n, [(first row, rows, one token a sequence)]) of a batch's runs: consecutive decode rows
+    together, each sequence's prompt rows on their own (the kernel their own count selects, as
+    alone); None for one sequence's rows (a prefill chunk: no split)."""
     runs: list[list] = []
     for r0, r1, *_ in segs:
         single = r1 - r0 == 1
-        if runs and runs[-1][2] == single:
-            runs[-1][1] += r1 - r0
+        if runs and single and runs[-1][2]:
+            runs[-1][1] += 1
         else:
             runs.append([r0, r1 - r0, single])
-    return (n, [tuple(r) for r in runs]) if any(r[2] for r in runs) else None
+    return (n, [tuple(r) for r in runs]) if len(segs) > 1 or runs[0][2] else None
 
 
 class TransformerModel:
