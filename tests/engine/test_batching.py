@@ -43,6 +43,7 @@ def engine(device, tmp_path_factory):
     res.restore(["weights", "state"])
     e = Engine(lm, res, CTX, chunk=CHUNK)
     assert e.n_seq == N_SEQ
+    _COOPMAT[0] = e.model.ops.coopmat
     yield e
     e.close()
     res.close()
@@ -65,8 +66,27 @@ REQUESTS = [
 
 
 def as_tuple(pieces):
-    return [(p.token, p.text, None if p.logprob is None else round(p.logprob, 3),
-             None if p.top is None else [t for t, _ in p.top]) for p in pieces]
+    return [(p.token, p.text, p.logprob, None if p.top is None else [t for t, _ in p.top]) for p in pieces]
+
+
+# Log-probabilities of a batched request against its solo run: on lavapipe every kernel is f32
+# and they agree to 1e-4; a GPU's tensor-core prefill (f16 tiles) of a prompt cut into other
+# chunks than alone moved them by up to 2e-3 on the H200 (2026-12-02), tokens and text equal.
+LOGPROB_TOL = {False: 1e-4, True: 1e-2}
+
+
+def assert_same(got, want, what=""):
+    """Same tokens, text, top ids and finish; log-probabilities within LOGPROB_TOL."""
+    tol = LOGPROB_TOL[bool(_COOPMAT[0])]
+    if isinstance(got, tuple):   # (pieces, finish)
+        assert got[1] == want[1], what
+        got, want = got[0], want[0]
+    assert [(t, x, top) for t, x, _l, top in got] == [(t, x, top) for t, x, _l, top in want], what
+    for (_t, _x, a, _), (_t2, _x2, b, _2) in zip(got, want):
+        assert (a is None) == (b is None) and (a is None or abs(a - b) <= tol), (what, a, b)
+
+
+_COOPMAT = [False]
 
 
 def solo(engine, text, kw):
@@ -100,7 +120,7 @@ def test_requests_together_each_give_their_solo_output(engine, solos):
     widths = []
     b.run(lambda: widths.append(len(b.busy)))
     for k, (gen, pieces) in enumerate(zip(gens, out)):
-        assert (as_tuple(pieces), gen.finish) == solos[k], f"request {k}"
+        assert_same((as_tuple(pieces), gen.finish), solos[k], f"request {k}")
     assert max(widths) == N_SEQ          # the slots were all busy at once
     assert not b.busy and not b.waiting
 
@@ -119,7 +139,7 @@ def test_a_request_joining_mid_generation(engine, solos):
             gens.append(submit(b, engine, *REQUESTS[3], out))
     b.run(between)
     for k, (gen, pieces) in zip((0, 2, 1, 3), zip(gens, out)):
-        assert (as_tuple(pieces), gen.finish) == solos[k], f"request {k}"
+        assert_same((as_tuple(pieces), gen.finish), solos[k], f"request {k}")
 
 
 def test_a_cancelled_request_frees_its_slot_for_a_waiting_one(engine, solos):
@@ -148,7 +168,7 @@ def test_a_cancelled_request_frees_its_slot_for_a_waiting_one(engine, solos):
     assert {taken[others[2]][1], taken[others[3]][1]} == {first.seq, second.seq}
     assert taken[others[2]][0] <= 4 and taken[others[3]][0] <= 6
     for g, pieces, k in zip(others, out[2:], (4, 5, 0, 1)):
-        assert (as_tuple(pieces), g.finish) == solos[k], f"request {k}"
+        assert_same((as_tuple(pieces), g.finish), solos[k], f"request {k}")
 
 
 def test_a_prompt_goes_to_the_slot_holding_its_prefix(engine):
@@ -199,7 +219,7 @@ def test_a_long_prompt_is_not_starved_by_short_ones(engine):
     engine.forget()
     want = []
     engine.generate(long_ids, SamplingParams(temperature=0.0, max_tokens=3), lambda p: want.append(p) or True)
-    assert as_tuple(pieces) == as_tuple(want)
+    assert_same(as_tuple(pieces), as_tuple(want))
 
 
 def test_the_host_cache_saves_and_restores_a_slots_own_sequence(engine):
@@ -247,7 +267,7 @@ def test_the_host_cache_saves_and_restores_a_slots_own_sequence(engine):
     engine.forget()
     want = []
     engine.generate(more, SamplingParams(**kw), lambda p: want.append(p) or True)
-    assert as_tuple(pieces) == as_tuple(want)
+    assert_same(as_tuple(pieces), as_tuple(want))
 
 
 @pytest.fixture(scope="module")
@@ -301,9 +321,9 @@ def test_recurrent_slots_give_their_solo_output(recurrent):
     b.run()
     assert gens[4].reused == 0 and gens[5].reused == len(held) and gens[5].seq == gens[3].seq
     for k in range(5):
-        assert as_tuple(got[k]) == want[k], f"request {k}"
+        assert_same(as_tuple(got[k]), want[k], f"request {k}")
     e.forget()
     e.model.clear_seq(0)
     solo_cont = []
     e.generate(cont, SamplingParams(temperature=0.0, max_tokens=4), lambda p: solo_cont.append(p) or True)
-    assert as_tuple(cont_out) == as_tuple(solo_cont)
+    assert_same(as_tuple(cont_out), as_tuple(solo_cont))
