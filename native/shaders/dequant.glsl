@@ -41,7 +41,7 @@ vec4 xvec4(uint i);  // x[i .. i+3] (i a multiple of 4): defined by matvec.glsl 
 #define MV_XSUM(xv) dot(xv, vec4(1.0))
 #endif
 #ifdef MV_ROWLANE
-MV_XV mvx[16];  // the x of the unit being summed (at most 64 elements), loaded once for all a lane's rows
+MV_XV mvx[32];  // the x of the unit being summed (at most 128 elements), loaded once for all a lane's rows
 #define MVX(c, k) mvx[(k) >> 2]
 #else
 #define MVX(c, k) xvec4((c) + (k))
@@ -98,7 +98,41 @@ float elem(uint rowb, uint c) {
 #error "define one TYPE_<name>"
 #endif
 
-#if defined(NR) && defined(RPW) && (defined(TYPE_Q8_0) || defined(TYPE_Q4_0))
+#if defined(MV_ROWLANE) && defined(TYPE_Q8_0) && defined(MC_Q8_W2)
+// matvec_c_q8_0 (CPU devices, rows 8-byte aligned, cols a multiple of 128; matvec_c_q8_0_any
+// otherwise): a unit is 4 blocks, 136 bytes, read as 17 uvec2.  lavapipe (Mesa 22.3) turns
+// every storage-buffer load into a loop over the SIMD lanes, one trip per lane and a bounds
+// branch per component, whatever the addresses; so what counts is the number of load
+// instructions, not their width, and 17 two-word loads for 4 blocks replace 36 single words.
+// Block j of the unit starts at word 17 (j / 2) + 8 (j % 2): even j on a word (the scale the low
+// half of its word 0), odd j 2 bytes into one (the scale the high half, quant word i = word i + 1).
+// 65536 x 640 Q8_0 on lavapipe, alternating rounds, load 2.6: 67 ms -> 52 (median of 4).
+#define MV_UNIT 128u
+MV_ACC mv_unit(uint rowb, uint u, uint xb) {
+    uint i0 = (rowb >> 3) + 17u * u;
+    uint wd[34];
+    [[unroll]] for (uint i = 0u; i < 17u; i++) {
+        uvec2 v = w2[i0 + i];
+        wd[2u * i] = v.x;
+        wd[2u * i + 1u] = v.y;
+    }
+    MV_ACC s = MV_ACC(0.0);
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        const uint b0 = 17u * (j >> 1) + 8u * (j & 1u);
+        const bool odd = (j & 1u) != 0u;
+        float d = unpackHalf2x16(odd ? (wd[b0] >> 16) : wd[b0]).x;
+        MV_ACC sb = MV_ACC(0.0);
+        [[unroll]] for (uint i = 0u; i < 8u; i++) {
+            int q = int(odd ? wd[b0 + 1u + i] : ((wd[b0 + i] >> 16) | (wd[b0 + i + 1u] << 16)));
+            vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
+                          bitfieldExtract(q, 24, 8));
+            sb += MV_DOT(v, MVX(0u, 32u * j + 4u * i));
+        }
+        s += d * sb;
+    }
+    return s;
+}
+#elif defined(NR) && defined(RPW) && (defined(TYPE_Q8_0) || defined(TYPE_Q4_0))
 // matvec.glsl's hook for these types: one 32-element block, read as the
 // aligned words that cover it.  A block at byte b: if b is a multiple of 4,
 // word 0 holds the scale then two quant bytes, and quant word i (quants

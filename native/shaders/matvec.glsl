@@ -86,6 +86,9 @@ layout(local_size_x = 128) in;
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, set = 0, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
+#ifdef MV_ROWLANE
+layout(std430, set = 0, binding = 0) readonly buffer Weights2 { uvec2 w2[]; };
+#endif
 layout(std430, set = 0, binding = 1) readonly buffer Input { float x[]; };
 layout(std430, set = 0, binding = 1) readonly buffer Input4 { vec4 x4[]; };
 layout(std430, set = 0, binding = 2) buffer Output { float y[]; };
