@@ -98,9 +98,9 @@ float elem(uint rowb, uint c) {
 #error "define one TYPE_<name>"
 #endif
 
-#if defined(MV_ROWLANE) && defined(TYPE_Q8_0) && defined(MC_Q8_W2)
-// matvec_c_q8_0 (CPU devices, rows 8-byte aligned, cols a multiple of 128; matvec_c_q8_0_any
-// otherwise): a unit is 4 blocks, 136 bytes, read as 17 uvec2.  lavapipe (Mesa 22.3) turns
+#if defined(MV_ROWLANE) && defined(TYPE_Q8_0) && defined(MC_W2)
+// matvec_c_q8_0 (CPU devices, MC_W2: rows 8-byte aligned, cols a multiple of 128;
+// matvec_c_q8_0_any otherwise): a unit is 4 blocks, 136 bytes, read as 17 uvec2.  lavapipe (Mesa 22.3) turns
 // every storage-buffer load into a loop over the SIMD lanes, one trip per lane and a bounds
 // branch per component, whatever the addresses; so what counts is the number of load
 // instructions, not their width, and 17 two-word loads for 4 blocks replace 36 single words.

@@ -133,7 +133,38 @@ float elem(uint rowb, uint c) {
 
 #if defined(NR) && defined(RPW)  // included by matvec.glsl: the MV_UNIT hook (helpers in dequant.glsl)
 
-#if defined(TYPE_Q4_1) || defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
+#if defined(MV_ROWLANE) && defined(TYPE_Q5_0) && defined(MC_W2)
+// matvec_c_q5_0 (CPU devices, MC_W2: rows 8-byte aligned, cols a multiple of 128; matvec_c_q5_0_any
+// otherwise), as dequant.glsl's Q8_0 form: 4 blocks (88 bytes) a unit, read as 11 uvec2, each
+// block's words at fixed places (block j at word 11 (j / 2) + 5 (j % 2), odd j 2 bytes into it),
+// so no per-lane choice between word-aligned and straddling reads (w_u32a2).
+#define MV_UNIT 128u
+MV_ACC mv_unit(uint rowb, uint u, uint xb) {
+    uint i0 = (rowb >> 3) + 11u * u;
+    uint wd[22];
+    [[unroll]] for (uint i = 0u; i < 11u; i++) {
+        uvec2 v = w2[i0 + i];
+        wd[2u * i] = v.x;
+        wd[2u * i + 1u] = v.y;
+    }
+    MV_ACC s = MV_ACC(0.0);
+    [[unroll]] for (uint j = 0u; j < 4u; j++) {
+        const uint b0 = 11u * (j >> 1) + 5u * (j & 1u);
+        const bool odd = (j & 1u) != 0u;
+        float d = unpackHalf2x16(odd ? (wd[b0] >> 16) : wd[b0]).x;
+        uint qh = odd ? wd[b0 + 1u] : ((wd[b0] >> 16) | (wd[b0 + 1u] << 16));
+        MV_ACC sb = MV_ACC(0.0), sx = MV_ACC(0.0);
+        [[unroll]] for (uint i = 0u; i < 4u; i++) {
+            uint q = odd ? wd[b0 + 2u + i] : ((wd[b0 + 1u + i] >> 16) | (wd[b0 + 2u + i] << 16));
+            MV_XV xl = MVX(0u, 32u * j + 4u * i), xh = MVX(0u, 32u * j + 16u + 4u * i);
+            sb += MV_DOT(nib_lo(q) + bit5w(qh, 4u * i), xl) + MV_DOT(nib_hi(q) + bit5w(qh, 16u + 4u * i), xh);
+            sx += MV_XSUM(xl) + MV_XSUM(xh);
+        }
+        s += d * (sb - 16.0 * sx);
+    }
+    return s;
+}
+#elif defined(TYPE_Q4_1) || defined(TYPE_Q5_0) || defined(TYPE_Q5_1)
 #define MV_UNIT 32u
 MV_ACC mv_unit(uint rowb, uint u, uint xb) {
     uint b = rowb + u * BLOCK_BYTES;

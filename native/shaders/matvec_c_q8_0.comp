@@ -1,11 +1,11 @@
 // matvec with Q8_0 weights, a row per invocation (CPU devices): see matvec.glsl's MV_ROWLANE;
 // rows 8-byte aligned and cols a multiple of 128, read 4 blocks at a time as uvec2 (dequant.glsl's
-// MC_Q8_W2; linear.select() takes matvec_c_q8_0_any otherwise).
+// MC_W2; linear.select() takes matvec_c_q8_0_any otherwise).
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #define TYPE_Q8_0
 #define MV_ROWLANE
-#define MC_Q8_W2
+#define MC_W2
 #define MC_WG 16u  // 16 x 16 rows: see linear.py MATVEC_ROWS_C
 #define MC_NR 16u
 #include "matvec.glsl"

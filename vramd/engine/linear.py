@@ -42,7 +42,9 @@ MATVEC_ROWS_W = {"q8_0": 8, "q4_k": 4, "q6_k": 4}
 # -> rows per work group (MC_WG in matvec_c_<type>.comp)
 # (16 invocations x 16 rows: the 32768-row slice of Gemma 3 270M's Q8_0 output matrix on lavapipe,
 # alternating, load 5: 32 x 4 rows 112-120 ms, 16 x 8 94-104, 16 x 16 76-90, 8 x 16 75-84)
-Q8_C_UNIT = 128  # columns of matvec_c_q8_0's unit (4 blocks; dequant.glsl MC_Q8_W2)
+# types whose matvec_c_<type> reads 4 blocks (W2_UNIT columns) a unit as uvec2 (MC_W2), with a
+# matvec_c_<type>_any for other alignments
+W2_TYPES, W2_UNIT = ("q8_0", "q5_0"), 128
 MATVEC_ROWS_C = {t: 256 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")}
 # CPU devices: the prefill form of the same types (matmul_c_<type>.comp: MC_WG x MC_NR rows, MC_NT
 # tokens a work group, each quant unit decoded once for the MC_NT tokens).  Rows per invocation
@@ -164,9 +166,9 @@ def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False,
         return LinearKernel("matvec_q8_0_dp", Q8_DP_ROWS, 1)
     if cpu and w.suffix in MATVEC_ROWS_C:
         if n_tokens < MATMUL_FROM:
-            # Q8_0: 4 blocks a unit read as uvec2 (dequant.glsl's MC_Q8_W2) where rows are 8-byte
-            # aligned (136-byte units), else a block a unit read as words (matvec_c_q8_0_any)
-            any_ = w.suffix == "q8_0" and (w.cols % Q8_C_UNIT or wo % 8)
+            # Q8_0, Q5_0: 4 blocks a unit read as uvec2 (dequant*.glsl's MC_W2) where rows are
+            # 8-byte aligned (136- and 88-byte units), else a block a unit read as words (_any)
+            any_ = w.suffix in W2_TYPES and (w.cols % W2_UNIT or wo % 8)
             return LinearKernel("matvec_c_" + w.suffix + ("_any" if any_ else ""), MATVEC_ROWS_C[w.suffix], 1)
         return LinearKernel("matmul_c_" + w.suffix, MATMUL_C_ROWS, MATMUL_C_TOKENS)
     if coopmat and w.suffix in CM_TYPES:
