@@ -4,6 +4,7 @@
 #extension GL_GOOGLE_include_directive : require
 #define TYPE_Q5_0
 #define MV_ROWLANE
+#define MC_W2  // rows 8-byte aligned, cols a multiple of 128 (linear.select(); else matmul_c_<type>_any)
 #define MC_WG 16u  // 16 x 16 rows: see linear.py MATMUL_C_ROWS
 #define MC_NR 16u
 #define MC_NT 4

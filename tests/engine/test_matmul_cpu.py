@@ -58,7 +58,8 @@ def test_matmul_c(ops, bufs, rng, qtype, rows, n_tokens, x_off, x_pad, w_off):
     x = rng.standard_normal((n_tokens, w.shape[1])).astype(np.float32)
     sel = linear.select(SimpleNamespace(suffix=qtype.name.lower(), cols=w.shape[1], row_bytes=raw.nbytes // rows),
                         n_tokens, 0, cpu=True)
-    assert (sel.name, sel.rows_per_group, sel.tokens_per_group) == ("matmul_c_" + qtype.name.lower(), 256, 4)
+    tail = "_any" if qtype in (Q.Q8_0, Q.Q5_0) else ""  # 13 * 32 columns: not 4-block units (test_matmul_c_w2)
+    assert (sel.name, sel.rows_per_group, sel.tokens_per_group) == ("matmul_c_" + qtype.name.lower() + tail, 256, 4)
     y = run(ops, bufs, qtype, raw, x, x_pad, x_off, w_off, cpu=True)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     close_to_dot(y, x64 @ w64.T, np.abs(x64) @ np.abs(w64).T)
@@ -89,6 +90,28 @@ def test_matvec_c_w2(ops, bufs, rng, qtype, rows, cols, w_off, form, n_tokens, x
     against numpy and the portable kernel; rows 255 / 257 are the 256-row group's edges."""
     raw, w = weights(rng, qtype, rows, cols) if qtype == Q.Q8_0 else blocks(rng, qtype, rows, cols)
     kernel = "matvec_c_" + qtype.name.lower() + form
+    sel = linear.select(SimpleNamespace(suffix=qtype.name.lower(), cols=cols, row_bytes=raw.nbytes // rows),
+                        n_tokens, w_off, cpu=True)
+    assert sel.name == kernel
+    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
+    y = run(ops, bufs, qtype, raw, x, 0, x_off, w_off, cpu=True)
+    assert kernel in ops._kernels
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    close_to_dot(y, x64 @ w64.T, np.abs(x64) @ np.abs(w64).T)
+    y_portable = run(ops, bufs, qtype, raw, x, 0, x_off, w_off, cpu=False)
+    close_to_dot(y, y_portable, 2 * np.abs(x64) @ np.abs(w64).T)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [255, 257])
+@pytest.mark.parametrize("cols,w_off,form", [(640, 0, ""), (640, 2, "_any"), (128, 8, "")],
+                         ids=["4-block-units", "w+2", "one-unit-w+8"])
+@pytest.mark.parametrize("n_tokens,x_off", [(5, 0), (9, 1)], ids=["5-tokens", "9-tokens-x-unaligned"])
+def test_matmul_c_w2(ops, bufs, rng, qtype, rows, cols, w_off, form, n_tokens, x_off):
+    """matmul_c_<type> for Q8_0 and Q5_0 with 4-block units (uvec2 reads, 4 tokens an invocation)
+    and its _any form, against numpy and the portable kernel; the last 4-token group partial."""
+    raw, w = weights(rng, qtype, rows, cols) if qtype == Q.Q8_0 else blocks(rng, qtype, rows, cols)
+    kernel = "matmul_c_" + qtype.name.lower() + form
     sel = linear.select(SimpleNamespace(suffix=qtype.name.lower(), cols=cols, row_bytes=raw.nbytes // rows),
                         n_tokens, w_off, cpu=True)
     assert sel.name == kernel

@@ -165,12 +165,12 @@ def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False,
     if q8_dp and n_tokens < MATMUL_FROM and w.suffix == "q8_0" and w.cols <= Q8_DP_MAX_COLS and wo % 2 == 0:
         return LinearKernel("matvec_q8_0_dp", Q8_DP_ROWS, 1)
     if cpu and w.suffix in MATVEC_ROWS_C:
+        # Q8_0, Q5_0: 4 blocks a unit read as uvec2 (dequant*.glsl's MC_W2) where rows are
+        # 8-byte aligned (136- and 88-byte units), else a block a unit read as words (_any)
+        tail = "_any" if w.suffix in W2_TYPES and (w.cols % W2_UNIT or wo % 8) else ""
         if n_tokens < MATMUL_FROM:
-            # Q8_0, Q5_0: 4 blocks a unit read as uvec2 (dequant*.glsl's MC_W2) where rows are
-            # 8-byte aligned (136- and 88-byte units), else a block a unit read as words (_any)
-            any_ = w.suffix in W2_TYPES and (w.cols % W2_UNIT or wo % 8)
-            return LinearKernel("matvec_c_" + w.suffix + ("_any" if any_ else ""), MATVEC_ROWS_C[w.suffix], 1)
-        return LinearKernel("matmul_c_" + w.suffix, MATMUL_C_ROWS, MATMUL_C_TOKENS)
+            return LinearKernel("matvec_c_" + w.suffix + tail, MATVEC_ROWS_C[w.suffix], 1)
+        return LinearKernel("matmul_c_" + w.suffix + tail, MATMUL_C_ROWS, MATMUL_C_TOKENS)
     if coopmat and w.suffix in CM_TYPES:
         if n_tokens >= CM_FROM:
             return LinearKernel("matmul_cm_" + w.suffix, CM_ROWS, CM_TOKENS)
