@@ -15,7 +15,9 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
   matmul_<type>    64 rows x 32 tokens a work group, from 4 tokens (prefill)
   matvec_c_<type>  CPU devices (VkPhysicalDeviceType CPU: lavapipe), decode: a row per
                    invocation, 16 rows each, 16 invocations a group, a token per z (matvec.glsl
-                   MV_ROWLANE: no subgroup op, shared memory or barrier)
+                   MV_ROWLANE: no subgroup op, shared memory or barrier); Q8_0 and Q5_0 read
+                   4 blocks a unit as uvec2 (rows 8-byte aligned, cols a multiple of 128),
+                   matvec_c_<type>_any otherwise (likewise matmul_c_<type>)
   matmul_c_<type>  CPU devices, prefill: the same form with MC_NT 4, 16 rows x 4 tokens an
                    invocation (each quant unit decoded once for the 4 tokens), 16 invocations a group
   matmul_cm_<type> 128 rows x 128 tokens a work group on the tensor cores (KHR cooperative
