@@ -41,6 +41,11 @@ vec4 xvec4(uint i);  // x[i .. i+3] (i a multiple of 4): defined by matvec.glsl 
 #define MV_XSUM(xv) dot(xv, vec4(1.0))
 #endif
 #ifdef MV_ROWLANE
+// The MC_W2 hooks (Q8_0, Q5_0: 4 blocks a unit): n uvec2 from uvec2 index i0 into words wd[0 .. 2n - 1],
+// and the f16 scale at the start of a block that begins on word wd0 (odd: 2 bytes into it).
+#define W2_WORDS(wd, i0, n) \
+    [[unroll]] for (uint i_ = 0u; i_ < (n); i_++) { uvec2 v_ = w2[(i0) + i_]; wd[2u * i_] = v_.x; wd[2u * i_ + 1u] = v_.y; }
+float w2_scale(uint wd0, bool odd) { return unpackHalf2x16(odd ? (wd0 >> 16) : wd0).x; }
 MV_XV mvx[32];  // the x of the unit being summed (at most 128 elements), loaded once for all a lane's rows
 #define MVX(c, k) mvx[(k) >> 2]
 #else
@@ -99,28 +104,24 @@ float elem(uint rowb, uint c) {
 #endif
 
 #if defined(MV_ROWLANE) && defined(TYPE_Q8_0) && defined(MC_W2)
-// matvec_c_q8_0 (CPU devices, MC_W2: rows 8-byte aligned, cols a multiple of 128;
-// matvec_c_q8_0_any otherwise): a unit is 4 blocks, 136 bytes, read as 17 uvec2.  lavapipe (Mesa 22.3) turns
-// every storage-buffer load into a loop over the SIMD lanes, one trip per lane and a bounds
-// branch per component, whatever the addresses; so what counts is the number of load
-// instructions, not their width, and 17 two-word loads for 4 blocks replace 36 single words.
-// Block j of the unit starts at word 17 (j / 2) + 8 (j % 2): even j on a word (the scale the low
-// half of its word 0), odd j 2 bytes into one (the scale the high half, quant word i = word i + 1).
-// 65536 x 640 Q8_0 on lavapipe, alternating rounds, load 2.6: 67 ms -> 52 (median of 4).
+// matvec_c_q8_0 / matmul_c_q8_0 (CPU devices, MC_W2: rows 8-byte aligned, cols a multiple of 128;
+// the _any forms otherwise): a unit is 4 blocks, 136 bytes, read as 17 uvec2 (lavapipe, Mesa
+// 22.3, turns every storage-buffer load into a loop over the SIMD lanes: 17 loads where the
+// block hook makes 36).  Block j of the unit starts at word 17 (j / 2) + 8 (j % 2): even j on a
+// word (the scale the low half of its word 0), odd j 2 bytes into one (the scale the high half,
+// quant word i = word i + 1): fixed places, where a lane per row otherwise chooses per lane
+// between the two reads.  262144 x 640 Q8_0 on lavapipe, alternating rounds, load 1: 200 ms ->
+// 170 (median of 6; docs/benchmarks.md's CPU section).
 #define MV_UNIT 128u
 MV_ACC mv_unit(uint rowb, uint u, uint xb) {
     uint i0 = (rowb >> 3) + 17u * u;
     uint wd[34];
-    [[unroll]] for (uint i = 0u; i < 17u; i++) {
-        uvec2 v = w2[i0 + i];
-        wd[2u * i] = v.x;
-        wd[2u * i + 1u] = v.y;
-    }
+    W2_WORDS(wd, i0, 17u)
     MV_ACC s = MV_ACC(0.0);
     [[unroll]] for (uint j = 0u; j < 4u; j++) {
         const uint b0 = 17u * (j >> 1) + 8u * (j & 1u);
         const bool odd = (j & 1u) != 0u;
-        float d = unpackHalf2x16(odd ? (wd[b0] >> 16) : wd[b0]).x;
+        float d = w2_scale(wd[b0], odd);
         MV_ACC sb = MV_ACC(0.0);
         [[unroll]] for (uint i = 0u; i < 8u; i++) {
             int q = int(odd ? wd[b0 + 1u + i] : ((wd[b0 + i] >> 16) | (wd[b0 + i + 1u] << 16)));

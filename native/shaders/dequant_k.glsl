@@ -142,16 +142,12 @@ float elem(uint rowb, uint c) {
 MV_ACC mv_unit(uint rowb, uint u, uint xb) {
     uint i0 = (rowb >> 3) + 11u * u;
     uint wd[22];
-    [[unroll]] for (uint i = 0u; i < 11u; i++) {
-        uvec2 v = w2[i0 + i];
-        wd[2u * i] = v.x;
-        wd[2u * i + 1u] = v.y;
-    }
+    W2_WORDS(wd, i0, 11u)
     MV_ACC s = MV_ACC(0.0);
     [[unroll]] for (uint j = 0u; j < 4u; j++) {
         const uint b0 = 11u * (j >> 1) + 5u * (j & 1u);
         const bool odd = (j & 1u) != 0u;
-        float d = unpackHalf2x16(odd ? (wd[b0] >> 16) : wd[b0]).x;
+        float d = w2_scale(wd[b0], odd);
         uint qh = odd ? wd[b0 + 1u] : ((wd[b0] >> 16) | (wd[b0 + 1u] << 16));
         MV_ACC sb = MV_ACC(0.0), sx = MV_ACC(0.0);
         [[unroll]] for (uint i = 0u; i < 4u; i++) {

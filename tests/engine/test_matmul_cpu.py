@@ -79,39 +79,20 @@ def test_matmul_c_full_tile(ops, bufs, rng):
 
 
 
+
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [5, 255, 257])
 @pytest.mark.parametrize("cols,w_off,form", [(640, 0, ""), (5 * 128, 2, "_any"), (13 * 32, 0, "_any"), (128, 8, "")],
                          ids=["4-block-units", "w+2", "cols-not-128", "one-unit-w+8"])
-@pytest.mark.parametrize("n_tokens,x_off", [(1, 0), (3, 1)], ids=["1-token", "3-tokens-x-unaligned"])
-def test_matvec_c_w2(ops, bufs, rng, qtype, rows, cols, w_off, form, n_tokens, x_off):
-    """matvec_c_<type> for Q8_0 and Q5_0 (4 blocks a unit, read as uvec2: rows 8-byte aligned,
-    cols a multiple of 128) and matvec_c_<type>_any (a block a unit, any even offset), each
-    against numpy and the portable kernel; rows 255 / 257 are the 256-row group's edges."""
+@pytest.mark.parametrize("n_tokens,x_off", [(1, 0), (3, 1), (5, 0), (9, 1)],
+                         ids=["1-token", "3-tokens-x-unaligned", "5-tokens", "9-tokens-x-unaligned"])
+def test_c_w2(ops, bufs, rng, qtype, rows, cols, w_off, form, n_tokens, x_off):
+    """matvec_c_<type> (1-3 tokens) and matmul_c_<type> (from 4: the last 4-token group partial)
+    for Q8_0 and Q5_0: 4 blocks a unit, read as uvec2 (rows 8-byte aligned, cols a multiple of
+    128), or the _any forms (a block a unit, any even offset); each against numpy and the
+    portable kernel; rows 255 / 257 are the 256-row group's edges."""
     raw, w = weights(rng, qtype, rows, cols) if qtype == Q.Q8_0 else blocks(rng, qtype, rows, cols)
-    kernel = "matvec_c_" + qtype.name.lower() + form
-    sel = linear.select(SimpleNamespace(suffix=qtype.name.lower(), cols=cols, row_bytes=raw.nbytes // rows),
-                        n_tokens, w_off, cpu=True)
-    assert sel.name == kernel
-    x = rng.standard_normal((n_tokens, cols)).astype(np.float32)
-    y = run(ops, bufs, qtype, raw, x, 0, x_off, w_off, cpu=True)
-    assert kernel in ops._kernels
-    x64, w64 = x.astype(np.float64), w.astype(np.float64)
-    close_to_dot(y, x64 @ w64.T, np.abs(x64) @ np.abs(w64).T)
-    y_portable = run(ops, bufs, qtype, raw, x, 0, x_off, w_off, cpu=False)
-    close_to_dot(y, y_portable, 2 * np.abs(x64) @ np.abs(w64).T)
-
-
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [255, 257])
-@pytest.mark.parametrize("cols,w_off,form", [(640, 0, ""), (640, 2, "_any"), (128, 8, "")],
-                         ids=["4-block-units", "w+2", "one-unit-w+8"])
-@pytest.mark.parametrize("n_tokens,x_off", [(5, 0), (9, 1)], ids=["5-tokens", "9-tokens-x-unaligned"])
-def test_matmul_c_w2(ops, bufs, rng, qtype, rows, cols, w_off, form, n_tokens, x_off):
-    """matmul_c_<type> for Q8_0 and Q5_0 with 4-block units (uvec2 reads, 4 tokens an invocation)
-    and its _any form, against numpy and the portable kernel; the last 4-token group partial."""
-    raw, w = weights(rng, qtype, rows, cols) if qtype == Q.Q8_0 else blocks(rng, qtype, rows, cols)
-    kernel = "matmul_c_" + qtype.name.lower() + form
+    kernel = ("matvec_c_" if n_tokens < linear.MATMUL_FROM else "matmul_c_") + qtype.name.lower() + form
     sel = linear.select(SimpleNamespace(suffix=qtype.name.lower(), cols=cols, row_bytes=raw.nbytes // rows),
                         n_tokens, w_off, cpu=True)
     assert sel.name == kernel
