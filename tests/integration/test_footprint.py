@@ -95,7 +95,7 @@ def test_the_scratch_plan_reported_for_moe_is_the_daemons(tmp_path):
     from vramd.model.gguf_check import validate_gguf
     path = write_moe(tmp_path / "moe.gguf", arch="qwen3moe", n_layer=3, seed=2)
     want = sum(n for _t, n in scratch_layout(spec_for(validate_gguf(path))))
-    assert plan(path)["regions"]["scratch"]["tensor_bytes"] == want == 333_056   # pos: positions and sequence ids
+    assert plan(path)["regions"]["scratch"]["tensor_bytes"] == want == 333_716   # pos: positions and sequence ids; route_groups: the grouped expert matmul's sort
 
 
 def test_plan_counts_the_vision_encoder_as_serve_loads_it(arena, tmp_path, daemons):

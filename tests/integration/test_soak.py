@@ -47,7 +47,8 @@ def test_soak_shortened(tmp_path, layout):
     budget of one model and half another, three clients streaming until the
     daemons count 50 switches: nothing fails, every output equals its
     unswitched reference, memory stays flat."""
-    cfg = Config(switches=50, clients=3, layout=layout, max_tokens=8, max_seconds=240, sample_interval=0.25)
+    cfg = Config(switches=50, clients=3, layout=layout, max_tokens=8, max_seconds=240, sample_interval=0.25,
+                 min_requests=50)
     r = Soak(cfg, tmp_path).run()
     assert r["ok"], r["verdict"]
     assert r["switches"] >= 50 and r["failures"] == 0 and r["mismatches"] == 0

@@ -166,6 +166,8 @@ def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False,
     # Its scales are read as halves of aligned words: rows on even bytes (row_bytes is even).
     if q8_dp and n_tokens < MATMUL_FROM and w.suffix == "q8_0" and w.cols <= Q8_DP_MAX_COLS and wo % 2 == 0:
         return LinearKernel("matvec_q8_0_dp", Q8_DP_ROWS, 1)
+    if coopmat and w.suffix in CM_TYPES and n_tokens >= CM_FROM:   # (a CPU device has none; a sweep may force it)
+        return LinearKernel("matmul_cm_" + w.suffix, CM_ROWS, CM_TOKENS)
     if cpu and w.suffix in MATVEC_ROWS_C:
         # Q8_0, Q5_0: 4 blocks a unit read as uvec2 (dequant*.glsl's MC_W2) where rows are
         # 8-byte aligned (136- and 88-byte units), else a block a unit read as words (_any)
@@ -173,10 +175,7 @@ def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False,
         if n_tokens < MATMUL_FROM:
             return LinearKernel("matvec_c_" + w.suffix + tail, MATVEC_ROWS_C[w.suffix], 1)
         return LinearKernel("matmul_c_" + w.suffix + tail, MATMUL_C_ROWS, MATMUL_C_TOKENS)
-    if coopmat and w.suffix in CM_TYPES:
-        if n_tokens >= CM_FROM:
-            return LinearKernel("matmul_cm_" + w.suffix, CM_ROWS, CM_TOKENS)
-    elif n_tokens >= MATMUL_FROM:
+    if n_tokens >= MATMUL_FROM and not (coopmat and w.suffix in CM_TYPES):   # (below CM_FROM: the matvec)
         return LinearKernel("matmul_" + w.suffix, MATMUL_ROWS, MATMUL_TOKENS)
     if w.suffix in MATVEC_ROWS_W and w.row_bytes % 16 == 0 and wo % 16 == 0:
         return LinearKernel("matvec_w_" + w.suffix, MATVEC_ROWS_W[w.suffix], 1)
