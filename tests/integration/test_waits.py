@@ -86,7 +86,7 @@ def test_a_stopped_waiter_at_the_head_of_the_queue_is_skipped(arena, models, dae
         t0 = time.monotonic()
         status, body = post(d.member().endpoint + "/v1/completions", {"prompt": [1, 2], "max_tokens": 2})
         assert status == 200, body                             # before: 503 after 5 s
-        assert time.monotonic() - t0 < 3.0
+        assert time.monotonic() - t0 < 4.5   # under the 5 s wake timeout (3.55 s seen under the full suite's load)
     finally:
         frozen.send_signal(signal.SIGCONT)
         frozen.kill()

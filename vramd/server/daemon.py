@@ -449,6 +449,17 @@ class Daemon:
         self.beat = time.monotonic()
         return self.stopping or self.lost is not None
 
+    def _before_pause(self, cancelled: threading.Event) -> bool:
+        """A generation's `cancel` before it pauses for a peer: the token we hold is checked
+        first, so a replaced or unlinked token stops us (exit 4) instead of a pause that would
+        hand it on and wait for the arena's new one (the guard's next look may come after)."""
+        if self.participant.holds_token:
+            try:
+                self.participant.token.check()
+            except TokenError as e:
+                self.on_lost(str(e))
+        return self._beat_or_give_up() or cancelled.is_set()
+
     def on_lost(self, why: str) -> None:
         """The guard's call (its thread): the token we hold, or the arena, is no longer the arena's.
         The generation in flight stops at its next step; the loop goes cold and we exit 4."""
@@ -779,7 +790,7 @@ class Daemon:
                 # so does a token that is no longer the arena's (never compute beside another holder).
                 # Then a peer's due yield pauses it here, between two steps (slots.py).
                 return not cancelled.is_set() and not self.stopping and self.lost is None and (piece.token < 0 or
-                    self.slots.between_steps(slot, lambda: self._beat_or_give_up() or cancelled.is_set()))
+                    self.slots.between_steps(slot, lambda: self._before_pause(cancelled)))
             self.host_cache.before(self.engine, ids)   # the slot's sequence saved, or a saved one brought back
             reused = self.engine.stats["reused_tokens"]
             finish = self.engine.generate(ids, c.sampling, emit, embeds)
