@@ -176,10 +176,11 @@ def render_status(r: dict) -> str:
         sl = (m.get("daemon") or {}).get("slots")
         if sl and (sl["busy"] or sl["queued"]):
             rows = ", ".join(f"slot {s['id']} {s['state']}" + (f" for {s['paused_for_s']:.1f}s (a peer holds the GPU)"
-                                                               if s["state"] == "paused" else f" {s['tokens']} tokens")
+                                                               if s["state"] == "paused" else
+                                                               f" {s['tokens']} tokens at {s['tokens_per_second']:g} tok/s")
                              for s in sl["slots"] if s["state"] != "idle")
-            lines.append(f"slots   {m['name']}: {rows or 'all idle'}; {sl['queued']} queued; "
-                         f"{sl['tokens_per_second']:g} tok/s")
+            lines.append(f"slots   {m['name']}: {rows or 'all idle'} of {sl['parallel']}; {sl['queued']} queued; "
+                         f"{sl['tokens_per_second']:g} tok/s in all")
     for m in r["members"]:
         hc = (m.get("daemon") or {}).get("host_cache")
         if hc and hc["entries"]:
@@ -349,7 +350,8 @@ def yield_(arena_path, allow_shared_arena, name, all_, wait, release, timeout):
 @click.option("--wake-timeout", type=float, default=None,
               help="Seconds a request waits for the GPU before it fails with 503 [60].")
 @click.option("--parallel", type=int, default=None,
-              help="Generation slots; the engine holds one sequence for now, so only 1 is accepted [1].")
+              help="Generation slots, 1-16: requests generated together, each slot a sequence of --ctx tokens "
+                   "in the KV cache [auto: 4, fewer where their KV cache does not fit the budget].")
 @click.option("--cache-ram", type=int, default=None, metavar="MIB",
               help="Host memory (MiB) for the prompt cache: a conversation's K/V kept when another takes the slot, "
                    "brought back instead of prefilled again; least recently used first out; 0: none [256].")
@@ -496,8 +498,12 @@ def gateway(arena_path, allow_shared_arena, config_file, **flags):
               help="The device's maxStorageBufferRange (e.g. 4GiB for an H200): a prefill chunk is cut so that "
                    "no activation buffer passes it, as `vramd serve` cuts it on that device [128MiB, the Vulkan "
                    "minimum (lavapipe's)].")
+@click.option("--parallel", type=click.IntRange(min=1, max=16), default=None,
+              help="Generation slots, each a sequence of --ctx positions in the KV cache, as `vramd serve "
+                   "--parallel` [4, as serve's auto where they fit; 1 with --vram-budget, as serve under "
+                   "--n-cpu-moe auto].")
 @click.option("--json", "as_json", is_flag=True)
-def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, prefill_chunk, max_buffer, as_json):
+def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, prefill_chunk, max_buffer, parallel, as_json):
     """Where each tensor of MODEL goes (device or host), and the totals: what `vramd serve` allocates."""
     from vramd.model.footprint import footprint
     from vramd.model.gguf_check import validate_gguf
@@ -511,14 +517,18 @@ def plan(model, n_cpu_moe, vram_budget, ctx, mmproj, prefill_chunk, max_buffer, 
     cap = None if max_buffer is None else plan_max_buffer(max_buffer)
     if ctx is None:
         ctx = plan_ctx(mf, budget)
+    if parallel is None:
+        from vramd.server.slots import DEFAULT_PARALLEL
+        parallel = 1 if budget is not None else DEFAULT_PARALLEL
     fp = footprint(mf, ctx, n_cpu_moe="auto" if budget is not None else n_cpu_moe, budget=budget,
-                   mmproj=validate_gguf(mmproj) if mmproj else None, chunk=prefill_chunk, max_buffer=cap)
+                   mmproj=validate_gguf(mmproj) if mmproj else None, chunk=prefill_chunk, max_buffer=cap,
+                   n_seq=parallel)
     if not fp.plan.has_experts and n_cpu_moe is not None:
         click.echo(f"note: {model} has no expert tensors; --n-cpu-moe changes nothing", err=True)
     if as_json:
         click.echo(json.dumps(fp.to_json(), indent=2))
     else:
-        print_plan(fp, ctx, bool(mmproj))
+        print_plan(fp, ctx, bool(mmproj), parallel)
     if not fp.runnable:
         # The plan is printed (the loader's scratch estimate), but the answer to "will it run" is no.
         from vramd.engine.arch import spec_for
@@ -548,14 +558,15 @@ def plan_ctx(mf, budget: int | None) -> int:
     return min(trained, DEFAULT_CTX) if budget is not None else trained
 
 
-def print_plan(fp, ctx: int, mmproj: bool) -> None:
+def print_plan(fp, ctx: int, mmproj: bool, parallel: int = 1) -> None:
     width = max((len(t["name"]) for t in fp.plan.tensors), default=0)  # a file may hold no tensors
     for t in fp.plan.tensors:
         click.echo(f"{t['name']:<{width}}  {t['placement']:6s}  {human_bytes(t['bytes']):>10}")
     d, host = fp.device, fp.host
     rec = fp.recurrent_bytes   # a recurrent state (qwen35) shares the state region with K/V
-    state = (f"KV {human_bytes(d['state'] - rec)} for --ctx {ctx} + recurrent state {human_bytes(rec)}" if rec
-             else f"KV {human_bytes(d['state'])} for --ctx {ctx}")
+    slots = f" in each of {parallel} slots" if parallel > 1 else ""
+    state = (f"KV {human_bytes(d['state'] - rec)} for --ctx {ctx}{slots} + recurrent state {human_bytes(rec)}" if rec
+             else f"KV {human_bytes(d['state'])} for --ctx {ctx}{slots}")
     device = (f"device {human_bytes(fp.device_bytes)} (weights {human_bytes(d['weights'])}, {state}, "
               f"scratch {human_bytes(d['scratch'])}" + (f" for prefill chunks of {fp.chunk} tokens)" if fp.chunk else ")"))
     if fp.plan.has_experts:

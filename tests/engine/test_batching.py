@@ -289,8 +289,9 @@ def recurrent(device, tmp_path_factory):
 
 
 def test_recurrent_slots_give_their_solo_output(recurrent):
-    """A recurrent slot continues its state where a prompt extends what it holds, else
-    prefills from 0; either way each request gives its solo (fresh) output."""
+    """A recurrent slot continues its state where a prompt extends what it holds, resumes from
+    its checkpoint where a prompt extends the slot's last prompt (not its reply), else
+    prefills from 0; each request gives its solo (fresh) output."""
     e = recurrent
     V = e.spec.n_vocab
     rng = np.random.default_rng(9)
@@ -311,15 +312,17 @@ def test_recurrent_slots_give_their_solo_output(recurrent):
             for k, (ids, kw) in enumerate(zip(prompts[:4], kws))]
     b.run()
     # the fifth extends the prompt of the second, but that slot also holds its generated tokens:
-    # the state cannot go back, so it prefills from 0 (reuse 0); a prompt extending all the slot
-    # holds continues the state (reuse = what it holds)
+    # the state cannot go back; it resumes from the slot's checkpoint, the state after all of
+    # that prompt but its last token; a prompt extending all the slot holds continues the state
+    # (reuse = what it holds)
     gens.append(b.submit(prompts[4], SamplingParams(**kws[4]), lambda p: got[4].append(p) or True))
     held = list(e.seq_cached[gens[3].seq])
     cont = held + [int(t) for t in rng.integers(3, V, 4)]
     cont_out = []
     gens.append(b.submit(cont, SamplingParams(temperature=0.0, max_tokens=4), lambda p: cont_out.append(p) or True))
     b.run()
-    assert gens[4].reused == 0 and gens[5].reused == len(held) and gens[5].seq == gens[3].seq
+    assert gens[4].reused == len(prompts[1]) - 1 and gens[4].seq == gens[1].seq
+    assert gens[5].reused == len(held) and gens[5].seq == gens[3].seq
     for k in range(5):
         assert_same(as_tuple(got[k]), want[k], f"request {k}")
     e.forget()

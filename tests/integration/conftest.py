@@ -129,9 +129,12 @@ CTX = 64   # DaemonProc's --ctx
 
 def planned(model: Path, ctx: int = CTX, **kw):
     """What a daemon serving `model` allocates (vramd/model/footprint.py, as `vramd plan`
-    says; test_footprint.py holds it to a daemon's breakdown): no probe daemon needed."""
+    says; test_footprint.py holds it to a daemon's breakdown): no probe daemon needed.
+    Its KV cache holds the default --parallel's slots (n_seq=1 for a `--parallel 1` daemon)."""
     from vramd.model.footprint import footprint
     from vramd.model.gguf_check import validate_gguf
+    from vramd.server.slots import DEFAULT_PARALLEL
+    kw.setdefault("n_seq", DEFAULT_PARALLEL)
     return footprint(validate_gguf(model), ctx, **kw)
 
 

@@ -39,8 +39,8 @@ def test_ctx_defaults_to_the_files_context_length_capped_by_what_fits(arena, lon
     assert "whole: --ctx 4096: the file's context length 4096; its KV cache fits" in d.output, d.output
     assert d.stop() == 0
     # A budget that holds the weights and a KV cache of 2048 positions, not of 2304.
-    budget = planned(long_model, 2048).device_bytes + 1024
-    assert planned(long_model, 2304).device_bytes > budget
+    budget = planned(long_model, 2048, n_seq=1).device_bytes + 1024   # (then one slot: two do not fit)
+    assert planned(long_model, 2304, n_seq=1).device_bytes > budget
     d = daemons(arena, long_model, "capped", "--vram-budget", str(budget), ctx=0)
     assert d.ask("status")["ctx"] == 2048
     assert "capped: --ctx 2048: the largest whose KV cache fits the budget" in d.output, d.output

@@ -37,7 +37,7 @@ from .test_foreign_memory import Foreign, cgroup, get, post, wait_for_line  # no
 
 MiB = 1 << 20
 EXCLUSIVE = ("--residency", "exclusive", "--evict-state", "auto", "--ctx", "128")
-CACHE = ("--residency", "cache", "--ctx", "128")
+CACHE = ("--residency", "cache", "--ctx", "128", "--parallel", "1")   # (the sizes below are one slot's)
 PROMPT = "the quick brown fox"
 
 

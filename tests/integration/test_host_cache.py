@@ -3,13 +3,17 @@
 Real daemon, lavapipe.  Conversation A, then B in the one slot (A's tokens and K/V rows go to
 the host), then A again: its prompt is not prefilled again but brought back from the host cache
 (`usage.prompt_tokens_details.cached_tokens`, /metrics, `vramd status`), and its greedy text is
-the text it had.  The bound evicts the least recently used sequence.
+the text it had.  With two slots (the batch session's path) it takes A, B and C for C to reuse
+A's slot; A then comes back into the least recently used slot (B's).  The bound evicts the
+least recently used sequence.
 """
 
 import json
 import subprocess
 import sys
 import urllib.request
+
+import pytest
 
 from tests.ggufgen.check import ModelShape, write_model
 
@@ -43,20 +47,22 @@ def cached(body: dict) -> int:
     return body["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
-def test_a_returning_conversation_is_served_from_the_host_cache(arena, tmp_path, daemons):
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_returning_conversation_is_served_from_the_host_cache(arena, tmp_path, daemons, parallel):
     model = write_model(tmp_path / "wide.gguf", seed=3, shape=WIDE)
-    d = daemons(arena, model, "wide", "--cache-ram", "8", ctx=CTX)
+    d = daemons(arena, model, "wide", "--cache-ram", "8", "--parallel", str(parallel), ctx=CTX)
     url = d.member().endpoint + "/v1/completions"
-    a, b = prompt(1), prompt(2)
+    a, others = prompt(1), [prompt(2 + i) for i in range(parallel)]
     first = complete(url, a)
     assert cached(first) == 0
-    assert cached(complete(url, b)) == 0           # A's sequence goes to the host
+    for b in others:
+        assert cached(complete(url, b)) == 0       # the last of them takes A's slot: A goes to the host
     again = complete(url, a)                        # and comes back: only its last token prefilled
     assert cached(again) == LEN - 1
     assert again["choices"][0]["text"] == first["choices"][0]["text"]
     assert metric(d, "vramd_host_cache_hits_total") == 1
     assert metric(d, "vramd_host_cache_tokens_total") >= LEN
-    assert metric(d, "vramd_host_cache_bytes") >= 2 * LEN * 4096   # A (with its reply) and B saved
+    assert metric(d, "vramd_host_cache_bytes") >= 2 * LEN * 4096   # A (with its reply) and the slot it took saved
     status = json.loads(subprocess.run([sys.executable, "-m", "vramd.cli", "status", "--json", "--arena", str(arena)],
                                        capture_output=True, text=True, env=daemon_env(), cwd=ROOT,
                                        timeout=60).stdout)
@@ -69,7 +75,7 @@ def test_a_returning_conversation_is_served_from_the_host_cache(arena, tmp_path,
 
 def test_the_bound_evicts_the_least_recently_used_sequence(arena, tmp_path, daemons):
     model = write_model(tmp_path / "wide.gguf", seed=3, shape=WIDE)
-    d = daemons(arena, model, "wide", "--cache-ram", "1", ctx=CTX)
+    d = daemons(arena, model, "wide", "--cache-ram", "1", "--parallel", "1", ctx=CTX)
     url = d.member().endpoint + "/v1/completions"
     a, b, c = prompt(1), prompt(2), prompt(3)
     complete(url, a)
@@ -85,7 +91,7 @@ def test_the_bound_evicts_the_least_recently_used_sequence(arena, tmp_path, daem
 
 def test_cache_ram_zero_keeps_nothing(arena, tmp_path, daemons):
     model = write_model(tmp_path / "wide.gguf", seed=3, shape=WIDE)
-    d = daemons(arena, model, "wide", "--cache-ram", "0", ctx=CTX)
+    d = daemons(arena, model, "wide", "--cache-ram", "0", "--parallel", "1", ctx=CTX)
     url = d.member().endpoint + "/v1/completions"
     complete(url, prompt(1))
     complete(url, prompt(2))

@@ -94,9 +94,13 @@ def test_qwen35_and_gpt_oss_time_share_one_gpu(arena, tmp_path, daemons):
     for d in (qwen, oss):
         assert d.member().switches >= switches[d.name] + 3
         assert d.ask("verify")["weights_ok"]
-    # What plan counts is what llama.cpp's sizes say: K/V for both, the recurrent state for qwen35.
+    # What plan counts is what llama.cpp's sizes say: K/V for both, the recurrent state for qwen35,
+    # per sequence (one slot: llama.cpp's one sequence); the daemons' default 4 slots hold 4 of them.
     for name, path in (("qwen", qpath), ("oss", gpath)):
         kv, rec = state_tensor_bytes(path)
-        assert plans[name]["regions"]["kv"]["tensor_bytes"] == kv + rec, name
-        assert plans[name]["recurrent_state_bytes"] == rec, name
+        one = vramd("plan", str(path), "--ctx", str(CTX), "--parallel", "1")
+        assert one["regions"]["kv"]["tensor_bytes"] == kv + rec, name
+        assert one["recurrent_state_bytes"] == rec, name
+        assert plans[name]["regions"]["kv"]["tensor_bytes"] == 4 * (kv + rec), name
+        assert plans[name]["recurrent_state_bytes"] == 4 * rec, name
     assert plans["qwen"]["recurrent_state_bytes"] > 0 and plans["oss"]["recurrent_state_bytes"] == 0

@@ -169,11 +169,12 @@ def test_a_client_that_hangs_up_mid_stream_frees_the_slot_at_the_next_step(arena
     assert post(a.member().endpoint + "/v1/completions", {"prompt": [1, 2], "max_tokens": 2})[0] == 200
 
 
-def test_parallel_above_what_the_engine_holds_is_refused_by_name(arena, models):
+@pytest.mark.parametrize("n", ["0", "17"])
+def test_parallel_outside_what_the_engine_holds_is_refused_by_name(arena, models, n):
     out = subprocess.run([sys.executable, "-m", "vramd.cli", "serve", str(models[0]), "--arena", str(arena),
-                          "--parallel", "4"], capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
+                          "--parallel", n], capture_output=True, text=True, env=daemon_env(), cwd=ROOT, timeout=60)
     assert out.returncode == 2, out.stderr
-    assert "parallel 4: this engine holds 1 sequence at a time" in out.stderr, out.stderr
+    assert f"parallel {n}: between 1 and 16 slots" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -13,9 +13,12 @@ so it gives what it gives alone (greedy: the same tokens; seeded: the same draws
 requests join and finished or cancelled ones leave between steps; `cancel` (a client gone)
 frees the slot at the next step.
 
-Not here (yet): the --context-overflow shift policy (a batched generation ends "length" at
-a full context), image embeddings, and a recurrent state's checkpoint per slot (a slot of
-a recurrent model continues its state or prefills from 0).
+A recurrent model's slot (qwen35) keeps a checkpoint of its state after all but the last
+token of its prompt, as the one-slot path does (Engine._prefill_recurrent): the same prompt
+again, or one that continues it, resumes there instead of prefilling from 0.
+
+Not here: the --context-overflow shift policy (a batched generation ends "length" at a full
+context) and image embeddings (the daemon runs such requests alone).
 """
 
 from __future__ import annotations
@@ -32,8 +35,13 @@ from vramd.errors import UsageError
 
 
 class Batcher:
-    def __init__(self, engine):
+    def __init__(self, engine, on_assign: Callable[[Generation, int], None] | None = None,
+                 on_leave: Callable[[Generation], None] | None = None):
+        """on_assign(gen, seq): gen is about to take slot seq (before its prefix is judged: the
+        daemon's host prompt cache may bring a saved sequence back into it); on_leave(gen): gen
+        has ended (gen.finish says why) and left its slot."""
         self.engine, self.model = engine, engine.model
+        self.on_assign, self.on_leave = on_assign, on_leave
         self.waiting: deque[Generation] = deque()   # submitted, no slot yet (arrival order)
         self.prefilling: list[Generation] = []      # in a slot, prompt not all in the cache yet
         self.decoding: list[Generation] = []        # in a slot, a token to feed next
@@ -63,6 +71,11 @@ class Batcher:
     def active(self) -> bool:
         return bool(self.waiting or self.busy)
 
+    @property
+    def free(self) -> int:
+        """Slots a newly submitted generation could take at the next step."""
+        return self.engine.n_seq - len(self.busy) - len(self.waiting)
+
     def run(self, between: Callable[[], None] | None = None) -> None:
         """Step until every submitted generation is over; `between` runs between two steps
         (where requests join, or the daemon pauses the whole batch)."""
@@ -82,16 +95,30 @@ class Batcher:
             gen = self.waiting.popleft()
             if gen.finish is not None:   # cancelled before it had a slot
                 gen.end()
+                if self.on_leave is not None:
+                    self.on_leave(gen)
                 continue
             seq = max(free, key=lambda s: (common_prefix(e.seq_cached[s], gen.ids), -e.last_used[s]))
+            if self.on_assign is not None:
+                self.on_assign(gen, seq)
             keep = min(common_prefix(e.seq_cached[seq], gen.ids), len(gen.ids) - 1)   # >= 1 token for its logits
+            ck = e.seq_checkpoint[seq]
             if self.model.kv.recurrent and (keep < len(e.seq_cached[seq])
                                             or self.model.rec_positions[seq] != len(e.seq_cached[seq])):
-                keep = 0   # a recurrent state cannot go back: it prefills from 0
+                # A recurrent state cannot go back: it resumes from the slot's checkpoint (the
+                # state after its last prompt but that prompt's last token) when that is a
+                # prefix of this prompt, as Engine._prefill_recurrent does, else from 0.
+                keep = len(ck) if ck is not None and len(ck) < len(gen.ids) and gen.ids[:len(ck)] == ck else 0
+                if keep:
+                    self.model.restore_checkpoint(keep, seq)
             if keep == 0:
                 self.model.clear_seq(seq)
-            e.seq_cached[seq] = e.seq_cached[seq][:keep]
-            e.seq_checkpoint[seq] = None
+            e.seq_cached[seq] = list(gen.ids[:keep])
+            if ck is not None and keep < len(ck):
+                e.seq_checkpoint[seq] = None   # its K/V rows are rewritten from here on
+            if self.model.kv.recurrent and keep == len(gen.ids) - 1 and e.seq_checkpoint[seq] != gen.ids[:-1]:
+                self.model.save_checkpoint(seq)   # already after all but the last token: checkpoint now
+                e.seq_checkpoint[seq] = list(gen.ids[:-1])
             e.stats["prompt_tokens"] += len(gen.ids)
             e.stats["reused_tokens"] += keep
             gen.seq, gen.pos = seq, keep
@@ -105,6 +132,8 @@ class Batcher:
         for group in (self.prefilling, self.decoding):
             if gen in group:
                 group.remove(gen)
+        if self.on_leave is not None:
+            self.on_leave(gen)
 
     def step(self) -> bool:
         """One forward_batch of the decode tokens and one prefill chunk; False when idle."""
@@ -118,7 +147,10 @@ class Batcher:
         if self.prefilling:
             gen = self.prefilling[0]
             room = max(1, self.rows - len(parts))
-            parts.append((gen.seq, gen.ids[gen.pos:gen.pos + room], gen.pos))
+            end = len(gen.ids)
+            if self.model.kv.recurrent and gen.pos < end - 1:
+                end -= 1   # the checkpoint is taken after all but the last token (a chunk ends there)
+            parts.append((gen.seq, gen.ids[gen.pos:min(gen.pos + room, end)], gen.pos))
             owners.append(gen)
         if not parts:
             return bool(self.waiting)
@@ -130,6 +162,10 @@ class Batcher:
             e.seq_cached[seq].extend(tokens)
             e.last_used[seq] = self.steps
             if gen in self.prefilling:
+                if self.model.kv.recurrent and gen.pos == len(gen.ids) - 1 and \
+                        e.seq_checkpoint[seq] != gen.ids[:-1]:
+                    self.model.save_checkpoint(seq)   # the state after all but the last prompt token
+                    e.seq_checkpoint[seq] = list(gen.ids[:-1])
                 if gen.pos < len(gen.ids):
                     continue   # more chunks to come
                 self.prefilling.remove(gen)

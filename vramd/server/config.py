@@ -47,7 +47,7 @@ class ServeConfig:
     max_hold: float = 5.0
     residency: str = "cache"
     wake_timeout: float = 60.0
-    parallel: int = 1              # generation slots (vramd/server/slots.py: the engine holds 1 sequence for now)
+    parallel: int | None = None    # generation slots (vramd/server/slots.py); None: auto, up to 4 whose KV fits
     cache_ram: int = 256           # MiB of host memory for the prompt cache (vramd/server/hostcache.py); 0: none
     max_queue: int = 64            # generation requests that may wait for a slot; beyond: 503 + Retry-After
     n_cpu_moe: str | None = None   # "auto" or a number >= 0 (see vramd/model/placement.py)

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 from vramd.arena.arbiter import WARDEN_JOIN, Participant
 from vramd.arena.layout import Arena, default_base
@@ -52,7 +52,8 @@ from vramd.server.logs import LoadProgress, event
 from vramd.server.metrics import Metrics
 from vramd.server.room import Room
 from vramd.server.hostcache import HostCache
-from vramd.server.slots import Slots
+from vramd.server.slots import DEFAULT_PARALLEL, Slots
+from vramd.server.generating import BatchSession, Run
 
 log = logging.getLogger("vramd.daemon")
 
@@ -141,6 +142,7 @@ class Daemon:
         self.host_cache = HostCache(cfg.cache_ram << 20)   # --cache-ram (vramd/server/hostcache.py)
         self._current: tuple[str | None, float] = (None, 0.0)   # the job the loop runs, since when
         self._inflight_lock = threading.Lock()
+        self.batched = BatchSession(self)   # --parallel above 1: the loop's continuous batching
 
     # -- set-up ------------------------------------------------------------
 
@@ -170,11 +172,13 @@ class Daemon:
         self._refuse_duplicate_name()
         self.residency = Residency(self.device)
         self._choose_ctx(mf)
+        self._choose_parallel(mf)
         fp = self._footprint(mf)
         # No terminal for the bar (the journal, a pipe): progress lines, and STATUS= for systemctl.
         progress = None if sys.stderr.isatty() else LoadProgress(log, self.name, cfg.model, systemd.status)
         self.model = loader.load(cfg.model, self.residency, cfg.ctx, name=self.name, mf=mf, progress=progress,
-                                 scratch=fp.layouts["scratch"], host_tensors=fp.host_tensors)
+                                 scratch=fp.layouts["scratch"], host_tensors=fp.host_tensors,
+                                 n_seq=cfg.parallel)
         if cfg.mmproj:
             self.encoder = self._load_encoder()
         for w in self.model.file.warnings:
@@ -238,7 +242,7 @@ class Daemon:
             log.info("%s: %s has no expert tensors; --n-cpu-moe changes nothing", self.name, self.cfg.model)
             n = None
         fp = footprint(mf, self.cfg.ctx, n_cpu_moe=n, budget=self._budget(), limits=self.residency.limits,
-                       chunk=self.cfg.prefill_chunk)
+                       chunk=self.cfg.prefill_chunk, n_seq=self.cfg.parallel)
         if self.cfg.prefill_chunk is not None and fp.chunk != self.cfg.prefill_chunk:
             log.info("%s: --prefill-chunk %d: cut to %d tokens (one activation buffer of a chunk must fit "
                      "a storage binding)", self.name, self.cfg.prefill_chunk, fp.chunk)
@@ -268,6 +272,31 @@ class Daemon:
             self.cfg.ctx, why = auto_ctx(mf, self._budget(), n_cpu_moe=n, limits=self.residency.limits,
                                          chunk=self.cfg.prefill_chunk)
         log.info("%s: --ctx %d: %s", self.name, self.cfg.ctx, why)
+
+    def _choose_parallel(self, mf) -> None:
+        """--parallel not given: DEFAULT_PARALLEL slots, fewer where their KV cache (each slot
+        --ctx positions) does not fit the budget with the weights and scratch; 1 under
+        --n-cpu-moe auto (the budget decides the experts' placement) and for a model that only
+        embeds (no generation to batch).  One line says which and why."""
+        from vramd.model.footprint import footprint
+        from vramd.model.placement import parse_n_cpu_moe
+        if self.cfg.parallel is not None:
+            return
+        n = self.cfg.n_cpu_moe
+        if n is not None and parse_n_cpu_moe(n) == "auto":
+            self.cfg.parallel, why = 1, "--n-cpu-moe auto gives the budget to the experts"
+        elif self.text[0] is None:
+            self.cfg.parallel, why = 1, "the model has no vocabulary to generate with"
+        else:
+            budget, k = self._budget(), DEFAULT_PARALLEL
+            while k > 1 and footprint(mf, self.cfg.ctx, n_cpu_moe=n, limits=self.residency.limits,
+                                      chunk=self.cfg.prefill_chunk, n_seq=k).device_bytes > budget:
+                k -= 1
+            self.cfg.parallel = k
+            why = (f"{k} sequences of {self.cfg.ctx} positions fit the budget of {budget} bytes" if k == DEFAULT_PARALLEL
+                   else f"the most sequences of {self.cfg.ctx} positions whose KV cache fits the budget of {budget} "
+                        "bytes with the weights and scratch")
+        log.info("%s: --parallel %d: %s; give --parallel to choose", self.name, self.cfg.parallel, why)
 
     def _refuse_duplicate_name(self) -> None:
         for m in Registry(self.arena.members_dir).list():
@@ -449,7 +478,7 @@ class Daemon:
         self.beat = time.monotonic()
         return self.stopping or self.lost is not None
 
-    def _before_pause(self, cancelled: threading.Event) -> bool:
+    def _before_pause(self, gone: Callable[[], bool]) -> bool:
         """A generation's `cancel` before it pauses for a peer: the token we hold is checked
         first, so a replaced or unlinked token stops us (exit 4) instead of a pause that would
         hand it on and wait for the arena's new one (the guard's next look may come after)."""
@@ -458,7 +487,7 @@ class Daemon:
                 self.participant.token.check()
             except TokenError as e:
                 self.on_lost(str(e))
-        return self._beat_or_give_up() or cancelled.is_set()
+        return self._beat_or_give_up() or gone()
 
     def on_lost(self, why: str) -> None:
         """The guard's call (its thread): the token we hold, or the arena, is no longer the arena's.
@@ -730,7 +759,8 @@ class Daemon:
 
     def handle_generation(self, kind: str, ex: Exchange) -> None:
         """One OpenAI request: a generation job on the loop thread, streamed or not.  Its choices
-        (n per prompt) are generated one after another in the one job (one slot, issue 16)."""
+        (n per prompt) join the batch of every slot, or run one after another alone (--parallel 1,
+        or what the batch cannot take: vramd/server/generating.py)."""
         ex.fields["model"] = self.name
         req = openai_api.parse_request(kind, ex.body(), set(self.model_names()))
         req.reasoning_format = req.reasoning_format or self.cfg.reasoning_format   # vramd/server/reasoning.py
@@ -752,60 +782,12 @@ class Daemon:
                                                      like=choices[0].builder if choices else None)
                 builder.context = dropped
                 choices.append(_Choice(builder, sub, replace(sampling, seed=req.choice_seed(index)), prepared))
-        events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
-        cancelled = threading.Event()
-        arrived = ex.started
-        timing: dict = {}   # the loop writes it, the log line reads it once the job is done
-
-        def work():
-            timing["queue_s"] = round(time.monotonic() - arrived, 6)   # other jobs and the GPU token
-            before = dict(self.engine.stats)
-            try:
-                finishes = []
-                with self.slots.serving(kind) as slot:
-                    for c in choices:
-                        finishes.append(compute(c, slot))
-                        if cancelled.is_set():
-                            break
-                return finishes
-            finally:
-                for key in ("prompt_tokens", "generated_tokens", "reused_tokens"):
-                    timing[key] = self.engine.stats[key] - before[key]
-
-        def compute(c: _Choice, slot):
-            ids, embeds = (c.ids, {}) if c.ids is not None else self.engine.prompt(c.req.prompt_input())
-            c.builder.prompt_tokens = len(ids)
-            if c.req.echo:
-                c.builder.echo_text = c.req.prompt if isinstance(c.req.prompt, str) else self.engine.detokenize(ids)
-            made = [0]
-
-            def emit(piece):
-                made[0] += 1
-                self.beat = time.monotonic()
-                if "ttft_s" not in timing:
-                    timing["ttft_s"] = round(self.beat - arrived, 6)
-                    self.metrics.observe_first_token(self.beat - arrived)
-                events.put(("piece", (c.builder.index, piece)))
-                # A stop ends the generation at its next step (a clean finish, never a dead loop);
-                # so does a token that is no longer the arena's (never compute beside another holder).
-                # Then a peer's due yield pauses it here, between two steps (slots.py).
-                return not cancelled.is_set() and not self.stopping and self.lost is None and (piece.token < 0 or
-                    self.slots.between_steps(slot, lambda: self._before_pause(cancelled)))
-            self.host_cache.before(self.engine, ids)   # the slot's sequence saved, or a saved one brought back
-            reused = self.engine.stats["reused_tokens"]
-            finish = self.engine.generate(ids, c.sampling, emit, embeds)
-            c.builder.cached_tokens = self.engine.stats["reused_tokens"] - reused
-            if self.engine.shift_stats["shifts"]:
-                c.builder.add_shifts(self.engine.shift_stats)
-            if finish == "cancelled" and self.lost is not None:
-                raise ShuttingDown(f"{self.name}: {self.lost}: the generation was ended after {made[0]} tokens")
-            if finish == "cancelled" and not cancelled.is_set():
-                raise ShuttingDown(f"{self.name} is shutting down: the generation was ended after "
-                                   f"{made[0]} tokens")
-            events.put(("end", (c.builder.index, finish)))
-            return finish
-
-        job = Job("generate", fn=work, needs_gpu=True, timeout=self.cfg.wake_timeout, cancelled=cancelled)
+        run = Run(self, kind, choices, ex.started)
+        events, cancelled, timing = run.events, run.cancelled, run.timing
+        batched = len(self.slots.slots) > 1 and run.batchable
+        job = Job("generate", needs_gpu=True, timeout=self.cfg.wake_timeout, cancelled=cancelled, run=run,
+                  fn=(lambda: self.batched.run(job)) if batched else run.alone)
+        run.job = job
         try:
             with self.in_flight(job):
                 builders = [c.builder for c in choices]
@@ -986,7 +968,8 @@ class Daemon:
     def _queued(self) -> int:
         """Requests in the loop's queue that it has not started (its own pokes and stop left out)."""
         with self.jobs.mutex:
-            return sum(1 for j in self.jobs.queue if j.kind not in ("poke", "stop") and not j.taken.is_set())
+            n = sum(1 for j in self.jobs.queue if j.kind not in ("poke", "stop") and not j.taken.is_set())
+        return n + self.batched.waiting   # and those the batch took that wait for a slot
 
     # -- life and death -------------------------------------------------------------
 

@@ -36,8 +36,13 @@ class Job:
     abandoned: bool = False   # its requester stopped waiting before the loop took it
     cancelled: threading.Event = field(default_factory=threading.Event)   # its client went away
     _claim: threading.Lock = field(default_factory=threading.Lock)
+    run: Any = None   # a generation request's choices (vramd/server/generating.py Run), else None
 
     def finish(self, result=None, error=None) -> None:
+        """Hand the result or error over; once (a batch session finishes its requests' jobs as
+        they end, and the loop's own finish of the session's first job then changes nothing)."""
+        if self.done.is_set():
+            return
         self.result, self.error = result, error
         self.taken.set()
         self.done.set()

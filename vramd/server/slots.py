@@ -20,8 +20,14 @@ piece comes), a client that goes away ends the wait (the `cancel` callable), a s
 peer that keeps the GPU past --wake-timeout fails the paused generation with that 503 (a
 streamed one: an error event after its pieces).
 
-One slot: the engine holds one sequence (Engine.cached).  MAX_PARALLEL rises when the
-batched engine lands (issue 16); `--parallel` above it is refused by name, never ignored.
+Several slots (`--parallel N`, issue 16): the engine's KV cache holds N sequences and the
+daemon's batch session (vramd/server/batched.py) steps their generations together; slot i is
+sequence i.  Between two of the batch's steps the same pause applies to the whole batch
+(`pause`): every busy slot shows "paused" while the peer holds the GPU, and each resumes where
+it stopped.  The default (`auto`, DEFAULT_PARALLEL) is sized by the daemon so that the KV cache
+of every slot fits the budget at --ctx (vramd/server/daemon.py `_choose_parallel`).
+MAX_PARALLEL is the replayed step's bound (vramd/engine/model.py SLOTS_REPLAY): beyond it each
+step would be recorded again.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ from vramd.errors import Interrupted, VramdError
 
 log = logging.getLogger("vramd.slots")
 
-MAX_PARALLEL = 1     # sequences the engine holds at once (vramd/engine/runner.py: one `cached`)
+DEFAULT_PARALLEL = 4   # --parallel auto: at most this many slots, fewer where their KV does not fit
+MAX_PARALLEL = 16      # the most slots: a step of 16 decode rows replays its recording (model.SLOTS_REPLAY)
 DEFAULT_MAX_QUEUE = 64   # generation requests waiting for a slot before a 503 (--max-queue)
 # A 503 for a full queue says to come back in this many seconds: a short generation's time.
 QUEUE_RETRY_AFTER = 1
@@ -52,13 +59,14 @@ class QueueFull(VramdError):
     retry_after = QUEUE_RETRY_AFTER
 
 
-def check_parallel(parallel: int, where: str) -> None:
+def check_parallel(parallel: int | None, where: str) -> None:
+    """None is `auto` (the daemon sizes it)."""
     from vramd.errors import UsageError
-    if parallel < 1:
-        raise UsageError(f"{where}: parallel {parallel}: at least 1")
-    if parallel > MAX_PARALLEL:
-        raise UsageError(f"{where}: parallel {parallel}: this engine holds {MAX_PARALLEL} sequence at a time "
-                         "(batched slots are issue 16's engine work); give 1")
+    if parallel is None:
+        return
+    if not 1 <= parallel <= MAX_PARALLEL:
+        raise UsageError(f"{where}: parallel {parallel}: between 1 and {MAX_PARALLEL} slots (a step of "
+                         f"{MAX_PARALLEL} sequences' decode tokens is the largest recorded once and replayed)")
 
 
 @dataclass
@@ -72,9 +80,18 @@ class Slot:
     paused_since: float | None = None
     paused_s: float = 0.0        # seconds spent paused, the current pause included once it ends
 
+    def rate(self, now: float) -> float:
+        """Its request's tokens per second while it generated (pauses left out); 0 when idle."""
+        if self.state == "idle":
+            return 0.0
+        paused = self.paused_s + (now - self.paused_since if self.paused_since is not None else 0.0)
+        ran = now - self.since - paused
+        return self.tokens / ran if ran > 0 else 0.0
+
     def row(self, now: float) -> dict:
         busy = self.state != "idle"
         return {"id": self.id, "state": self.state, "request": self.request,
+                "tokens_per_second": round(self.rate(now), 3),
                 "for_s": round(now - self.since, 3) if busy else None, "tokens": self.tokens,
                 "pauses": self.pauses,
                 "paused_for_s": round(now - self.paused_since, 3) if self.paused_since is not None else None,
@@ -103,49 +120,76 @@ class Slots:
         if queued >= self.max_queue:
             with self._lock:
                 self.queue_full += 1
-            raise QueueFull(f"{queued} generation requests already wait for the one slot (--max-queue "
+            raise QueueFull(f"{queued} generation requests already wait for a slot (--max-queue "
                             f"{self.max_queue}); retry in {QUEUE_RETRY_AFTER} s")
 
     @contextlib.contextmanager
     def serving(self, request: str):
-        """The slot a generation runs in while the block runs (the loop's only, one at a time)."""
-        slot = self.slots[0]
-        slot.state, slot.request, slot.since, slot.tokens = "generating", request, time.monotonic(), 0
-        slot.pauses, slot.paused_s, slot.paused_since = 0, 0.0, None
+        """Slot 0 while the block runs: a generation that runs alone (the one-slot path)."""
+        slot = self.occupy(0, request)
         try:
             yield slot
         finally:
-            slot.state, slot.request, slot.paused_since = "idle", None, None
+            self.release(0)
 
-    # -- between two steps ---------------------------------------------------
+    def occupy(self, seq: int, request: str) -> Slot:
+        """Slot `seq` takes a request (of kind `request`)."""
+        slot = self.slots[seq]
+        slot.state, slot.request, slot.since, slot.tokens = "generating", request, time.monotonic(), 0
+        slot.pauses, slot.paused_s, slot.paused_since = 0, 0.0, None
+        return slot
 
-    def between_steps(self, slot: Slot, cancel: Callable[[], bool]) -> bool:
-        """After a token of `slot`: count it; when a peer's yield is due, pause (cold), wait for
-        the token again, resume.  False: give the generation up (cancel() said so meanwhile)."""
+    def release(self, seq: int) -> None:
+        slot = self.slots[seq]
+        slot.state, slot.request, slot.paused_since = "idle", None, None
+
+    def count(self, slot: Slot) -> None:
+        """A token of `slot` (the tokens/s figure, the slot's own count)."""
         now = time.monotonic()
         slot.tokens += 1
         with self._lock:
             self._times.append(now)
             while self._times and self._times[0] < now - RATE_WINDOW:
                 self._times.popleft()
-        if self._yield_due() != 0 or cancel():
+
+    # -- between two steps ---------------------------------------------------
+
+    def pause_due(self) -> bool:
+        """A peer rang and our quantum is served: the next point between two steps pauses."""
+        return self._yield_due() == 0
+
+    def between_steps(self, slot: Slot, cancel: Callable[[], bool]) -> bool:
+        """After a token of `slot` (the one-slot path): count it; when a peer's yield is due,
+        pause.  False: give the generation up (cancel() said so meanwhile)."""
+        self.count(slot)
+        if not self.pause_due() or cancel():
             return True
-        slot.state, slot.paused_since = "paused", now
-        slot.pauses += 1
+        return self.pause([slot], cancel) and not cancel()
+
+    def pause(self, slots: list[Slot], cancel: Callable[[], bool]) -> bool:
+        """Go cold keeping the slots' sequences, wait for the token behind the peer, come back
+        warm; the slots show "paused" meanwhile.  False: the wait was given up (cancel() said
+        so: a stop, a lost token, or every client gone)."""
+        now = time.monotonic()
+        for slot in slots:
+            slot.state, slot.paused_since = "paused", now
+            slot.pauses += 1
         with self._lock:
             self.pauses += 1
-        log.info("slot %d: pausing its generation after %d tokens: a peer rang and the quantum is served",
-                 slot.id, slot.tokens)
+        log.info("slot%s %s: pausing after %s tokens: a peer rang and the quantum is served",
+                 "s" if len(slots) > 1 else "", ",".join(str(s.id) for s in slots),
+                 ",".join(str(s.tokens) for s in slots))
         try:
             self._go_cold()
             self._go_warm(cancel)
         except Interrupted:
             return False   # the client went away, or a stop: the generation ends as cancelled
         finally:
-            slot.paused_s += time.monotonic() - slot.paused_since
-            slot.state, slot.paused_since = "generating", None
-        log.info("slot %d: resumed after %.3f s paused", slot.id, time.monotonic() - now)
-        return not cancel()
+            for slot in slots:
+                slot.paused_s += time.monotonic() - slot.paused_since
+                slot.state, slot.paused_since = "generating", None
+        log.info("resumed after %.3f s paused", time.monotonic() - now)
+        return True
 
     # -- what status and /metrics show -------------------------------------------
 
@@ -167,7 +211,13 @@ class Slots:
     def render_metrics(self, label: str) -> list[str]:
         from vramd.server.metrics import _one as one
         rows = [s.state for s in self.slots]
+        now = time.monotonic()
+        per_slot = ["# HELP vramd_slot_tokens_per_second Tokens per second of the request a slot serves "
+                    "(pauses left out; 0: idle).", "# TYPE vramd_slot_tokens_per_second gauge"]
+        per_slot += [f'vramd_slot_tokens_per_second{{{label},slot="{s.id}"}} {round(s.rate(now), 3)}'
+                     for s in self.slots]
         return [*one("vramd_slots", "gauge", "Generation slots (--parallel).", label, len(rows)),
+                *per_slot,
                 *one("vramd_slots_busy", "gauge", "Slots serving a request (paused ones included).", label,
                      sum(s != "idle" for s in rows)),
                 *one("vramd_paused_requests", "gauge", "Generations paused mid-way while a peer holds the GPU.",
