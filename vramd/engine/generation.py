@@ -52,7 +52,7 @@ class Generation:
         self.left -= 1
         c, params, tok = self.constraint, self.params, self.engine.tokenizer
         token = self.sampler.sample(c.masked(logits) if c else logits)
-        if tok is not None and tok.is_eog(token):
+        if tok is not None and not params.ignore_eos and tok.is_eog(token):
             self.finish = "stop"
             return None
         if c:

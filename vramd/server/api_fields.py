@@ -208,9 +208,9 @@ FIELDS: dict[str, Field] = {f.name: f for f in [
          origin="llama.cpp"),
     _row("n_probs", "some", "some", "only 0: send `logprobs` (and `top_logprobs`)",
          check=_only("n_probs", (0,), "send 'logprobs' (and 'top_logprobs' for chat)"), origin="llama.cpp"),
-    _row("ignore_eos", "some", "some", "only false: the end-of-generation token ends the generation",
-         check=_only("ignore_eos", (False,), "the end-of-generation token always ends the generation"),
-         origin="llama.cpp"),
+    _row("ignore_eos", B, B, "true: an end-of-generation token is a token like any other (emitted, counted) and "
+                             "the generation runs to `max_tokens` or the full context; llama.cpp bans those tokens "
+                             "instead, so the tokens after the first one differ", origin="llama.cpp"),
     _row("n_cmpl", "refused", "refused", "send `n`", check=_refused("n_cmpl", "send 'n'"), origin="llama.cpp"),
     _row("id_slot", "some", "some", "only -1 (any): a daemon has one slot",
          check=_only("id_slot", (-1,), "a daemon has one slot"), origin="llama.cpp"),
