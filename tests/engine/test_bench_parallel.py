@@ -43,6 +43,8 @@ def test_parallel_bench_streams_against_llama_server(tmp_path):
                 assert run["per_stream"] == [tokens] * k and run["tokens"] == k * tokens
                 assert run["finishes"] == ["length"]
                 assert 0 < run["window_tokens"] <= k * (tokens - 1) and run["aggregate_tps"] > 0
+                if k == 1:   # the window: the first token to the last, every token after the first in it
+                    assert run["window_tokens"] == tokens - 1
                 assert run["overall_tps"] == run["tokens"] / run["wall_s"]
                 assert 0 < run["itl_p50_ms"] <= run["itl_p90_ms"] and run["ttft_p50_ms"] > 0
             assert e["aggregate_tps"] == statistics.median(x["aggregate_tps"] for x in e["runs"])
