@@ -73,8 +73,8 @@ class SamplingParams:
     # Decode control tokens as their text (a tool-call format whose marker is one, Mistral's
     # [TOOL_CALLS], must see it to parse the call).
     special_text: bool = False
-    # llama.cpp's ignore_eos: an end-of-generation token does not end the generation (it is
-    # emitted like any token); max_tokens or the context does (fixed-length benchmark runs).
+    # llama.cpp's ignore_eos: the end-of-generation tokens are never drawn (Generation bans
+    # them), so max_tokens or the context ends the generation (fixed-length benchmark runs).
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
