@@ -455,3 +455,35 @@ def test_aliases_and_cors_origins_from_a_config_file_and_their_checks(tmp_path, 
         cfg.write_text(f'model = "{llama}"\n{text}\n')
         with pytest.raises(UsageError, match=re.escape(message)):
             build(cfg, {})
+
+
+def test_ignore_eos_runs_past_the_end_of_generation_token_to_max_tokens(arena, llama, daemons):
+    """llama.cpp's ignore_eos (fixed-length benchmark runs): the end-of-generation token (2), made
+    greedy's first pick by a bias, ends the generation at once without it; with it, the generation
+    goes on to max_tokens (completions and chat, streamed and not)."""
+    d = daemons(arena, llama, "a", "--ctx", "128")
+    c = client(d)
+    eos_first = {"2": 100}
+    r = c.completions.create(model="a", prompt=[1, 40, 41], max_tokens=6, temperature=0, logit_bias=eos_first)
+    assert r.usage.completion_tokens == 0 and r.choices[0].finish_reason == "stop"
+    r = c.completions.create(model="a", prompt=[1, 40, 41], max_tokens=6, temperature=0, logit_bias=eos_first,
+                             logprobs=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+    assert len(r.choices[0].logprobs.tokens) == 6
+    # Unbiased: the same tokens with or without it up to where greedy would have ended.
+    plain = c.completions.create(model="a", prompt=[1, 40, 41], max_tokens=12, temperature=0, logprobs=0)
+    free = c.completions.create(model="a", prompt=[1, 40, 41], max_tokens=12, temperature=0, logprobs=0,
+                                extra_body={"ignore_eos": True})
+    assert free.usage.completion_tokens == 12
+    assert free.choices[0].logprobs.tokens[:plain.usage.completion_tokens] == plain.choices[0].logprobs.tokens
+    msgs = [{"role": "user", "content": "hi"}]
+    r = c.chat.completions.create(model="a", messages=msgs, max_tokens=5, temperature=0, logit_bias=eos_first)
+    assert r.usage.completion_tokens == 0 and r.choices[0].finish_reason == "stop"
+    stream = c.chat.completions.create(model="a", messages=msgs, max_tokens=5, temperature=0, logit_bias=eos_first,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == 5
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    status, body = post(d, "/v1/completions", {"model": "a", "prompt": "x", "ignore_eos": "yes"})
+    assert status == 400 and body["error"]["param"] == "ignore_eos", body

@@ -5,5 +5,5 @@ Each module exposes `command`, a click command; `vramd bench NAME` runs
 recorded in docs/benchmarks.md.
 """
 
-NAMES = ("attention", "constrained", "cpu", "decode", "encode", "gateway", "handover", "hostcache", "matmul", "prefill",
-         "residency", "slots", "soak", "switch")
+NAMES = ("attention", "constrained", "cpu", "decode", "encode", "gateway", "handover", "hostcache", "matmul", "parallel",
+         "pause", "prefill", "residency", "slots", "soak", "switch")

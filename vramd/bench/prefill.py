@@ -64,9 +64,23 @@ def parse_lengths(text: str) -> list[int]:
     return out
 
 
-def prompt_ids(n_vocab: int, n: int) -> list[int]:
+def prompt_ids(n_vocab: int, n: int, seed: int = 0) -> list[int]:
     """n random ids past the first three (the usual <unk> <s> </s>), the same for both engines."""
-    return [int(x) for x in np.random.default_rng(0).integers(3, n_vocab, n)]
+    return [int(x) for x in np.random.default_rng(seed).integers(3, n_vocab, n)]
+
+
+def model_file(tmp: str, model: str | None, shape: str, wtype: str, scale: tuple = (None, None, None)) -> str:
+    """The GGUF to run: `model`, else a synthetic one of `shape` and `wtype` (zero weights) in tmp:
+    a 2026 shape (arch_models.py), else a llama (models.py; "small": 64 MiB of weights).
+    Shared with `vramd bench parallel`."""
+    from vramd.bench.models import LlamaShape, write_model
+    path = model or synthetic(tmp, shape, wtype, *scale)
+    if path is None:
+        if wtype == "MXFP4":
+            raise UsageError("--type MXFP4 is gptoss-20b's (its experts)")
+        shp = LlamaShape.for_bytes(64 << 20) if shape == "small" else LlamaShape.preset(shape)
+        path = str(write_model(Path(tmp) / "model.gguf", shp, wtype=wtype, fill="zeros"))
+    return path
 
 
 def vramd_runs(path: str, mf, lengths: list[int], reps: int, ctx: int, chunk: int | None,
@@ -152,17 +166,11 @@ def peer_runs(binary: str, path: str, n_vocab: int, lengths: list[int], reps: in
 def run(binary: str, model: str | None, shape: str, wtype: str, lengths: list[int], reps: int,
         chunk: int | None, peer_threads: int | None, decode: int = 0,
         scale: tuple = (None, None, None)) -> dict:
-    from vramd.bench.models import LlamaShape, write_model
     from vramd.model.gguf_check import validate_gguf
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     ctx = max(lengths) + 16 + decode
     with tempfile.TemporaryDirectory(prefix="vramd-prefill-", dir=base) as tmp:
-        path = model or synthetic(tmp, shape, wtype, *scale)   # a 2026 shape (arch_models.py), else a llama
-        if path is None:
-            if wtype == "MXFP4":
-                raise UsageError("--type MXFP4 is gptoss-20b's (its experts)")
-            shp = LlamaShape.for_bytes(64 << 20) if shape == "small" else LlamaShape.preset(shape)
-            path = str(write_model(Path(tmp) / "model.gguf", shp, wtype=wtype, fill="zeros"))
+        path = model_file(tmp, model, shape, wtype, scale)
         mf = validate_gguf(path)
         ours, our_steps, facts = vramd_runs(path, mf, lengths, reps, ctx, chunk, decode)
         theirs, their_gen, flags = peer_runs(binary, path, facts["n_vocab"], lengths, reps, ctx, peer_threads,

@@ -30,10 +30,11 @@ import click
 from vramd.bench.handover import percentile
 from vramd.errors import VramdError
 
-def write_sparse_model(path: Path, nbytes: int, seed: int) -> Path:
-    """A llama GGUF of about `nbytes` of F16 weights whose data is a hole (zeros)."""
+def write_sparse_model(path: Path, nbytes: int, seed: int, fill: str = "zeros") -> Path:
+    """A llama GGUF of about `nbytes` of F16 weights whose data is a hole (zeros), or with
+    fill "random" seeded weights (`vramd bench pause`'s small pair whose text means something)."""
     from vramd.bench.models import LlamaShape, write_model
-    return write_model(path, LlamaShape.for_bytes(nbytes), wtype="F16", fill="zeros", name=f"bench-{seed}")
+    return write_model(path, LlamaShape.for_bytes(nbytes), wtype="F16", fill=fill, seed=seed, name=f"bench-{seed}")
 
 
 def link_rate(nbytes: int) -> dict:
@@ -45,11 +46,14 @@ def link_rate(nbytes: int) -> dict:
 
 
 class Served:
-    def __init__(self, arena: Path, model: Path, name: str, ctx: int, residency: str):
+    """A `vramd serve` process on a free port (`extra`: more serve flags, e.g. --parallel); shared
+    with `vramd bench parallel` and `vramd bench pause`."""
+
+    def __init__(self, arena: Path, model: Path, name: str, ctx: int, residency: str, extra: tuple = ()):
         self.name = name
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vramd.cli", "serve", str(model), "--name", name, "--arena", str(arena),
-             "--port", "0", "--ctx", str(ctx), "--quantum", "0", "--residency", residency],
+             "--port", "0", "--ctx", str(ctx), "--quantum", "0", "--residency", residency, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log: list[str] = []
         self.socket = arena / "control" / f"{name}.sock"
@@ -59,7 +63,8 @@ class Served:
         deadline = time.monotonic() + timeout
         while not any(" serving " in x for x in self.log):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise VramdError(f"switch benchmark: daemon {self.name} did not start:\n{''.join(self.log)}")
+                raise VramdError(f"benchmark: daemon {self.name} ({self.proc.args[4]}) did not start:\n"
+                                 f"{''.join(self.log)}")
             time.sleep(0.05)
 
     def ask(self, cmd: str) -> dict:

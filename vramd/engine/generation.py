@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from vramd.engine.grammar import Constraint
 from vramd.engine.sampler import Piece, Sampler, SamplingParams, StopMatcher, log_softmax, top_logprobs
 
@@ -33,6 +35,10 @@ class Generation:
         self.constraint = Constraint(engine._need_tokenizer(), params.grammar) if params.grammar else None
         if self.constraint:
             self.constraint.prefetch()     # the first mask, beside the prefill
+        # ignore_eos (llama.cpp's): the end-of-generation tokens cannot be drawn, so the generation
+        # runs to max_tokens or the context and its text never holds one (llama.cpp bans them alike)
+        eog = sorted(tok.eog_ids) if tok is not None and params.ignore_eos else []
+        self.banned = np.array(eog, dtype=np.int64) if eog else None
         self.left = 0                      # tokens it may still sample (start sets it)
         self.finish: str | None = None     # None while it runs: "stop", "length" or "cancelled"
         self.made = 0
@@ -51,7 +57,11 @@ class Generation:
             return None
         self.left -= 1
         c, params, tok = self.constraint, self.params, self.engine.tokenizer
-        token = self.sampler.sample(c.masked(logits) if c else logits)
+        masked = c.masked(logits) if c else logits
+        if self.banned is not None:
+            masked = np.array(masked, dtype=np.float32)   # (a copy: the logits may be the engine's buffer)
+            masked[self.banned] = -np.inf
+        token = self.sampler.sample(masked)
         if tok is not None and tok.is_eog(token):
             self.finish = "stop"
             return None

@@ -9,8 +9,9 @@ of a response, and `StopMatcher`, which finds stop strings in streamed text
 and holds back what might be the start of one.
 
 Does not own: the logits (the engine's forward pass), end-of-generation
-tokens (`Tokenizer.is_eog`), counting `max_tokens` (the generation loop reads
-it from the params).
+tokens (`Tokenizer.is_eog`; the generation loop ends at one unless
+`ignore_eos`), counting `max_tokens` (the generation loop reads it from the
+params).
 
 The filter chain is llama.cpp's default (common_params_sampling.samplers):
 logit_bias -> penalties -> top_k -> top_p -> min_p -> temperature -> dist, each keeping at least one
@@ -72,6 +73,9 @@ class SamplingParams:
     # Decode control tokens as their text (a tool-call format whose marker is one, Mistral's
     # [TOOL_CALLS], must see it to parse the call).
     special_text: bool = False
+    # llama.cpp's ignore_eos: the end-of-generation tokens are never drawn (Generation bans
+    # them), so max_tokens or the context ends the generation (fixed-length benchmark runs).
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -93,6 +97,8 @@ class SamplingParams:
             raise UsageError("repeat_penalty must be more than 0 (1 is off)")
         set_(self, "repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1, 1 << 20))
         set_(self, "logit_bias", _logit_bias(self.logit_bias))
+        if not isinstance(self.ignore_eos, bool):
+            raise UsageError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:

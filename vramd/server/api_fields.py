@@ -208,12 +208,12 @@ FIELDS: dict[str, Field] = {f.name: f for f in [
          origin="llama.cpp"),
     _row("n_probs", "some", "some", "only 0: send `logprobs` (and `top_logprobs`)",
          check=_only("n_probs", (0,), "send 'logprobs' (and 'top_logprobs' for chat)"), origin="llama.cpp"),
-    _row("ignore_eos", "some", "some", "only false: the end-of-generation token ends the generation",
-         check=_only("ignore_eos", (False,), "the end-of-generation token always ends the generation"),
-         origin="llama.cpp"),
+    _row("ignore_eos", B, B, "true: the end-of-generation tokens are never drawn (banned, as llama.cpp does), so "
+                             "the generation runs to `max_tokens` or the full context", origin="llama.cpp"),
     _row("n_cmpl", "refused", "refused", "send `n`", check=_refused("n_cmpl", "send 'n'"), origin="llama.cpp"),
-    _row("id_slot", "some", "some", "only -1 (any): a daemon has one slot",
-         check=_only("id_slot", (-1,), "a daemon has one slot"), origin="llama.cpp"),
+    _row("id_slot", "some", "some", "only -1 (any): a request takes the slot whose cached tokens share the longest "
+                                    "prefix with its prompt, else the least recently used",
+         check=_only("id_slot", (-1,), "the daemon chooses the slot (the longest shared prefix)"), origin="llama.cpp"),
     # Samplers vramd does not have: taken at the value that turns them off (clients send every knob).
     *(_row(name, "some", "some", f"only {off}, off: {_CHAIN}", check=_only(name, (off,), _CHAIN),
            origin="llama.cpp")

@@ -71,6 +71,7 @@ class GenerationRequest:
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
     logit_bias: dict = field(default_factory=dict)
+    ignore_eos: bool = False        # llama.cpp's: the end-of-generation token does not end it
     user: str | None = None         # `user` / `safety_identifier`: for the request's log line
     # response_format and tools (vramd/server/structured.py); tool_format: how the answer's
     # tool calls are read (vramd/server/tools.py sets it; None: they are not)
@@ -87,7 +88,8 @@ class GenerationRequest:
                               seed=self.seed, max_tokens=self.max_tokens, stop=tuple(self.stop),
                               logprobs=self.logprobs, frequency_penalty=self.frequency_penalty,
                               presence_penalty=self.presence_penalty, repeat_penalty=self.repeat_penalty,
-                              repeat_last_n=self.repeat_last_n, logit_bias=self.logit_bias)
+                              repeat_last_n=self.repeat_last_n, logit_bias=self.logit_bias,
+                              ignore_eos=self.ignore_eos)
 
     def each_prompt(self) -> list["GenerationRequest"]:
         """One request per prompt (a completions request may carry several; a chat, one)."""
@@ -178,6 +180,7 @@ def parse_request(kind: str, raw: bytes, model_names: set[str]) -> GenerationReq
     req.logit_bias = bias or {}
     req.user = body.get("user") or body.get("safety_identifier")
     req.stream = _flag(body, "stream")
+    req.ignore_eos = _flag(body, "ignore_eos")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise UsageError("'stream_options' must be an object")
