@@ -15,7 +15,7 @@ from vramd.bench.pause import command as pause
 
 # Stream counts vramd serve takes today: --parallel above 1 is refused until continuous
 # batching lands (the lead's work, issue 16); then this becomes "1,2".
-STREAMS = "1"
+STREAMS = "1,2"
 
 
 def test_parallel_bench_streams_against_llama_server(tmp_path):

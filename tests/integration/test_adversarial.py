@@ -273,7 +273,13 @@ def test_adversarial_run(tmp_path):
     for name, status, took, what in results:
         by.setdefault(status, []).append((name, took, what))
     assert set(by) <= {200, 503, "down"}, {k: v[:3] for k, v in by.items() if k not in (200, 503, "down")}
-    late = [r for r in by.get(503, []) if r[1] > WAKE_TIMEOUT + 1.0]
+    # A 503 comes within its wait for the GPU (--wake-timeout) + 1 s; one for a generation that had
+    # the GPU and was ended mid-way (a replaced or wiped token: "ended after N tokens") may have
+    # paused for peers between its steps first, each pause's wait bounded by --wake-timeout too.
+    def bound(what: str) -> float:
+        steps = REQUEST["max_tokens"] + 1 if "the generation was ended after" in what else 1
+        return steps * (WAKE_TIMEOUT + 1.0)
+    late = [r for r in by.get(503, []) if r[1] > bound(r[2])]
     assert not late, late[:5]
     wrong = [r for r in by.get(200, []) if r[2] != reference[r[0]]]
     assert not wrong, (wrong[:5], reference)

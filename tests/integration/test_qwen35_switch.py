@@ -65,9 +65,12 @@ def test_qwen35_state_survives_50_switches(arena, tmp_path, daemons, evict):
     """always: the state goes to the host and back each time; auto (room for both): it stays
     parked on the device while the weights go, and the decode step runs on weights uploaded again."""
     FLAGS = ("--residency", "exclusive", "--evict-state", evict)
+    # One slot: the last part has another prompt take the slot and move its checkpoint away (with
+    # several, a new prompt takes a free slot; tests/integration/test_pause_resume.py has a qwen35
+    # generation paused and resumed in the batch of the default slots).
     path = write_case("qwen35", "Q4_K", tmp_path / "qwen35.gguf")
     ref = forced_tokens(path, 2 * TURNS)
-    qwen = daemons(arena, path, "qwen", *FLAGS, ctx=256, wait_ready=False)
+    qwen = daemons(arena, path, "qwen", *FLAGS, "--parallel", "1", ctx=256, wait_ready=False)
     peer = daemons(arena, write_model(tmp_path / "peer.gguf", seed=3, shape=SHAPE), "peer", *FLAGS, wait_ready=False)
     qwen.wait_ready(120)
     peer.wait_ready(120)
