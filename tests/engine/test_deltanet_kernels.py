@@ -11,6 +11,7 @@ import pytest
 from tests.engine.reference.qwen35 import delta_rule_chunked, delta_rule_recurrent, l2_norm, sigmoid, softplus
 from tests.engine.reference.common import silu
 from vramd.engine import deltanet
+from vramd.errors import UsageError
 
 
 def conv_ref(x, state, w):
@@ -178,11 +179,13 @@ def test_gated_delta_long_prefill(ops, bufs, rng, chunked):
     assert np.abs(got_state - want_state).max() < 1e-4
 
 
-def test_one_token_of_each_of_several_sequences(ops, bufs, rng):
+@pytest.mark.parametrize("split", ["0", "1"], ids=["per-head", "split"])
+def test_one_token_of_each_of_several_sequences(ops, bufs, rng, monkeypatch, split):
     """Parallel slots' decode: one dispatch of each kernel for one token of each of three
     sequences of a four-sequence state (the ids read from a buffer), each token continuing its
     own sequence's conv and delta-rule state: each against numpy on that state, the fourth
-    sequence's state untouched."""
+    sequence's state untouched.  Both recurrent forms (VRAMD_DELTA_SPLIT)."""
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", split)
     s, hk, hv, d, n_seq = 32, 2, 4, 4, 4
     c = 2 * hk * s + hv * s
     seqs = np.array([3, 0, 2], np.int32)
@@ -211,3 +214,46 @@ def test_one_token_of_each_of_several_sequences(ops, bufs, rng):
                            sstate[q].astype(np.float64), s, hk, hv)
         assert np.abs(out[t] - o[0]).max() < 1e-4 and np.abs(ss[q] - new).max() < 1e-5
     assert np.array_equal(cs[1], cstate[1]) and np.array_equal(ss[1], sstate[1])   # no token of sequence 1
+
+
+@pytest.mark.parametrize("n,reset", [(1, False), (5, False), (5, True), (16, False)])
+@pytest.mark.parametrize("s,hk,hv", [(128, 1, 2), (64, 2, 4), (20, 3, 6), (8, 1, 1)])
+def test_gated_delta_split_matches_per_head(ops, bufs, rng, monkeypatch, n, reset, s, hk, hv):
+    """The split recurrent form (gated_delta_split.comp: a head's state rows over work groups of
+    16 rows, 8 invocations a row) against the per-head one it replaces on GPUs (gated_delta.comp,
+    the reference) and numpy: decode (1 token) and the short batches (up to CHUNKED_MIN tokens)
+    the recurrent form takes, from a state and from reset, at S = 128 (the models'), 64, and
+    sizes that leave rows (20: a second group of 4 rows) and lanes (8) partly empty.  The two
+    forms differ only in the order of each row's S-term dot products (8 partial sums of S / 8
+    terms, then their sum, against one running sum): f32 rounding of sums of ~S terms of O(1),
+    a few 1e-6 of the outputs' scale; 1e-5 of it (and of the state's) passes that with room
+    and fails a wrong row, lane or head by the values' own size."""
+    inputs = delta_inputs(rng, n, s, hk, hv)
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "1")
+    got, got_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=False, reset=reset)
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "0")
+    ref, ref_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=False, reset=reset)
+    f = [z.astype(np.float64) for z in inputs]
+    if reset:
+        f[-1] = np.zeros_like(f[-1])
+    want, want_state = delta_ref(*f, s, hk, hv)
+    scale, sscale = np.abs(want).max(), max(1.0, np.abs(want_state).max())
+    assert scale > 0.01
+    assert np.abs(got - ref).max() < 1e-5 * scale
+    assert np.abs(got_state - ref_state).max() < 1e-5 * sscale
+    assert np.abs(got - want).max() < 1e-4 * scale + 1e-5
+    assert np.abs(got_state - want_state).max() < 1e-4 * sscale
+
+
+def test_split_form_selection(ops, monkeypatch):
+    """VRAMD_DELTA_SPLIT forces either recurrent form; unset, every device but a CPU one takes the
+    split form; another value is refused, not ignored."""
+    monkeypatch.delenv("VRAMD_DELTA_SPLIT", raising=False)
+    assert deltanet.split_form(ops) is (not ops.cpu)
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "1")
+    assert deltanet.split_form(ops) is True
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "0")
+    assert deltanet.split_form(ops) is False
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "yes")
+    with pytest.raises(UsageError, match="VRAMD_DELTA_SPLIT"):
+        deltanet.split_form(ops)

@@ -17,6 +17,7 @@ gated_delta above CHUNKED_MIN tokens.  The recurrent kernel stays the chunked on
 
 from __future__ import annotations
 
+import os
 import struct
 
 from vramd.engine.deltanet_limits import MAX_CONV, MAX_STATE
@@ -25,13 +26,26 @@ from vramd.errors import UsageError
 from vramd.gpu.kernels import Kernel, grid
 
 # kernel -> (storage buffers, push-constant bytes): the shaders' layouts
-_KERNELS = {"ssm_conv_silu": (5, 44), "gated_delta": (8, 60), "gated_delta_chunked": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
+_KERNELS = {"ssm_conv_silu": (5, 44), "gated_delta": (8, 60), "gated_delta_split": (8, 60), "gated_delta_chunked": (7, 52),
+            "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
 _WG = 256
 # More tokens than this take the chunked kernel: its per-chunk set-up (the q/k tiles, A, QK) costs
 # about what a few recurrent tokens do; on lavapipe the two cross near one chunk (16 tokens at
 # S = 128) and run level at 256 tokens.  Decode (1 token) keeps the recurrent kernel.
 CHUNKED_MIN = 16
 _LOOP_BUDGET = 16384   # state-row loop iterations a gated_delta dispatch (see gated_delta)
+SPLIT_ROWS = 16        # gated_delta_split.comp's ROWS: state rows (value indices) of one work group
+
+
+def split_form(ops) -> bool:
+    """Whether the recurrent delta rule takes gated_delta_split (a head's state rows over
+    ceil(S / SPLIT_ROWS) work groups) rather than gated_delta (a work group a head), the same
+    numbers to f32 rounding.  Every device but a CPU one: MEASURE.  VRAMD_DELTA_SPLIT
+    (benchmarks, tests): 1 takes the split form on any device, 0 the per-head one."""
+    mode = os.environ.get("VRAMD_DELTA_SPLIT", "")
+    if mode not in ("", "0", "1"):
+        raise UsageError(f"VRAMD_DELTA_SPLIT={mode!r}: expected 0 or 1")
+    return mode == "1" if mode else not ops.cpu
 
 
 def _kernel(ops, name: str) -> Kernel:
@@ -95,13 +109,15 @@ def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: i
     ov, oo = ops._bind(out, 4 * n * hv * s, "gated_delta out")
     qv, qo, states = _seqs(ops, seq, n, n_seq, ov)
     sv, so = ops._bind(state, 4 * states * hv * s * s, "gated_delta state")
-    if seq is not None:   # a work group per (value head, token), each its sequence's state
+    # the recurrent form: a work group per value head, or per SPLIT_ROWS rows of one (split_form)
+    rec, gx = ("gated_delta_split", hv * -(-s // SPLIT_ROWS)) if split_form(ops) else ("gated_delta", hv)
+    if seq is not None:   # a work group per (value head or its rows, token), each its sequence's state
         push = struct.pack("<4If10I", n, s, hk, hv, eps, co, ao, bo, do, go, so, oo, int(reset), qo, hv * s * s)
-        ops._dispatch(_kernel(ops, "gated_delta"), [cv, av, bv, dv, gv, sv, ov, qv], push, (hv, n, 1))
+        ops._dispatch(_kernel(ops, rec), [cv, av, bv, dv, gv, sv, ov, qv], push, (gx, n, 1))
         return
     if chunked is None:
         chunked = n > CHUNKED_MIN
-    name = "gated_delta_chunked" if chunked else "gated_delta"
+    name = "gated_delta_chunked" if chunked else rec
     # At most `piece` tokens a dispatch, each continuing the state the one before left: lavapipe
     # (gallivm) cuts a shader's loops short after 65535 iterations, which it counts over the whole
     # invocation: the recurrent kernel's loops over the state row run 2 S times a token, and it
@@ -117,7 +133,7 @@ def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: i
         if not chunked:   # the recurrent form's sequence ids: none (bound, never read)
             push += struct.pack("<2I", 0, 0)
             views.append(ov)
-        ops._dispatch(_kernel(ops, name), views, push, (hv, 1, 1))
+        ops._dispatch(_kernel(ops, name), views, push, (hv if chunked else gx, 1, 1))
 
 
 def qgate_split(ops, qg, q, gate, n: int, hd: int) -> None:
