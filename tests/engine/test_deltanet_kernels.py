@@ -257,3 +257,27 @@ def test_split_form_selection(ops, monkeypatch):
     monkeypatch.setenv("VRAMD_DELTA_SPLIT", "yes")
     with pytest.raises(UsageError, match="VRAMD_DELTA_SPLIT"):
         deltanet.split_form(ops)
+
+
+@pytest.mark.parametrize("rows,width,lead", [(48, 128, 0), (6, 20, 0), (5, 18, 0), (4, 128, 1)],
+                         ids=["heads-128", "vec4-20", "scalar-18", "unaligned"])
+def test_rms_norm_gated_is_norm_then_silu_mul(ops, bufs, rng, rows, width, lead):
+    """The DeltaNet layer's gated norm in one dispatch (rms_norm_gated.comp, through rms_row.glsl's
+    vec4 and scalar paths: rows of a multiple of 4 floats at aligned offsets, or not) gives the bits
+    of the two dispatches it replaces (Ops.rms_norm, then Ops.silu_mul), in place over x as the
+    layer runs it, and numpy's numbers."""
+    x = rng.standard_normal((rows, width)).astype(np.float32)
+    z = (2 * rng.standard_normal((rows, width))).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(width)).astype(np.float32)
+    pad = np.full(lead, 7, np.float32)
+    b = bufs(x=np.concatenate([pad, x.ravel()]), x2=x, z=z, w=w)
+    xs = deltanet.view(b["x"], 4 * lead)
+    deltanet.rms_norm_gated(ops, xs, b["w"], b["z"], xs, 1e-6, rows, width)
+    ops.rms_norm(b["x2"], b["w"], b["x2"], 1e-6, rows, width)
+    ops.silu_mul(b["z"], b["x2"], b["x2"], rows * width)
+    ops.sync()
+    got = b["x"].read(np.float32)[lead:].reshape(rows, width)
+    assert np.array_equal(got, b["x2"].read(np.float32).reshape(rows, width))
+    xd, zd = x.astype(np.float64), z.astype(np.float64)
+    want = xd / np.sqrt((xd * xd).mean(axis=1, keepdims=True) + 1e-6) * w * silu(zd)
+    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()

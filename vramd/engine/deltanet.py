@@ -27,7 +27,7 @@ from vramd.gpu.kernels import Kernel, grid
 
 # kernel -> (storage buffers, push-constant bytes): the shaders' layouts
 _KERNELS = {"ssm_conv_silu": (5, 44), "gated_delta": (8, 60), "gated_delta_split": (8, 60), "gated_delta_chunked": (7, 52),
-            "qgate_split": (3, 20), "sigmoid_mul": (3, 16)}
+            "qgate_split": (3, 20), "sigmoid_mul": (3, 16), "rms_norm_gated": (4, 28)}
 _WG = 256
 # More tokens than this take the chunked kernel: its per-chunk set-up (the q/k tiles, A, QK) costs
 # about what a few recurrent tokens do; on lavapipe the two cross near one chunk (16 tokens at
@@ -136,6 +136,19 @@ def gated_delta(ops, conv, alpha, beta, dt, a, state, out, n: int, s: int, hk: i
         ops._dispatch(_kernel(ops, name), views, push, (hv if chunked else gx, 1, 1))
 
 
+def rms_norm_gated(ops, x, w, z, y, eps: float, n_rows: int, width: int) -> None:
+    """y[r] = silu(z[r]) * rms_norm(x[r]) * w per row of `width` floats (rms_norm_gated.comp:
+    Ops.rms_norm then Ops.silu_mul, the same bits, in one dispatch).  x, z, y: f32 [n_rows,
+    width] contiguous (y may be x, not z); w: f32 [width]."""
+    xv, xo = ops._bind(x, 4 * n_rows * width, "rms_norm_gated x")
+    wv, wo = ops._bind(w, 4 * width, "rms_norm_gated weight")
+    zv, zo = ops._bind(z, 4 * n_rows * width, "rms_norm_gated z")
+    yv, yo = ops._bind(y, 4 * n_rows * width, "rms_norm_gated y")
+    gx, gy = grid(n_rows, ops.max_groups)
+    ops._dispatch(_kernel(ops, "rms_norm_gated"), [xv, wv, zv, yv],
+                  struct.pack("<2If4I", width, n_rows, eps, xo, wo, zo, yo), (gx, gy, 1))
+
+
 def qgate_split(ops, qg, q, gate, n: int, hd: int) -> None:
     """qg [n / hd heads x rows, 2 hd] (per head query then gate) -> q and gate [n] each."""
     qv, qo = ops._bind(qg, 8 * n, "qgate_split qg")
@@ -175,10 +188,10 @@ def deltanet(m, i: int, n: int) -> None:
         gated_delta(ops, rows(a["conv"], r0, r1, C), rows(a["alpha"], r0, r1, d.hv), rows(a["beta"], r0, r1, d.hv),
                     t.vector(p + "ssm_dt.bias"), t.vector(p + "ssm_a"), ssm, rows(a["dno"], r0, r1, V),
                     k, d.s, d.hk, d.hv, s.eps, reset=reset, **more)
-    ops.rms_norm(a["dno"], t.vector(p + "ssm_norm.weight"), a["dno"], s.eps, n * d.hv, d.s)
-    ops.silu_mul(a["z"], a["dno"], a["dno"], n * V)
+    rms_norm_gated(ops, a["dno"], t.vector(p + "ssm_norm.weight"), a["z"], a["dno"], s.eps, n * d.hv, d.s)
     linears(m, [(p + "ssm_out", a["dno"], a["h"], E)], n)
     ops.add_rms_norm(a["x"], a["h"], t.vector(p + s.ffn_norm + ".weight"), a["h"], s.eps, n, E)
 
 
-__all__ = ["CHUNKED_MIN", "deltanet", "gated_delta", "qgate_split", "sigmoid_mul", "ssm_conv_silu", "view"]
+__all__ = ["CHUNKED_MIN", "deltanet", "gated_delta", "qgate_split", "rms_norm_gated", "sigmoid_mul", "split_form",
+           "ssm_conv_silu", "view"]
