@@ -38,7 +38,8 @@ def main(hk, hv, s, n, rounds, n_seq=0):
     conv, alpha, beta, dt, a, state = delta_inputs(rng, n, s, hk, hv)
     states = np.concatenate([state[None]] * max(1, n_seq)).reshape(-1)
     ops = Ops(Residency(Device()))
-    items = dict(conv=conv, alpha=alpha, beta=beta, dt=dt, a=a, seqs=np.arange(max(1, n_seq), dtype=np.int32)[::-1].copy())
+    seqs = np.arange(max(1, n_seq), dtype=np.int32)[::-1].copy()   # token t continues sequence n_seq - 1 - t
+    items = dict(conv=conv, alpha=alpha, beta=beta, dt=dt, a=a, seqs=seqs)
     r = ops.residency.region("state", "ab", {**{k: v.nbytes for k, v in items.items()}, "st0": states.nbytes,
                                              **{f"st_{f}": states.nbytes for f in FORMS},
                                              **{f"out_{f}": 4 * n * hv * s for f in FORMS}})

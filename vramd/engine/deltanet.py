@@ -2,10 +2,11 @@
 
 Owns the kernels only qwen35 uses (native/shaders/ssm_conv_silu, gated_delta{,_split,_chunked},
 rms_norm_gated, qgate_split, sigmoid_mul: `ssm_conv_silu`, `gated_delta`, `rms_norm_gated`,
-`qgate_split`, `sigmoid_mul` here, on an engine Ops) and the layer recorder `deltanet`, which reads its model `m` as blocks.py's recorders do
-(spec, ops, scratch `act`, tensors `t`, cache `kv`: the layer's recurrent state is
-`m.kv.conv(i, seq)` / `m.kv.ssm(i, seq)` in the `state` region, vramd/engine/kvcache.py; `m.segs`:
-the batch's runs of one sequence's rows, and whether each starts its state afresh).  The gated attention is blocks.attention with spec.attn_gate.
+`qgate_split`, `sigmoid_mul` here, on an engine Ops) and the layer recorder `deltanet`, which
+reads its model `m` as blocks.py's recorders do (spec, ops, scratch `act`, tensors `t`, cache
+`kv`: the layer's recurrent state is `m.kv.conv(i, seq)` / `m.kv.ssm(i, seq)` in the `state`
+region, vramd/engine/kvcache.py; `m.segs`: the batch's runs of one sequence's rows, and whether
+each starts its state afresh).  The gated attention is blocks.attention with spec.attn_gate.
 
 What they compute is tests/engine/reference/qwen35.py's header (from llama.cpp's
 src/models/qwen35.cpp).  The delta rule has two GPU forms, one work group per value head and
@@ -30,8 +31,8 @@ from vramd.errors import UsageError
 from vramd.gpu.kernels import Kernel, grid
 
 # kernel -> (storage buffers, push-constant bytes): the shaders' layouts
-_KERNELS = {"ssm_conv_silu": (5, 44), "gated_delta": (8, 60), "gated_delta_split": (8, 60), "gated_delta_chunked": (7, 52),
-            "qgate_split": (3, 20), "sigmoid_mul": (3, 16), "rms_norm_gated": (4, 28)}
+_KERNELS = {"ssm_conv_silu": (5, 44), "gated_delta": (8, 60), "gated_delta_split": (8, 60),
+            "gated_delta_chunked": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16), "rms_norm_gated": (4, 28)}
 _WG = 256
 # More tokens than this take the chunked kernel: its per-chunk set-up (the q/k tiles, A, QK) costs
 # about what a few recurrent tokens do; on lavapipe the two cross near one chunk (16 tokens at
