@@ -164,6 +164,25 @@ def test_qgate_split_and_sigmoid_mul(ops, bufs, rng):
     assert np.abs(b["x"].read(np.float32) - x * sigmoid(gate)).max() < 1e-6
 
 
+def test_sigmoid_mul_reads_the_gate_rows_in_place(ops, bufs, rng):
+    """The attention's output gate read from the [query | gate] projection itself (runs of hd
+    gate floats 2 hd apart, from hd on: what blocks.attention binds with QK-norm): the bits of
+    qgate_split's copy then the contiguous sigmoid_mul; a run longer than its stride refused."""
+    n_tok, heads, hd = 3, 4, 12
+    qg = rng.standard_normal((n_tok, heads, 2 * hd)).astype(np.float32)
+    x = rng.standard_normal(n_tok * heads * hd).astype(np.float32)
+    n = n_tok * heads * hd
+    b = bufs(qg=qg, q=4 * n, g=4 * n, x=x, x2=x)
+    deltanet.qgate_split(ops, b["qg"], b["q"], b["g"], n, hd)
+    deltanet.sigmoid_mul(ops, b["g"], b["x"], b["x"], n)
+    deltanet.sigmoid_mul(ops, deltanet.view(b["qg"], 4 * hd), b["x2"], b["x2"], n, run=hd, stride=2 * hd)
+    ops.sync()
+    assert np.array_equal(b["x2"].read(np.float32), b["x"].read(np.float32))
+    assert np.abs(b["x2"].read(np.float32) - x * sigmoid(qg[..., hd:].ravel().astype(np.float64))).max() < 1e-6
+    with pytest.raises(UsageError, match="sigmoid_mul"):
+        deltanet.sigmoid_mul(ops, b["qg"], b["x2"], b["x2"], n, run=2 * hd, stride=hd)
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_gated_delta_long_prefill(ops, bufs, rng, chunked):
     """A prefill long enough (600 tokens at S = 128) that one dispatch's loops over the state row

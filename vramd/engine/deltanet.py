@@ -32,7 +32,7 @@ from vramd.gpu.kernels import Kernel, grid
 
 # kernel -> (storage buffers, push-constant bytes): the shaders' layouts
 _KERNELS = {"ssm_conv_silu": (5, 44), "gated_delta": (8, 60), "gated_delta_split": (8, 60),
-            "gated_delta_chunked": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 16), "rms_norm_gated": (4, 28)}
+            "gated_delta_chunked": (7, 52), "qgate_split": (3, 20), "sigmoid_mul": (3, 24), "rms_norm_gated": (4, 28)}
 _WG = 256
 # More tokens than this take the chunked kernel: its per-chunk set-up (the q/k tiles, A, QK) costs
 # about what a few recurrent tokens do; on lavapipe the two cross near one chunk (16 tokens at
@@ -168,12 +168,17 @@ def qgate_split(ops, qg, q, gate, n: int, hd: int) -> None:
                   _groups(ops, n))
 
 
-def sigmoid_mul(ops, gate, x, out, n: int) -> None:
-    """out[i] = x[i] * sigmoid(gate[i]), i < n (f32; out may be x)."""
-    gv, go = ops._bind(gate, 4 * n, "sigmoid_mul gate")
+def sigmoid_mul(ops, gate, x, out, n: int, *, run: int = 1, stride: int = 1) -> None:
+    """out[i] = x[i] * sigmoid(g_i), i < n (f32; out may be x), g_i = gate[(i // run) * stride +
+    i % run]: runs of `run` floats `stride` apart (default contiguous; the attention's gate rows
+    in its [query | gate] projection: run hd, stride 2 hd)."""
+    if not 1 <= run <= stride:
+        raise UsageError(f"sigmoid_mul: gate runs of {run} floats {stride} apart")
+    gv, go = ops._bind(gate, 4 * ((n - 1) // run * stride + (n - 1) % run + 1), "sigmoid_mul gate")
     xv, xo = ops._bind(x, 4 * n, "sigmoid_mul x")
     ov, oo = ops._bind(out, 4 * n, "sigmoid_mul out")
-    ops._dispatch(_kernel(ops, "sigmoid_mul"), [gv, xv, ov], struct.pack("<4I", n, go, xo, oo), _groups(ops, n))
+    ops._dispatch(_kernel(ops, "sigmoid_mul"), [gv, xv, ov], struct.pack("<6I", n, go, xo, oo, run, stride),
+                  _groups(ops, n))
 
 
 def deltanet(m, i: int, n: int) -> None:
