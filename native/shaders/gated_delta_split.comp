@@ -14,9 +14,12 @@
 // Why: the reference form is one work group of S invocations per value head, each walking its
 // whole state row: a decode step's layer is 48 work groups (Qwen3.5-27B: 48 heads of 128) on
 // the H200's 132 SMs, 4 warps each, every warp-wide state load touching 32 rows 512 bytes
-// apart.  Here 48 x 8 = 384 groups of 4 warps, and LANES = 8 consecutive invocations read 8
-// consecutive floats of a row: each load a whole 32-byte sector, the state read once and
-// written once.
+// apart, and its loops over the row run to the push constant S (m[] indexed at run time:
+// local memory to a compiler that does not unroll them).  Here 48 x 8 = 384 groups of 4 warps,
+// LANES = 8 consecutive invocations read 8 consecutive floats of a row (each load a whole
+// 32-byte sector, the state read once and written once), and every loop over a row's floats
+// runs to the constant EPT, unrolled: m[] stays in registers.  On lavapipe this form is 2x
+// slower (vramd/engine/deltanet.py split_form): CPU devices keep gated_delta.
 #version 450
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
