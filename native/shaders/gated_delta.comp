@@ -9,6 +9,8 @@
 // written back at the end.  Invocation j < S keeps row j of M in registers.
 // seq_state > 0 (a decode step of parallel slots): work-group y is token t, one token of
 // sequence seq[t] = seq_ids[seq_off + t], whose state starts seq[t] * seq_state floats on.
+// The reference form: GPUs take gated_delta_split.comp (these numbers, a head over several work
+// groups; vramd/engine/deltanet.py split_form), CPU devices this one.
 #version 450
 layout(local_size_x = 128) in;
 

@@ -13,13 +13,19 @@
 // The includer declares x (and x4), w (and w4), y (and y4), and, with
 // ADD_ADDEND, a (and a4); it sets WG and calls rms_row().  It may define
 // UNIT_WEIGHT as a uniform condition under which w is not read (a norm
-// without weight, gemma4's V norm: w taken as 1).
+// without weight, gemma4's V norm: w taken as 1), and OUT4(v, k) / OUT1(v, c)
+// as what is stored for the normed vec4 v of the row's vec4 k / float v of
+// its float c (default v itself; rms_norm_gated.comp's gate multiplies it).
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_arithmetic : enable
 #define VPT 4u  // vec4s per thread held in registers (rows up to WG * 16 floats)
 #ifndef UNIT_WEIGHT
 #define UNIT_WEIGHT false
+#endif
+#ifndef OUT4
+#define OUT4(v, k) (v)
+#define OUT1(v, c) (v)
 #endif
 
 shared float red[WG];
@@ -69,7 +75,7 @@ void rms_row(uint width, float eps, uint xb, uint ab, uint wb, uint yb) {
         float inv = inversesqrt(group_sum(s) / float(width) + eps);
         [[unroll]] for (uint i = 0u; i < VPT; i++) {
             if (lid + i * WG < nv) {
-                y4[(yb >> 2) + lid + i * WG] = xv[i] * inv * wv[i];
+                y4[(yb >> 2) + lid + i * WG] = OUT4(xv[i] * inv * wv[i], lid + i * WG);
             }
         }
         return;
@@ -86,6 +92,6 @@ void rms_row(uint width, float eps, uint xb, uint ab, uint wb, uint yb) {
     }
     float inv = inversesqrt(group_sum(s) / float(width) + eps);
     for (uint c = lid; c < width; c += WG) {
-        y[yb + c] = x[xb + c] * inv * (UNIT_WEIGHT ? 1.0 : w[wb + c]);
+        y[yb + c] = OUT1(x[xb + c] * inv * (UNIT_WEIGHT ? 1.0 : w[wb + c]), c);
     }
 }

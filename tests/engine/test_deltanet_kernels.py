@@ -11,6 +11,7 @@ import pytest
 from tests.engine.reference.qwen35 import delta_rule_chunked, delta_rule_recurrent, l2_norm, sigmoid, softplus
 from tests.engine.reference.common import silu
 from vramd.engine import deltanet
+from vramd.errors import UsageError
 
 
 def conv_ref(x, state, w):
@@ -163,6 +164,25 @@ def test_qgate_split_and_sigmoid_mul(ops, bufs, rng):
     assert np.abs(b["x"].read(np.float32) - x * sigmoid(gate)).max() < 1e-6
 
 
+def test_sigmoid_mul_reads_the_gate_rows_in_place(ops, bufs, rng):
+    """The attention's output gate read from the [query | gate] projection itself (runs of hd
+    gate floats 2 hd apart, from hd on: what blocks.attention binds with QK-norm): the bits of
+    qgate_split's copy then the contiguous sigmoid_mul; a run longer than its stride refused."""
+    n_tok, heads, hd = 3, 4, 12
+    qg = rng.standard_normal((n_tok, heads, 2 * hd)).astype(np.float32)
+    x = rng.standard_normal(n_tok * heads * hd).astype(np.float32)
+    n = n_tok * heads * hd
+    b = bufs(qg=qg, q=4 * n, g=4 * n, x=x, x2=x)
+    deltanet.qgate_split(ops, b["qg"], b["q"], b["g"], n, hd)
+    deltanet.sigmoid_mul(ops, b["g"], b["x"], b["x"], n)
+    deltanet.sigmoid_mul(ops, deltanet.view(b["qg"], 4 * hd), b["x2"], b["x2"], n, run=hd, stride=2 * hd)
+    ops.sync()
+    assert np.array_equal(b["x2"].read(np.float32), b["x"].read(np.float32))
+    assert np.abs(b["x2"].read(np.float32) - x * sigmoid(qg[..., hd:].ravel().astype(np.float64))).max() < 1e-6
+    with pytest.raises(UsageError, match="sigmoid_mul"):
+        deltanet.sigmoid_mul(ops, b["qg"], b["x2"], b["x2"], n, run=2 * hd, stride=hd)
+
+
 @pytest.mark.parametrize("chunked", [False, True])
 def test_gated_delta_long_prefill(ops, bufs, rng, chunked):
     """A prefill long enough (600 tokens at S = 128) that one dispatch's loops over the state row
@@ -178,11 +198,13 @@ def test_gated_delta_long_prefill(ops, bufs, rng, chunked):
     assert np.abs(got_state - want_state).max() < 1e-4
 
 
-def test_one_token_of_each_of_several_sequences(ops, bufs, rng):
+@pytest.mark.parametrize("split", ["0", "1"], ids=["per-head", "split"])
+def test_one_token_of_each_of_several_sequences(ops, bufs, rng, monkeypatch, split):
     """Parallel slots' decode: one dispatch of each kernel for one token of each of three
     sequences of a four-sequence state (the ids read from a buffer), each token continuing its
     own sequence's conv and delta-rule state: each against numpy on that state, the fourth
-    sequence's state untouched."""
+    sequence's state untouched.  Both recurrent forms (VRAMD_DELTA_SPLIT)."""
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", split)
     s, hk, hv, d, n_seq = 32, 2, 4, 4, 4
     c = 2 * hk * s + hv * s
     seqs = np.array([3, 0, 2], np.int32)
@@ -211,3 +233,70 @@ def test_one_token_of_each_of_several_sequences(ops, bufs, rng):
                            sstate[q].astype(np.float64), s, hk, hv)
         assert np.abs(out[t] - o[0]).max() < 1e-4 and np.abs(ss[q] - new).max() < 1e-5
     assert np.array_equal(cs[1], cstate[1]) and np.array_equal(ss[1], sstate[1])   # no token of sequence 1
+
+
+@pytest.mark.parametrize("n,reset", [(1, False), (5, False), (5, True), (16, False)])
+@pytest.mark.parametrize("s,hk,hv", [(128, 1, 2), (64, 2, 4), (20, 3, 6), (8, 1, 1)])
+def test_gated_delta_split_matches_per_head(ops, bufs, rng, monkeypatch, n, reset, s, hk, hv):
+    """The split recurrent form (gated_delta_split.comp: a head's state rows over work groups of
+    16 rows, 8 invocations a row) against the per-head one it replaces on GPUs (gated_delta.comp,
+    the reference) and numpy: decode (1 token) and the short batches (up to CHUNKED_MIN tokens)
+    the recurrent form takes, from a state and from reset, at S = 128 (the models'), 64, and
+    sizes that leave rows (20: a second group of 4 rows) and lanes (8) partly empty.  The two
+    forms differ only in the order of each row's S-term dot products (8 partial sums of S / 8
+    terms, then their sum, against one running sum): f32 rounding of sums of ~S terms of O(1),
+    a few 1e-6 of the outputs' scale; 1e-5 of it (and of the state's) passes that with room
+    and fails a wrong row, lane or head by the values' own size."""
+    inputs = delta_inputs(rng, n, s, hk, hv)
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "1")
+    got, got_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=False, reset=reset)
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "0")
+    ref, ref_state = run_delta(ops, bufs, inputs, n, s, hk, hv, chunked=False, reset=reset)
+    f = [z.astype(np.float64) for z in inputs]
+    if reset:
+        f[-1] = np.zeros_like(f[-1])
+    want, want_state = delta_ref(*f, s, hk, hv)
+    scale, sscale = np.abs(want).max(), max(1.0, np.abs(want_state).max())
+    assert scale > 0.01
+    assert np.abs(got - ref).max() < 1e-5 * scale
+    assert np.abs(got_state - ref_state).max() < 1e-5 * sscale
+    assert np.abs(got - want).max() < 1e-4 * scale + 1e-5
+    assert np.abs(got_state - want_state).max() < 1e-4 * sscale
+
+
+def test_split_form_selection(ops, monkeypatch):
+    """VRAMD_DELTA_SPLIT forces either recurrent form; unset, every device but a CPU one takes the
+    split form; another value is refused, not ignored."""
+    monkeypatch.delenv("VRAMD_DELTA_SPLIT", raising=False)
+    assert deltanet.split_form(ops) is (not ops.cpu)
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "1")
+    assert deltanet.split_form(ops) is True
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "0")
+    assert deltanet.split_form(ops) is False
+    monkeypatch.setenv("VRAMD_DELTA_SPLIT", "yes")
+    with pytest.raises(UsageError, match="VRAMD_DELTA_SPLIT"):
+        deltanet.split_form(ops)
+
+
+@pytest.mark.parametrize("rows,width,lead", [(48, 128, 0), (6, 20, 0), (5, 18, 0), (4, 128, 1)],
+                         ids=["heads-128", "vec4-20", "scalar-18", "unaligned"])
+def test_rms_norm_gated_is_norm_then_silu_mul(ops, bufs, rng, rows, width, lead):
+    """The DeltaNet layer's gated norm in one dispatch (rms_norm_gated.comp, through rms_row.glsl's
+    vec4 and scalar paths: rows of a multiple of 4 floats at aligned offsets, or not) gives the bits
+    of the two dispatches it replaces (Ops.rms_norm, then Ops.silu_mul), in place over x as the
+    layer runs it, and numpy's numbers."""
+    x = rng.standard_normal((rows, width)).astype(np.float32)
+    z = (2 * rng.standard_normal((rows, width))).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(width)).astype(np.float32)
+    pad = np.full(lead, 7, np.float32)
+    b = bufs(x=np.concatenate([pad, x.ravel()]), x2=x, z=z, w=w)
+    xs = deltanet.view(b["x"], 4 * lead)
+    deltanet.rms_norm_gated(ops, xs, b["w"], b["z"], xs, 1e-6, rows, width)
+    ops.rms_norm(b["x2"], b["w"], b["x2"], 1e-6, rows, width)
+    ops.silu_mul(b["z"], b["x2"], b["x2"], rows * width)
+    ops.sync()
+    got = b["x"].read(np.float32)[lead:].reshape(rows, width)
+    assert np.array_equal(got, b["x2"].read(np.float32).reshape(rows, width))
+    xd, zd = x.astype(np.float64), z.astype(np.float64)
+    want = xd / np.sqrt((xd * xd).mean(axis=1, keepdims=True) + 1e-6) * w * silu(zd)
+    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()

@@ -75,7 +75,11 @@ def attention(m, i: int, n: int) -> None:
     own_kv = layer.kv_source < 0   # else the layer reads an earlier layer's K/V (gemma4 E2B/E4B)
     items = [(p + "attn_q", a["h"], q_out, q_rows)] + ([(p + "attn_k", a["h"], a["k"], KV)] if own_kv else [])
     linears(m, items if layer.v_from_k or not own_kv else items + [(p + "attn_v", a["h"], a["v"], KV)], n)
-    if s.attn_gate:   # qwen35: each head's [query | gate] rows apart
+    # qwen35: each head's [query | gate] rows apart.  With QK-norm (every qwen35) the norm reads the
+    # query rows where they are and the output gate its rows likewise (sigmoid_mul's runs): no
+    # qgate_split copy, one dispatch and barrier fewer a layer, the same numbers.
+    split_gate = s.attn_gate and not s.qk_norm
+    if split_gate:
         deltanet.qgate_split(ops, a["qg"], a["q"], a["agate"], n * Q, hd)
     if own_kv and layer.v_from_k and not s.v_norm:   # V is K's projection, taken before k's norm (gemma4's k_eq_v)
         ops.copy(a["k"], a["v"], 4 * n * KV)
@@ -83,7 +87,8 @@ def attention(m, i: int, n: int) -> None:
         ops.rms_norm(a["k"] if layer.v_from_k else a["v"], None, a["v"], s.eps, n * n_kv, hd)
     if s.qk_norm:   # every head's row of head_dim floats is a row of its own
         with ops.parallel():
-            ops.rms_norm(a["q"], t.vector(p + "attn_q_norm.weight"), a["q"], s.eps, n * s.n_head, hd)
+            ops.rms_norm(a["qg"] if s.attn_gate else a["q"], t.vector(p + "attn_q_norm.weight"), a["q"], s.eps,
+                         n * s.n_head, hd, x_stride=2 * hd if s.attn_gate else hd)
             if own_kv:
                 ops.rms_norm(a["k"], t.vector(p + "attn_k_norm.weight"), a["k"], s.eps, n * n_kv, hd)
     factors = s.rope_factors_name(kv.ctx) if layer.rope_factors else None
@@ -106,8 +111,10 @@ def attention(m, i: int, n: int) -> None:
         ops.attention(rows(a["q"], r0, r1, Q), kc, vc, rows(a["pos"], r0, r1, 1), rows(a["att"], r0, r1, Q), k,
                       s.n_head, n_kv, hd, kv.ctx, s.scale, window=layer.window, tmp=a[m.att_tmp],
                       softcap=s.attn_softcap, sinks=sinks, **more)
-    if s.attn_gate:
+    if split_gate:
         deltanet.sigmoid_mul(ops, a["agate"], a["att"], a["att"], n * Q)
+    elif s.attn_gate:
+        deltanet.sigmoid_mul(ops, view(a["qg"], 4 * hd), a["att"], a["att"], n * Q, run=hd, stride=2 * hd)
     linears(m, [(p + "attn_output", a["att"], a["h"], E)], n)
     if s.post_norms:
         ops.rms_norm(a["h"], t.vector(p + "post_attention_norm.weight"), a["h"], s.eps, n, E)
