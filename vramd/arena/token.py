@@ -218,7 +218,11 @@ class Token:
 
     def key(self) -> tuple[int, int, int]:
         """(major, minor, inode) of the token as /proc/locks names it."""
-        return proclocks.file_key(os.stat(self.path, follow_symlinks=False))
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:   # the arena wiped under us: a 503 that names it, not a bare errno
+            raise ArenaError(f"{self.path}: token file is missing") from None
+        return proclocks.file_key(st)
 
     def holders(self) -> list[int]:
         return proclocks.flock_holders(self.key())
