@@ -296,7 +296,12 @@ def test_rms_norm_gated_is_norm_then_silu_mul(ops, bufs, rng, rows, width, lead)
     ops.silu_mul(b["z"], b["x2"], b["x2"], rows * width)
     ops.sync()
     got = b["x"].read(np.float32)[lead:].reshape(rows, width)
-    assert np.array_equal(got, b["x2"].read(np.float32).reshape(rows, width))
+    two = b["x2"].read(np.float32).reshape(rows, width)
+    if lead:   # x unaligned takes rms_row's scalar path, the aligned two-dispatch copy its vec4 one:
+        # another summation order (the NVIDIA driver's sums differ in the last bit; lavapipe's not)
+        np.testing.assert_allclose(got, two, rtol=2e-6, atol=1e-7)
+    else:
+        assert np.array_equal(got, two)
     xd, zd = x.astype(np.float64), z.astype(np.float64)
     want = xd / np.sqrt((xd * xd).mean(axis=1, keepdims=True) + 1e-6) * w * silu(zd)
     assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
