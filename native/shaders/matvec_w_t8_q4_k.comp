@@ -5,6 +5,6 @@
 #extension GL_GOOGLE_include_directive : require
 #define TYPE_Q4_K
 #define MV_WORDS
-#define MW_NR 4u  // rows a work group (Ops: linear.MATVEC_ROWS_WT)
+#define MW_NR 4u  // rows a work group (Ops: linear.per_token_kernel, min(MATVEC_ROWS_W, 32 / NT))
 #define MV_NT 8
 #include "matvec.glsl"
