@@ -78,9 +78,13 @@
 // sums): Ops takes these kernels there only when x_stride % 4 == 0 (every
 // token aligned as the first); for the other types x_aligned (all the
 // group's tokens aligned) only picks how the same values are loaded.  The
-// generic mv_unit path calls the hook per token (the words are loaded again,
-// from the cache, and decoded again unless the compiler merges the calls).
-// Not under MV_ID.  The driver's compiler must also treat a token's
+// generic mv_unit path would call the hook per token (the words loaded and
+// decoded again for each unless the compiler merges the calls, and NT x NR
+// inlined copies: lavapipe took over a minute to compile Q5_K's at NT 4), so
+// no matvec_t<NT> is built for the quantized types (per_token_kernel keeps
+// their lone kernel); splitting their hooks as MV_WORDS's would give one.
+// Both kernels must run with one subgroup size (Ops takes these only where
+// the device's is fixed).  Not under MV_ID.  The driver's compiler must also treat a token's
 // operations alike in both kernels (contracting a * b + c into an fma the
 // same way): test_matvec_tokens.py's native_gpu test checks that on a GPU.
 //
@@ -268,9 +272,7 @@ void dot_rows(uint rowb[NR], uint xb[NT], uint lane, uint sg, inout float acc[NT
         }
     }
 #elif defined(MV_UNIT) && !(defined(MC_NT) && MC_NT == 4)  // (matmul_c: the hook sums 4 tokens; dot_rows unused)
-    // A unit per call: for several tokens the same unit's words are loaded
-    // again (cache hits) and decoded again unless the compiler merges the
-    // calls (the priority types have the MV_WORDS form, whose hooks split).
+    // A unit per call (NT 1 only: see "Several tokens").
     uint nu = p.cols / MV_UNIT;
     for (uint u = lane; u < nu; u += sg) {
         [[unroll]] for (uint k = 0u; k < NR; k++) {

@@ -94,7 +94,7 @@ def case(ops, bufs, rng, qtype, w_skip, x_off, x_pad, counts, caps):
     for cap in caps:
         ops.mv_tokens = cap
         for n in counts:
-            k = linear.per_token_kernel(w, n, w_skip, x_stride, cap, ops.subgroup_size, coopmat=ops.coopmat,
+            k = linear.per_token_kernel(w, n, w_skip, x_stride, cap, ops.fixed_subgroup, coopmat=ops.coopmat,
                                         cpu=ops.cpu, q8_dp=ops.q8_dp)
             taken.add(k.name)
             got = decode_rows(ops, w, t["x"], t["y"], n, x_off, x_stride)
@@ -150,6 +150,9 @@ def test_the_cap_is_an_environment_switch(monkeypatch):
     assert linear.per_token_kernel(f16, 12, 0, 4097, 16, 32).name == "matvec_f16"
     assert linear.per_token_kernel(f16, 12, 0, 4096, 16, 32).name == "matvec_t16_f16"
     assert linear.per_token_kernel(f16, 3, 0, 4096, 16, 32).name == "matvec_t4_f16"
+    # a device whose pipelines may get other subgroup sizes (0), or of 2 lanes: the lone kernel
+    assert linear.per_token_kernel(w, 12, 0, 4096, 16, 0).name == "matvec_w_q4_k"
+    assert linear.per_token_kernel(f16, 12, 0, 4096, 16, 2).name == "matvec_f16"
 
 
 @pytest.fixture(scope="module", params=["Q4_K", "F16"])

@@ -208,6 +208,7 @@ def mv_tokens() -> int:
 
 
 def per_token_kernel(w, n_rows: int, wo: int, x_stride: int, cap: int, subgroup: int, **sel) -> LinearKernel:
+    # subgroup: the subgroup size every pipeline of the device runs with (Ops.fixed_subgroup)
     """The kernel for `n_rows` decode rows of one step (each one token of its own sequence) of
     `w`, bound at byte `wo`: what select() gives one token (`sel`: its coopmat, cpu, q8_dp), run
     for each row (a z of the grid each), or where that is matvec_<type> / matvec_w_<type> and
@@ -221,13 +222,14 @@ def per_token_kernel(w, n_rows: int, wo: int, x_stride: int, cap: int, subgroup:
     took over a minute to compile Q5_K's at NT 4; splitting those hooks as the MV_WORDS ones
     are would give them one); F32/F16/BF16 where x_stride % 4 != 0 (the
     rows would differ in alignment, which picks the lone kernel's load path and so its sums);
-    matvec_w_t where subgroups are under 4 lanes (its shared sums)."""
+    devices whose pipelines may get different subgroup sizes (`subgroup` 0: a row's sums follow
+    the lanes) or subgroups under 4 lanes (matvec_w_t's shared sums)."""
     lone = select(w, 1, wo, **sel)
     fits = [nt for nt in MV_TOKENS if nt <= cap]
-    if n_rows < 2 or not fits or (w.suffix in MV_FLOAT and x_stride % 4):
+    if n_rows < 2 or not fits or subgroup < 4 or (w.suffix in MV_FLOAT and x_stride % 4):
         return lone
     nt = next((t for t in fits if t >= n_rows), fits[-1])
-    if lone.name == "matvec_w_" + w.suffix and subgroup >= 4:
+    if lone.name == "matvec_w_" + w.suffix:
         return LinearKernel(f"matvec_w_t{nt}_{w.suffix}", min(MATVEC_ROWS_W[w.suffix], 32 // nt), nt)
     if lone.name == "matvec_" + w.suffix and w.suffix in MV_FLOAT:
         return LinearKernel(f"matvec_t{nt}_{w.suffix}", MATVEC_ROWS_T, nt)
