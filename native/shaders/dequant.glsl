@@ -175,16 +175,18 @@ MV_ACC mv_unit(uint rowb, uint u, uint xb) {
 
 #if defined(MV_WORDS) && defined(TYPE_Q8_0)
 // matvec.glsl's word-per-thread hook: quant word j (int8 elements 4j..4j+3)
-// of a block.  Blocks sit at 0 or 2 mod 4, alternately, so neighbouring
+// of a block (mw_w: its weights decoded, once for all the tokens; mw_dot:
+// their dot with one token's x).  Blocks sit at 0 or 2 mod 4, alternately, so neighbouring
 // threads disagree: both covering words are loaded (adjacent, one line) and
 // the word picked with a shift instead of a branch.
 #define MW_WPB 8u
 #define MW_WU 4u
 struct MwX { vec4 xa; };
+struct MwW { vec4 v; float d; };
 MwX mw_x(uint blk, uint j, uint xb) {
     return MwX(xvec4(xb + (blk << 5) + 4u * j));
 }
-float mw_dot(uint rowb, uint blk, uint j, MwX xv) {
+MwW mw_w(uint rowb, uint blk, uint j) {
     uint b = rowb + blk * 34u;
     uint o = b + 2u + 4u * j, i = o >> 2;
     uint lo = w[i], hi = w[i + 1u], dw = w[b >> 2];
@@ -193,6 +195,7 @@ float mw_dot(uint rowb, uint blk, uint j, MwX xv) {
     float d = unpackHalf2x16((b & 2u) == 0u ? dw : dw >> 16).x;
     vec4 v = vec4(bitfieldExtract(q, 0, 8), bitfieldExtract(q, 8, 8), bitfieldExtract(q, 16, 8),
                   bitfieldExtract(q, 24, 8));
-    return d * dot(v, xv.xa);
+    return MwW(v, d);
 }
+float mw_dot(MwW wv, MwX xv) { return wv.d * dot(wv.v, xv.xa); }
 #endif

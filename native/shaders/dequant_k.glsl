@@ -323,19 +323,25 @@ MwX mw_x(uint blk, uint j, uint xb) {
     }
     return v;
 }
-float mw_dot(uint rowb, uint blk, uint j, MwX xv) {
+struct MwW { vec4 lo[4]; vec4 hi[4]; vec2 dm; float sc0; float mn0; float sc1; float mn1; };
+MwW mw_w(uint rowb, uint blk, uint j) {
     uint b4 = (rowb >> 4) + blk * 9u;  // 144 bytes = 9 uvec4s
     uvec4 hd = w4[b4], q = w4[b4 + 1u + j];
     uint g = j >> 1;
-    vec2 dm = unpackHalf2x16(hd.x);
-    float sc0, mn0, sc1, mn1;
-    k4_sm(hd.y, hd.z, hd.w, 2u * g, sc0, mn0);
-    k4_sm(hd.y, hd.z, hd.w, 2u * g + 1u, sc1, mn1);
-    float sl = dot(nib_lo(q.x), xv.lo[0]) + dot(nib_lo(q.y), xv.lo[1]) + dot(nib_lo(q.z), xv.lo[2])
-             + dot(nib_lo(q.w), xv.lo[3]);
-    float sh = dot(nib_hi(q.x), xv.hi[0]) + dot(nib_hi(q.y), xv.hi[1]) + dot(nib_hi(q.z), xv.hi[2])
-             + dot(nib_hi(q.w), xv.hi[3]);
-    return dm.x * (sc0 * sl + sc1 * sh) - dm.y * (mn0 * xv.slo + mn1 * xv.shi);
+    MwW v;
+    v.dm = unpackHalf2x16(hd.x);
+    k4_sm(hd.y, hd.z, hd.w, 2u * g, v.sc0, v.mn0);
+    k4_sm(hd.y, hd.z, hd.w, 2u * g + 1u, v.sc1, v.mn1);
+    v.lo[0] = nib_lo(q.x); v.lo[1] = nib_lo(q.y); v.lo[2] = nib_lo(q.z); v.lo[3] = nib_lo(q.w);
+    v.hi[0] = nib_hi(q.x); v.hi[1] = nib_hi(q.y); v.hi[2] = nib_hi(q.z); v.hi[3] = nib_hi(q.w);
+    return v;
+}
+float mw_dot(MwW wv, MwX xv) {
+    float sl = dot(wv.lo[0], xv.lo[0]) + dot(wv.lo[1], xv.lo[1]) + dot(wv.lo[2], xv.lo[2])
+             + dot(wv.lo[3], xv.lo[3]);
+    float sh = dot(wv.hi[0], xv.hi[0]) + dot(wv.hi[1], xv.hi[1]) + dot(wv.hi[2], xv.hi[2])
+             + dot(wv.hi[3], xv.hi[3]);
+    return wv.dm.x * (wv.sc0 * sl + wv.sc1 * sh) - wv.dm.y * (wv.mn0 * xv.slo + wv.mn1 * xv.shi);
 }
 #elif defined(MV_WORDS) && defined(TYPE_Q6_K)
 // matvec.glsl's word-per-lane hook: ql word j (0..31) of a block: half
@@ -351,8 +357,8 @@ MwX mw_x(uint blk, uint j, uint xb) {
     uint c = xb + (blk << 8) + ((j >> 4) << 7) + ((l >> 5) << 5) + (l & 31u);
     return MwX(xvec4(c), xvec4(c + 64u));
 }
-float mw_dot(uint rowb, uint blk, uint j, MwX xv) {
-    vec4 xa = xv.xa, xh = xv.xh;
+struct MwW { vec4 va; vec4 vb; float ka; float kb; float d; };  // va, vb less 32
+MwW mw_w(uint rowb, uint blk, uint j) {
     uint b = rowb + blk * 210u;
     uint n = j >> 4, l = 4u * (j & 15u);
     uint lo = l >> 5, m = l & 31u;
@@ -363,7 +369,8 @@ float mw_dot(uint rowb, uint blk, uint j, MwX xv) {
     vec4 vb = nib_hi(q) + 16.0 * vec4((h >> sb) & 3u, (h >> (sb + 8u)) & 3u, (h >> (sb + 16u)) & 3u, (h >> (sb + 24u)) & 3u);
     uint sc = b + 192u + (n << 3) + 2u * lo + (m >> 4);
     int ka = int(w_u8(sc) << 24) >> 24, kb = int(w_u8(sc + 4u) << 24) >> 24;
-    return w_f16(b + 208u) * (float(ka) * dot(va - 32.0, xa) + float(kb) * dot(vb - 32.0, xh));
+    return MwW(va - 32.0, vb - 32.0, float(ka), float(kb), w_f16(b + 208u));
 }
+float mw_dot(MwW wv, MwX xv) { return wv.d * (wv.ka * dot(wv.va, xv.xa) + wv.kb * dot(wv.vb, xv.xh)); }
 #endif
 #endif  // matvec.glsl

@@ -49,9 +49,44 @@
 // the latency, few enough that 4096-column rows waste none), a struct MwX (the x values a unit multiplies, and
 // anything derived from x alone, e.g. their sum) and
 //     MwX mw_x(uint blk, uint j, uint xb)
-//     float mw_dot(uint rowb, uint blk, uint j, MwX xv)
-// unit j of block blk: its x values, and that unit of the row at byte
-// rowb dotted with them, scales applied.
+//     MwW mw_w(uint rowb, uint blk, uint j)
+//     float mw_dot(MwW wv, MwX xv)
+// unit j of block blk: its x values, that unit of the row at byte rowb
+// (loaded and decoded), and the two dotted, scales applied.
+//
+// Several tokens (MV_NT > 1: matvec_t<NT>_<type> and matvec_w_t<NT>_<type>,
+// NT 4, 8 or 16; Ops takes them for a step's decode rows, one token of each
+// of several sequences: vramd/engine/linear.py per_token_kernel).  Work-group
+// z is a group of NT tokens (z * NT ..; past the last token: it again,
+// computed and not stored); each weight load, and its decoding, serves the
+// NT tokens (the MV_WORDS hooks split in two for it: MwW mw_w(rowb, blk, j),
+// the unit's weights decoded, and float mw_dot(MwW, MwX), their dot with one
+// token's x), so a step of NT sequences reads the weights once where the
+// lone kernel, a token per z, read them NT times.  Each token's result is
+// bit for bit the lone kernel's (matvec_<type>, matvec_w_<type>: the same
+// source with MV_NT 1), so that a request's numbers do not depend on what
+// shares its step: a row's sum depends only on the lane -> unit assignment
+// (lanes, or the work group's threads, striding over the row), the order
+// of a lane's units and the operations on each (the same functions), the
+// subgroupAdd and the shared-memory sum over subgroups in order; none of
+// these depends on NR, RPW, UNROLL or MW_WU (a unit past the end adds
+// keep * 0 to a sum that is never -0), so the NT forms choose their own:
+// NT x NR accumulators a thread (at most 32 for matvec_w_t, whose shared
+// sums are NT x NR x WG/4: subgroups of 4 lanes or more, Ops checks).
+// What would differ is a token whose x alignment picks another load path
+// than its lone kernel's (F32/F16/BF16: vec4 or word loads, different
+// sums): Ops takes these kernels there only when x_stride % 4 == 0 (every
+// token aligned as the first); for the other types x_aligned (all the
+// group's tokens aligned) only picks how the same values are loaded.  The
+// generic mv_unit path would call the hook per token (the words loaded and
+// decoded again for each unless the compiler merges the calls, and NT x NR
+// inlined copies: lavapipe took over a minute to compile Q5_K's at NT 4), so
+// no matvec_t<NT> is built for the quantized types (per_token_kernel keeps
+// their lone kernel); splitting their hooks as MV_WORDS's would give one.
+// Both kernels must run with one subgroup size (Ops takes these only where
+// the device's is fixed).  Not under MV_ID.  The driver's compiler must also treat a token's
+// operations alike in both kernels (contracting a * b + c into an fma the
+// same way): test_matvec_tokens.py's native_gpu test checks that on a GPU.
 //
 // Expert-indexed (MV_ID, the matvec_id_<type> and matvec_id_w_<type>
 // kernels of mixture-of-experts models): binding 0 holds stacked expert
@@ -75,14 +110,28 @@ layout(local_size_x = MC_WG) in;  // MV_ROWLANE: a row per invocation (matvec_c_
 layout(local_size_x = 128) in;
 #define WG 128u
 #endif
+#ifndef MV_NT
+#define MV_NT 1  // tokens a work group computes (MV_NT > 1: matvec_t<NT>_<type>, matvec_w_t<NT>_<type>)
+#endif
+#if MV_NT > 1 && defined(MV_ID)
+#error "MV_NT > 1 is for dense matrices (a slot per z under MV_ID)"
+#endif
+#define NT uint(MV_NT)
 #ifdef MV_WORDS
 #define NR MW_NR  // rows a work group computes together (they share x loads): set by matvec_w_<type>.comp
-#define RPW MW_NR // rows per work group (Ops: _MATVEC_ROWS_W)
+#define RPW MW_NR // rows per work group (Ops: linear.MATVEC_ROWS_W, MATVEC_ROWS_WT)
+#elif MV_NT > 1
+#define NR 4u     // (a row's sum does not depend on NR, RPW or UNROLL: see "Several tokens")
+#define RPW 16u   // (Ops: linear.MATVEC_ROWS_T)
 #else
 #define NR 2u
-#define RPW 8u    // (Ops: _MATVEC_ROWS)
+#define RPW 8u    // (Ops: linear.MATVEC_ROWS)
 #endif
-#define UNROLL 4u // vector loads in flight per row per lane (float types)
+#if MV_NT > 1
+#define UNROLL 2u // vector loads in flight per row per lane (float types; fewer: NT x NR accumulators)
+#else
+#define UNROLL 4u
+#endif
 
 layout(std430, set = 0, binding = 0) readonly buffer Weights { uint w[]; };
 layout(std430, set = 0, binding = 0) readonly buffer Weights4 { uvec4 w4[]; };
@@ -139,9 +188,11 @@ vec4 xvec4(uint i) {
     return vec4(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
 }
 
-// Adds the dot products of rows rowb[k] (byte offsets) with the x row at
-// float offset xb into acc[k]; lane `lane` of `sg` lanes.
-void dot_rows(uint rowb[NR], uint xb, uint lane, uint sg, inout float acc[NR]) {
+// Adds the dot products of rows rowb[k] (byte offsets) with the x rows at
+// float offsets xb[t] into acc[t][k]; lane `lane` of `sg` lanes.  Each
+// weight load (and its decoding) serves the NT tokens; token t's sums
+// take the same operations in the same order whatever NT is.
+void dot_rows(uint rowb[NR], uint xb[NT], uint lane, uint sg, inout float acc[NT][NR]) {
 #if defined(TYPE_F16) || defined(TYPE_BF16) || defined(TYPE_F32)
 #if defined(TYPE_F32)
     const uint EPV = 4u;  // elements per uvec4
@@ -162,24 +213,31 @@ void dot_rows(uint rowb[NR], uint xb, uint lane, uint sg, inout float acc[NR]) {
             [[unroll]] for (uint un = 0u; un < UNROLL; un++) {
                 uint j = j0 + un * sg;
                 if (j < nv) {
-                    uint c = xb + j * EPV;
 #if defined(TYPE_F32)
-                    vec4 xa = x4[c >> 2];
-                    [[unroll]] for (uint k = 0u; k < NR; k++) {
-                        acc[k] += dot(uintBitsToFloat(q[un][k]), xa);
+                    [[unroll]] for (uint t = 0u; t < NT; t++) {
+                        vec4 xa = x4[(xb[t] + j * EPV) >> 2];
+                        [[unroll]] for (uint k = 0u; k < NR; k++) {
+                            acc[t][k] += dot(uintBitsToFloat(q[un][k]), xa);
+                        }
                     }
 #else
-                    vec4 xa = x4[c >> 2], xc = x4[(c >> 2) + 1u];
+                    vec4 a[NR], b[NR];
                     [[unroll]] for (uint k = 0u; k < NR; k++) {
                         uvec4 v = q[un][k];
 #if defined(TYPE_F16)
-                        vec4 a = vec4(unpackHalf2x16(v.x), unpackHalf2x16(v.y));
-                        vec4 b = vec4(unpackHalf2x16(v.z), unpackHalf2x16(v.w));
+                        a[k] = vec4(unpackHalf2x16(v.x), unpackHalf2x16(v.y));
+                        b[k] = vec4(unpackHalf2x16(v.z), unpackHalf2x16(v.w));
 #else
-                        vec4 a = uintBitsToFloat(uvec4(v.x << 16, v.x & 0xFFFF0000u, v.y << 16, v.y & 0xFFFF0000u));
-                        vec4 b = uintBitsToFloat(uvec4(v.z << 16, v.z & 0xFFFF0000u, v.w << 16, v.w & 0xFFFF0000u));
+                        a[k] = uintBitsToFloat(uvec4(v.x << 16, v.x & 0xFFFF0000u, v.y << 16, v.y & 0xFFFF0000u));
+                        b[k] = uintBitsToFloat(uvec4(v.z << 16, v.z & 0xFFFF0000u, v.w << 16, v.w & 0xFFFF0000u));
 #endif
-                        acc[k] += dot(a, xa) + dot(b, xc);
+                    }
+                    [[unroll]] for (uint t = 0u; t < NT; t++) {
+                        uint c = (xb[t] + j * EPV) >> 2;
+                        vec4 xa = x4[c], xc = x4[c + 1u];
+                        [[unroll]] for (uint k = 0u; k < NR; k++) {
+                            acc[t][k] += dot(a[k], xa) + dot(b[k], xc);
+                        }
                     }
 #endif
                 }
@@ -200,35 +258,64 @@ void dot_rows(uint rowb[NR], uint xb, uint lane, uint sg, inout float acc[NR]) {
 #else
             vec2 v = vec2(uintBitsToFloat(q << 16), uintBitsToFloat(q & 0xFFFF0000u));
 #endif
-            acc[k] += dot(v, vec2(x[xb + 2u * j], x[xb + 2u * j + 1u]));
+            [[unroll]] for (uint t = 0u; t < NT; t++) {
+                acc[t][k] += dot(v, vec2(x[xb[t] + 2u * j], x[xb[t] + 2u * j + 1u]));
+            }
         }
     }
     if ((p.cols & 1u) != 0u && lane == 0u) {
         [[unroll]] for (uint k = 0u; k < NR; k++) {
-            acc[k] += elem(rowb[k], p.cols - 1u) * x[xb + p.cols - 1u];
+            float e = elem(rowb[k], p.cols - 1u);
+            [[unroll]] for (uint t = 0u; t < NT; t++) {
+                acc[t][k] += e * x[xb[t] + p.cols - 1u];
+            }
         }
     }
 #elif defined(MV_UNIT) && !(defined(MC_NT) && MC_NT == 4)  // (matmul_c: the hook sums 4 tokens; dot_rows unused)
+    // A unit per call (NT 1 only: see "Several tokens").
     uint nu = p.cols / MV_UNIT;
     for (uint u = lane; u < nu; u += sg) {
         [[unroll]] for (uint k = 0u; k < NR; k++) {
-            acc[k] += mv_unit(rowb[k], u, xb);
+            [[unroll]] for (uint t = 0u; t < NT; t++) {
+                acc[t][k] += mv_unit(rowb[k], u, xb[t]);
+            }
         }
     }
 #else
     // Generic: one element per lane at a time (F32 unaligned, and any type
     // that defines only elem()).
     for (uint c = lane; c < p.cols; c += sg) {
-        float xv = x[xb + c];
+        float xv[NT];
+        [[unroll]] for (uint t = 0u; t < NT; t++) {
+            xv[t] = x[xb[t] + c];
+        }
         [[unroll]] for (uint k = 0u; k < NR; k++) {
-            acc[k] += elem(rowb[k], c) * xv;
+            float e = elem(rowb[k], c);
+            [[unroll]] for (uint t = 0u; t < NT; t++) {
+                acc[t][k] += e * xv[t];
+            }
         }
     }
 #endif
 }
 
+// The first x offset of the group's tokens (past the last token: it again,
+// computed and not stored) and whether all of them are 16-byte aligned.
+void token_rows(out uint xb[NT]) {
+    uint t0 = gl_WorkGroupID.z * NT;
+    x_aligned = true;
+    [[unroll]] for (uint t = 0u; t < NT; t++) {
+        xb[t] = p.x_off + min(t0 + t, p.n_tokens - 1u) * p.x_stride;
+        x_aligned = x_aligned && (xb[t] & 3u) == 0u;
+    }
+}
+
 #ifdef MV_WORDS
+#if MV_NT > 1
+shared float part[NT * NR][WG / 4u];  // per-subgroup sums (Ops: subgroups of 4 lanes or more)
+#else
 shared float part[NR][WG];  // per-subgroup sums (at most WG subgroups)
+#endif
 
 // main for matvec_w_<type>: the whole work group on NR rows, its threads
 // striding over their units, MW_WU units a trip, all loads of a trip
@@ -236,29 +323,32 @@ shared float part[NR][WG];  // per-subgroup sums (at most WG subgroups)
 // counted as 0).  Splitting a row over 128 threads rather than one
 // subgroup keeps short matrices (1024 x 4096: 256 groups) from leaving the
 // GPU waiting on a few long chains of loads.  Subgroup sums meet in shared
-// memory.
+// memory.  A unit's weights are decoded once (mw_w) for the NT tokens.
 void matvec_words() {
     uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    uint t = gl_WorkGroupID.z;
+    uint t0 = gl_WorkGroupID.z * NT;
+    uint xb[NT];
 #ifdef MV_ID
     uint wb;
-    if (!expert_matrix(t, wb)) {
+    if (!expert_matrix(t0, wb)) {
         return;  // the whole group: uniform
     }
-    uint xb = p.x_off + (t / p.x_div) * p.x_stride;
+    xb[0] = p.x_off + (t0 / p.x_div) * p.x_stride;
+    x_aligned = (xb[0] & 3u) == 0u;
 #else
-    uint xb = p.x_off + t * p.x_stride;
+    token_rows(xb);
 #endif
-    x_aligned = (xb & 3u) == 0u;
     uint r0 = wg * RPW;
     if (r0 >= p.rows) {
         return;  // the whole group: uniform
     }
     uint rowb[NR];
-    float acc[NR];
+    float acc[NT][NR];
     [[unroll]] for (uint k = 0u; k < NR; k++) {
         rowb[k] = W_BASE + min(r0 + k, p.rows - 1u) * ROW_BYTES(p.cols);  // past the end: the last row again
-        acc[k] = 0.0;
+        [[unroll]] for (uint t = 0u; t < NT; t++) {
+            acc[t][k] = 0.0;
+        }
     }
     uint nw = (p.cols / BLOCK_ELEMS) * MW_WPB;
     for (uint w0 = gl_LocalInvocationID.x; w0 < nw; w0 += MW_WU * WG) {
@@ -267,26 +357,34 @@ void matvec_words() {
             float keep = wi < nw ? 1.0 : 0.0;
             wi = min(wi, nw - 1u);
             uint blk = wi / MW_WPB, j = wi % MW_WPB;
-            MwX xv = mw_x(blk, j, xb);
+            MwW wv[NR];
             [[unroll]] for (uint k = 0u; k < NR; k++) {
-                acc[k] += keep * mw_dot(rowb[k], blk, j, xv);
+                wv[k] = mw_w(rowb[k], blk, j);
+            }
+            [[unroll]] for (uint t = 0u; t < NT; t++) {
+                MwX xv = mw_x(blk, j, xb[t]);
+                [[unroll]] for (uint k = 0u; k < NR; k++) {
+                    acc[t][k] += keep * mw_dot(wv[k], xv);
+                }
             }
         }
     }
-    [[unroll]] for (uint k = 0u; k < NR; k++) {
-        float s = subgroupAdd(acc[k]);
-        if (subgroupElect()) {
-            part[k][gl_SubgroupID] = s;
+    [[unroll]] for (uint t = 0u; t < NT; t++) {
+        [[unroll]] for (uint k = 0u; k < NR; k++) {
+            float s = subgroupAdd(acc[t][k]);
+            if (subgroupElect()) {
+                part[t * NR + k][gl_SubgroupID] = s;
+            }
         }
     }
     barrier();
-    uint k = gl_LocalInvocationID.x;
-    if (k < NR && r0 + k < p.rows) {
+    uint i = gl_LocalInvocationID.x, t = i / NR, k = i % NR;
+    if (i < NT * NR && r0 + k < p.rows && t0 + t < p.n_tokens) {
         float s = 0.0;
-        for (uint i = 0u; i < gl_NumSubgroups; i++) {
-            s += part[k][i];
+        for (uint g = 0u; g < gl_NumSubgroups; g++) {
+            s += part[i][g];
         }
-        y[p.y_off + t * p.y_stride + r0 + k] = s;
+        y[p.y_off + (t0 + t) * p.y_stride + r0 + k] = s;
     }
 }
 #endif
@@ -369,17 +467,19 @@ void main() {
     return;
 #endif
     uint wg = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    uint t = gl_WorkGroupID.z;
+    uint t0 = gl_WorkGroupID.z * NT;
+    uint xb[NT];
 #ifdef MV_ID
     uint wb;
-    if (!expert_matrix(t, wb)) {
+    if (!expert_matrix(t0, wb)) {
         return;
     }
-    uint xb = p.x_off + (t / p.x_div) * p.x_stride;
+    xb[0] = p.x_off + (t0 / p.x_div) * p.x_stride;
+    x_aligned = (xb[0] & 3u) == 0u;
 #else
-    uint xb = p.x_off + t * p.x_stride;
+    token_rows(xb);  // (NT > 1, float types: Ops requires x_stride % 4 == 0, so that every
+                     // token takes the load path its lone kernel takes)
 #endif
-    x_aligned = (xb & 3u) == 0u;
     uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupSize;
     uint rb = ROW_BYTES(p.cols);
     // Subgroup g takes rows r0 .. r0 + NR - 1 of the group's RPW, then the
@@ -391,16 +491,20 @@ void main() {
             break;
         }
         uint rowb[NR];
-        float acc[NR];
+        float acc[NT][NR];
         [[unroll]] for (uint k = 0u; k < NR; k++) {
             rowb[k] = W_BASE + min(r0 + k, p.rows - 1u) * rb;  // past the end: recompute the last row
-            acc[k] = 0.0;
+            [[unroll]] for (uint t = 0u; t < NT; t++) {
+                acc[t][k] = 0.0;
+            }
         }
         dot_rows(rowb, xb, lane, sg, acc);
-        [[unroll]] for (uint k = 0u; k < NR; k++) {
-            float s = subgroupAdd(acc[k]);
-            if (lane == 0u && r0 + k < p.rows) {
-                y[p.y_off + t * p.y_stride + r0 + k] = s;
+        [[unroll]] for (uint t = 0u; t < NT; t++) {
+            [[unroll]] for (uint k = 0u; k < NR; k++) {
+                float s = subgroupAdd(acc[t][k]);
+                if (lane == 0u && r0 + k < p.rows && t0 + t < p.n_tokens) {
+                    y[p.y_off + (t0 + t) * p.y_stride + r0 + k] = s;
+                }
             }
         }
     }

@@ -13,6 +13,11 @@ Today's kernels (native/shaders/matvec.glsl, matmul.glsl):
   matvec_q8_0_dp   Q8_0 decode by integer dot products, x quantized to int8 blocks in the
                    kernel (native/shaders/matvec_q8_0_dp.comp): where `q8_decode_usable`
   matmul_<type>    64 rows x 32 tokens a work group, from 4 tokens (prefill)
+  matvec_t<NT>_<type>, matvec_w_t<NT>_<type>
+                   a step's decode rows (ops.token_rows: one token of each of several sequences),
+                   NT of them a work group, each weight read once for the NT: each row's result
+                   bit for bit what its lone kernel (matvec_<type> / matvec_w_<type>) gives
+                   (matvec.glsl "Several tokens"; per_token_kernel)
   matvec_c_<type>  CPU devices (VkPhysicalDeviceType CPU: lavapipe), decode: a row per
                    invocation, 16 rows each, 16 invocations a group, a token per z (matvec.glsl
                    MV_ROWLANE: no subgroup op, shared memory or barrier); Q8_0 and Q5_0 read
@@ -55,6 +60,13 @@ MATVEC_ROWS_C = {t: 256 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k"
 # matmul_q5_0 436.  lavapipe loads each token's x for every lane, so the rows sharing one x
 # load are what counts; 16 x 16 unrolls half of 8 x 32 (pipeline creation at first use).
 MATMUL_C_ROWS, MATMUL_C_TOKENS = 256, 4
+# Tokens per work group of the decode-rows kernels (matvec_t<NT>_<type> for F32/F16/BF16,
+# matvec_w_t<NT>_<type> for Q8_0/Q4_K/Q6_K; matvec.glsl's MV_NT), and rows per work group: matvec_t 16 (4 a subgroup), matvec_w_t that of
+# matvec_w_<type> with at most 32 (rows x tokens) accumulators a thread (its shared sums hold 32 x WG/4).
+MV_TOKENS = (4, 8, 16)
+MV_TOKENS_CAP = 16                    # the largest NT taken unless VRAMD_MV_TOKENS says otherwise
+MATVEC_ROWS_T = 16
+MV_FLOAT = frozenset({"f32", "f16", "bf16"})   # their load path depends on x's alignment (see per_token_kernel)
 MATMUL_FROM = 4                       # n_tokens from which the tiled form is used
 # ... and the tensor-core form: its 128-row work groups are few at small n (32 for a 4,096-row
 # matrix), so it is latency-bound there: `vramd bench slots` (8B Q8_0, H200, 2026-12-02) stepped
@@ -180,3 +192,45 @@ def select(w, n_tokens: int, wo: int, coopmat: bool = False, cpu: bool = False,
     if w.suffix in MATVEC_ROWS_W and w.row_bytes % 16 == 0 and wo % 16 == 0:
         return LinearKernel("matvec_w_" + w.suffix, MATVEC_ROWS_W[w.suffix], 1)
     return LinearKernel("matvec_" + w.suffix, MATVEC_ROWS, 1)
+
+
+def mv_tokens() -> int:
+    """The largest tokens-per-group of the decode-rows kernels Ops may take (per_token_kernel):
+    VRAMD_MV_TOKENS (benchmarks, A/B): 1 runs each decode row through its lone kernel (one
+    weight read a row: the form before these kernels), 4 / 8 / 16 caps NT there; unset:
+    MV_TOKENS_CAP."""
+    mode = os.environ.get("VRAMD_MV_TOKENS", "")
+    if mode == "":
+        return MV_TOKENS_CAP
+    if mode not in ("1", *map(str, MV_TOKENS)):
+        raise UsageError(f"VRAMD_MV_TOKENS={mode!r}: expected 1, {', '.join(map(str, MV_TOKENS))}")
+    return int(mode)
+
+
+def per_token_kernel(w, n_rows: int, wo: int, x_stride: int, cap: int, subgroup: int, **sel) -> LinearKernel:
+    # subgroup: the subgroup size every pipeline of the device runs with (Ops.fixed_subgroup)
+    """The kernel for `n_rows` decode rows of one step (each one token of its own sequence) of
+    `w`, bound at byte `wo`: what select() gives one token (`sel`: its coopmat, cpu, q8_dp), run
+    for each row (a z of the grid each), or where that is matvec_<type> / matvec_w_<type> and
+    n_rows >= 2, its form with NT tokens a work group (NT of MV_TOKENS up to `cap`: the smallest
+    holding n_rows, else the largest), which reads each weight once for NT rows and gives each
+    row bit for bit what the lone kernel gives (the same lane -> unit assignment, per-lane order
+    and subgroup / shared-memory sums: matvec.glsl "Several tokens").  Not for: the CPU forms
+    and matvec_q8_0_dp (their lone kernels, per row); the quantized types' matvec_<type> (the
+    mv_unit hook, Q8_0 / Q4_K / Q6_K rows off 16 bytes and the other quantized types: it loads,
+    decodes and dots a unit in one call, so an NT form inlines NT x NR copies of it: lavapipe
+    took over a minute to compile Q5_K's at NT 4; splitting those hooks as the MV_WORDS ones
+    are would give them one); F32/F16/BF16 where x_stride % 4 != 0 (the
+    rows would differ in alignment, which picks the lone kernel's load path and so its sums);
+    devices whose pipelines may get different subgroup sizes (`subgroup` 0: a row's sums follow
+    the lanes) or subgroups under 4 lanes (matvec_w_t's shared sums)."""
+    lone = select(w, 1, wo, **sel)
+    fits = [nt for nt in MV_TOKENS if nt <= cap]
+    if n_rows < 2 or not fits or subgroup < 4 or (w.suffix in MV_FLOAT and x_stride % 4):
+        return lone
+    nt = next((t for t in fits if t >= n_rows), fits[-1])
+    if lone.name == "matvec_w_" + w.suffix:
+        return LinearKernel(f"matvec_w_t{nt}_{w.suffix}", min(MATVEC_ROWS_W[w.suffix], 32 // nt), nt)
+    if lone.name == "matvec_" + w.suffix and w.suffix in MV_FLOAT:
+        return LinearKernel(f"matvec_t{nt}_{w.suffix}", MATVEC_ROWS_T, nt)
+    return lone

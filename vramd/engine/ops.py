@@ -217,6 +217,15 @@ class Ops:
         self.flash_cm = attention_cm.usable(residency.device)    # tensor-core prefill attention (VRAMD_FLASH_CM=0: off)
         self.cpu = residency.device.type == "cpu"   # linear.select(): the row-per-invocation forms
         self.q8_dp = linear.q8_decode_usable(residency.device)   # Q8_0 decode by integer dot products
+        # A step's decode rows: up to this many a work group (linear.per_token_kernel; 1: each
+        # row through its lone kernel).  On a CPU device the lone kernels are the matvec_c
+        # forms, which have no such form: tests set `cpu` False to run these kernels there.
+        self.mv_tokens = linear.mv_tokens()
+        # ... and the subgroup size every pipeline runs with, which a row's sums depend on; 0
+        # where VK_EXT_subgroup_size_control says it may vary (AMD: 32 or 64, Intel: 8 to 32,
+        # chosen per pipeline by the driver): there the lone kernel, row by row
+        sizes = getattr(residency.device, "subgroup_sizes", None)
+        self.fixed_subgroup = self.subgroup_size if not sizes or sizes[0] == sizes[1] else 0
         # Decode attention of grouped-query heads by KV head (attention_split_gqa.comp): opt-in
         # (VRAMD_SPLIT_GQA=1).  On the H200 (2026-12-02, bench decode at 8,000 tokens, A/B twice)
         # it lost: 8B Q4_K 111.1 / 110.4 tok/s against the per-head form's 145.4 / 148.3 (the
@@ -437,7 +446,11 @@ class Ops:
         xv, xo = self._bind(x, 4 * ((n_tokens - 1) * x_stride + w.cols), "matvec x")
         yv, yo = self._bind(y, 4 * ((n_tokens - 1) * y_stride + w.rows), "matvec y")
         for wv, wo, r0, n in self._row_chunks(w, w.rows):
-            sel = linear.select(w, 1 if per_token else n_tokens, wo, self.coopmat, cpu=self.cpu, q8_dp=self.q8_dp)
+            if per_token:   # each row bit for bit its lone kernel's, several a work group where it can
+                sel = linear.per_token_kernel(w, n_tokens, wo, x_stride, self.mv_tokens, self.fixed_subgroup,
+                                              coopmat=self.coopmat, cpu=self.cpu, q8_dp=self.q8_dp)
+            else:
+                sel = linear.select(w, n_tokens, wo, self.coopmat, cpu=self.cpu, q8_dp=self.q8_dp)
             k = self._kernel(sel.name, "matvec")
             push = struct.pack("<8I", n, w.cols, n_tokens, wo, xo, x_stride, yo + r0, y_stride)
             gx, gy = grid(-(-n // sel.rows_per_group), self.max_groups)

@@ -1,0 +1,7 @@
+// matvec with F32 weights, 16 tokens a work group (a step's decode rows, each
+// bit for bit its lone kernel matvec_f32): see matvec.glsl, "Several tokens".
+#version 450
+#extension GL_GOOGLE_include_directive : require
+#define TYPE_F32
+#define MV_NT 16
+#include "matvec.glsl"
