@@ -1,5 +1,5 @@
-// Decode attention, part 1 of 2, the long-context form (Ops._attention_split;
-// VRAMD_DECODE_ATTN=old takes attention_split.comp instead): one work group
+// Decode attention, part 1 of 2, the long-context form (Ops._attention_split,
+// the default; VRAMD_DECODE_ATTN=old takes attention_split.comp instead): one work group
 // per (KV head, block of up to MAXG of its q heads, key range, token).  It
 // writes the same partial softmax states as attention_split.comp, at the same
 // place (q head h, range s: part[((t * n_heads + h) * n_splits + s) *

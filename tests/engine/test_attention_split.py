@@ -4,10 +4,9 @@ attention.comp with, and with few ranges forced by a small tmp (several key
 tiles per range), a sliding window, head_dim 512 (two V words per thread),
 and a long context whose ranges outnumber the merge's work group (144 ranges
 of 32 keys, 141 holding keys: two tiles of the merge).  Every case runs in the three forms (`form`): the long-context one
-(attention_dec_n<NC>, VRAMD_DECODE_ATTN=new, the GPUs' default: a work group
-per KV head block and range; head_dim % 8 == 0 and <= 256, else the per-head
-form), the old per-head one (attention_split.comp, VRAMD_DECODE_ATTN=old, the
-CPU devices' default), and the old by-KV-head one (attention_split_gqa.comp,
+(attention_dec_n<NC>, VRAMD_DECODE_ATTN=new, the default: a work group per
+KV head block and range; head_dim % 8 == 0 and <= 256, else the per-head
+form), the old per-head one (attention_split.comp, VRAMD_DECODE_ATTN=old), and the old by-KV-head one (attention_split_gqa.comp,
 VRAMD_SPLIT_GQA=1, for 2 to 16 q heads per KV head), so every form stays checked.
 The new form's ranges follow the keys alone: a token's output is the same
 bits alone and beside other sequences' tokens (test_new_form_is_batch_invariant)."""
@@ -207,15 +206,15 @@ def test_new_form_is_batch_invariant(ops, bufs, rng, hd, window, sinks, monkeypa
 
 
 def test_decode_form_by_environment(monkeypatch):
-    """VRAMD_DECODE_ATTN picks the form (new / old); unset, GPUs take the new one and CPU
-    devices the old; any other value is refused in one line."""
+    """VRAMD_DECODE_ATTN picks the form (new / old; unset: new); any other value is refused
+    in one line."""
     from vramd.engine.ops import decode_attn_form
     from vramd.errors import UsageError
     monkeypatch.delenv("VRAMD_DECODE_ATTN", raising=False)
-    assert (decode_attn_form(False), decode_attn_form(True)) == ("new", "old")
+    assert decode_attn_form() == "new"
     for form in ("new", "old"):
         monkeypatch.setenv("VRAMD_DECODE_ATTN", form)
-        assert decode_attn_form(False) == decode_attn_form(True) == form
+        assert decode_attn_form() == form
     monkeypatch.setenv("VRAMD_DECODE_ATTN", "fast")
     with pytest.raises(UsageError, match="VRAMD_DECODE_ATTN='fast': expected new or old"):
-        decode_attn_form(False)
+        decode_attn_form()

@@ -205,16 +205,18 @@ def _check_subgroups(device) -> int:
     return int(sp.subgroupSize)
 
 
-def decode_attn_form(cpu: bool) -> str:
+def decode_attn_form() -> str:
     """The decode attention form: "new" (attention_dec_n*.comp, a work group per KV head
-    block and key range, 16-byte K/V loads, shuffle reductions) or "old" (attention_split.comp
-    / attention_split_gqa.comp), by VRAMD_DECODE_ATTN=new|old; unset: new on GPUs, old on
-    CPU devices (lavapipe: the per-head form's 4-byte loads vectorize across its 8 lanes,
-    the new form's shuffles and uvec4 pieces do not, and its 64-float q/acc arrays spill)."""
-    form = os.environ.get("VRAMD_DECODE_ATTN", "")
-    if form not in ("", "new", "old"):
+    block and key range, 16-byte K/V loads, shuffle reductions; the default on every device)
+    or "old" (attention_split.comp / attention_split_gqa.comp), by VRAMD_DECODE_ATTN=new|old.
+    On lavapipe too the new one is faster (scripts/decode_attn_ab.py, 8 layers, 6 rounds,
+    load ~4 on 2 cores, 2026-12-02: 32 q / 8 KV heads of 128 at 2,001 keys 798 against
+    1,791 ms, at 101 keys 36 against 85; gpt-oss's 64 / 8 of 64 at 2,001 keys 325 against
+    2,262, its 128-key window with sinks 48 against 178)."""
+    form = os.environ.get("VRAMD_DECODE_ATTN", "new")
+    if form not in ("new", "old"):
         raise UsageError(f"VRAMD_DECODE_ATTN={form!r}: expected new or old")
-    return form or ("old" if cpu else "new")
+    return form
 
 
 def dec_kernel(head_dim: int) -> str | None:
@@ -247,7 +249,7 @@ class Ops:
         # it lost: 8B Q4_K 111.1 / 110.4 tok/s against the per-head form's 145.4 / 148.3 (the
         # per-head groups' repeated K/V reads hit the L2), gpt-oss 152.4 against 149.6.
         self.split_gqa = os.environ.get("VRAMD_SPLIT_GQA", "0") == "1"
-        self.decode_attn = decode_attn_form(self.cpu)   # "new": attention_dec_n* (see _attention_split)
+        self.decode_attn = decode_attn_form()   # "new": attention_dec_n* (see _attention_split)
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
@@ -838,7 +840,10 @@ class Ops:
                          scale, window, softcap=0.0, sink=None, split=(1, 0, 0, 0, 0)) -> bool:
         """Query tokens of decode (one, or one of each of several sequences: `split` =
         (n_tokens, q_stride, o_stride, seq offset, rows per sequence or 0)): each token's
-        keys in ranges, a work group per (head, range, token) (attention_split.comp; for
+        keys in ranges: by default (decode_attn "new") a work group per (KV head, block of
+        its q heads, range, token) with the ranges by the keys alone (attention_dec.glsl's
+        variants, dec_kernel; head_dim a multiple of 8 up to 256, else the old forms); the
+        old forms a work group per (head, range, token) (attention_split.comp; for
         grouped-query heads, 2 to 16 per KV head, a work group per (KV head, range, token)
         that reads each K/V row once for the group's heads: attention_split_gqa.comp), then
         a merge per (head, token) (attention_merge.comp), with the partial states in `tmp`
