@@ -2,14 +2,18 @@
 new and old), same data, rounds alternating, on the first Vulkan device (lavapipe by default).
 
     python scripts/decode_attn_ab.py 32 8 128 2000 8 [window] [sinks]
+    VK_DRIVER_FILES=<the GPU's ICD> VRAMD_DEC_GROUPS=256 python scripts/decode_attn_ab.py 32 8 128 8000 20
 
 Arguments: q heads, KV heads, head_dim, position (the keys 0 .. position), rounds, and
 optionally a sliding window and 1 for attention sinks.  One random f16 cache of position + 1
-rows is uploaded once; each round runs each form (Ops.decode_attn set, n_layers = 8 dispatch
-pairs recorded in one batch, as a decode step's layers would be) once to warm it and once
-timed (wall time of the batch and sync), the order reversed every other round; both results
+rows is uploaded once; each form (Ops.decode_attn set) is recorded once as LAYERS dispatch
+pairs in one graph, as a decode step's layers would be, and replayed; each round submits
+each form's graph once to warm it and REPS times timed (wall time to the sync, per
+submit), the order reversed every other round; both results
 are checked against each other.  Prints the median and min per form and the load average.
-VK_DRIVER_FILES picks the driver (unset: lavapipe).  A development tool, not a test.
+VK_DRIVER_FILES picks the driver (unset: lavapipe); VRAMD_DEC_GROUPS the new form's work
+groups a token; DECODE_AB_LAYERS the dispatch pairs a batch (default 8; 32 on a GPU, where
+one layer's is tens of us).  A development tool, not a test.
 """
 import os
 import sys
@@ -24,7 +28,8 @@ from vramd.engine.ops import Ops  # noqa: E402
 from vramd.gpu.device import Device  # noqa: E402
 from vramd.gpu.residency import Residency  # noqa: E402
 
-LAYERS = 8
+LAYERS = int(os.environ.get("DECODE_AB_LAYERS", "8"))
+REPS = 5   # submits timed together a round (each waits for the one before)
 
 
 def main(n_heads, n_kv, hd, pos, rounds, window=0, sinks=0):
@@ -42,20 +47,23 @@ def main(n_heads, n_kv, hd, pos, rounds, window=0, sinks=0):
         r.tensors[k].write(v)
     r.restore()
     t = r.tensors
-    forms, times, outs = ["new", "old"], {"new": [], "old": []}, {}
+    forms, times, outs, graphs = ["new", "old"], {"new": [], "old": []}, {}, {}
+    for form in forms:   # each form's LAYERS pairs recorded once, replayed (as a decode step is)
+        ops.decode_attn = form
+        graphs[form] = ops.graph()
+        with ops.record(graphs[form]):
+            for _ in range(LAYERS):
+                ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], 1, n_heads, n_kv, hd, ctx, hd ** -0.5,
+                              window=window, tmp=t["tmp"], sinks=t["sinks"] if int(sinks) else None)
     for rd in range(int(rounds)):
         for form in (forms if rd % 2 == 0 else forms[::-1]):
-            ops.decode_attn = form
-            for timed in (False, True):
-                t0 = time.perf_counter()
-                with ops.batch():
-                    for _ in range(LAYERS):
-                        ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], 1, n_heads, n_kv, hd, ctx,
-                                      hd ** -0.5, window=window, tmp=t["tmp"],
-                                      sinks=t["sinks"] if int(sinks) else None)
-                ops.sync()
-                if timed:
-                    times[form].append(time.perf_counter() - t0)
+            graphs[form].submit()   # warm
+            ops.sync()
+            t0 = time.perf_counter()
+            for _ in range(REPS):
+                graphs[form].submit()
+            ops.sync()
+            times[form].append((time.perf_counter() - t0) / REPS)
             outs[form] = t["out"].read(np.float32)
     err = np.max(np.abs(outs["new"] - outs["old"]))
     assert err <= 1e-4 * max(1.0, np.max(np.abs(outs["old"]))), f"the forms differ by {err}"

@@ -109,7 +109,10 @@ void main() {
     uint row0 = p.seq_rows > 0u ? uint(pos[p.seq_off + t]) * p.seq_rows : 0u;
     uint n_keys = uint(clamp(qp + 1, 0, int(p.ctx)));
     uint first = (p.window > 0u && n_keys > p.window) ? n_keys - p.window : 0u;
-    uint per = min(p.chunk, max(1u, (n_keys - first + p.n_splits - 1u) / p.n_splits));
+    // A range holds a trip of keys at least (while the context is short, fewer groups
+    // than n_splits have keys: the rest exit at once instead of each taking a trip for
+    // a few keys); still min(chunk, ..) >= the even cut, so the ranges cover the keys.
+    uint per = min(p.chunk, max(KL * UL, (n_keys - first + p.n_splits - 1u) / p.n_splits));
     uint lo = min(first + s * per, n_keys);
     uint hi = min(lo + per, n_keys);
     uint prow = p.head_dim + 2u;

@@ -218,3 +218,36 @@ def test_decode_form_by_environment(monkeypatch):
     monkeypatch.setenv("VRAMD_DECODE_ATTN", "fast")
     with pytest.raises(UsageError, match="VRAMD_DECODE_ATTN='fast': expected new or old"):
         decode_attn_form()
+
+
+def test_dec_groups_by_environment(ops, bufs, rng, monkeypatch):
+    """VRAMD_DEC_GROUPS sets the new form's work groups a token (the ranges: 8 KV heads x 4
+    ranges at 32 groups, against the default's 8 x 32 at 2,048 keys), the result the same
+    within the tolerance; a bad value is refused in one line."""
+    from vramd.engine.ops import Ops, _env_count
+    from vramd.errors import UsageError
+    for bad in ("0", "-3", "x"):
+        monkeypatch.setenv("VRAMD_DEC_GROUPS", bad)
+        with pytest.raises(UsageError, match=f"VRAMD_DEC_GROUPS='{bad}': expected a positive integer"):
+            Ops(ops.residency)
+    monkeypatch.delenv("VRAMD_DEC_GROUPS")
+    assert _env_count("VRAMD_DEC_GROUPS", 512) == 512
+    n_heads, n_kv, hd, pos, ctx = 32, 8, 64, 2047, 2048
+    width = n_kv * hd
+    t = bufs(kc=rng.standard_normal((ctx, width)).astype(np.float16),
+             vc=rng.standard_normal((ctx, width)).astype(np.float16),
+             q=rng.standard_normal((1, n_heads, hd)).astype(np.float32), pos=np.array([pos], np.int32),
+             out=4 * n_heads * hd, tmp=4 * n_heads * (hd + 2) * 64)
+    ref = attention_ref(t["q"].read(np.float32).reshape(1, n_heads, hd), t["kc"].read(np.float16).reshape(ctx, width),
+                        t["vc"].read(np.float16).reshape(ctx, width), np.array([pos]), n_kv, hd ** -0.5)
+    used = set_form(ops, monkeypatch, "new")
+    seen, dispatch = [], ops._dispatch
+    monkeypatch.setattr(ops, "_dispatch", lambda k, v, push, grid: seen.append(grid) or dispatch(k, v, push, grid))
+    for groups, splits in ((None, 32), (32, 4)):
+        monkeypatch.setattr(ops, "dec_groups", groups or 512)
+        seen.clear()
+        ops.attention(t["q"], t["kc"], t["vc"], t["pos"], t["out"], 1, n_heads, n_kv, hd, ctx, hd ** -0.5,
+                      tmp=t["tmp"])
+        ops.sync()
+        assert "attention_dec_n1g8" in used and seen[0] == (n_kv, splits, 1)
+        np.testing.assert_allclose(f32(t["out"]).reshape(1, -1), ref, rtol=1e-4, atol=2e-5)

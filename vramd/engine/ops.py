@@ -77,7 +77,8 @@ _SPLIT_KEYS = 32          # decode attention: keys per work group's range at lea
 _SPLIT_GROUPS = 1024      # decode attention: work groups aimed at (heads x ranges), ~8 per SM of an H200;
                           # more cost more than they share (8192 at ctx 8192 made a step 1.3 ms slower)
 _DEC_GROUPS = 512         # attention_dec: work groups aimed at per token (KV head blocks x ranges), ~4 per SM
-                          # of an H200, whatever the tokens (a token's ranges must not depend on its step's)
+                          # of an H200, whatever the tokens (a token's ranges must not depend on its step's);
+                          # VRAMD_DEC_GROUPS overrides it (native/dattn_h200.sh tries 256 and 1024)
 _DEC_KEYS = {1: 64, 2: 32, 4: 16}   # attention_dec_n<NC>: keys a group reads a trip (16 lanes x UL)
 _DEC_FORMS = {1: "attention_dec_n1g8", 2: "attention_dec_n2g4", 4: "attention_dec_n4g2"}   # by NC
 _GQA_MAX_GROUP = 16       # attention_split_gqa.comp: MAXG query heads per KV head
@@ -219,6 +220,16 @@ def decode_attn_form() -> str:
     return form
 
 
+def _env_count(name: str, default: int) -> int:
+    """A positive count from the environment variable `name`, else `default`."""
+    v = os.environ.get(name, "")
+    if not v:
+        return default
+    if not v.isdigit() or int(v) < 1:
+        raise UsageError(f"{name}={v!r}: expected a positive integer")
+    return int(v)
+
+
 def dec_kernel(head_dim: int) -> str | None:
     """The long-context decode attention variant for `head_dim` (attention_dec_n<NC>: NC
     16-byte pieces a thread per row, head_dim <= 64 NC), None where it does not apply
@@ -250,6 +261,7 @@ class Ops:
         # per-head groups' repeated K/V reads hit the L2), gpt-oss 152.4 against 149.6.
         self.split_gqa = os.environ.get("VRAMD_SPLIT_GQA", "0") == "1"
         self.decode_attn = decode_attn_form()   # "new": attention_dec_n* (see _attention_split)
+        self.dec_groups = _env_count("VRAMD_DEC_GROUPS", _DEC_GROUPS)   # its work groups a token (tuning A/B)
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
@@ -862,7 +874,7 @@ class Ops:
             # trip of keys each (batch invariance: the tokens sharing the step change nothing,
             # unless tmp is too small for them, which the model's scratch is not).
             units = n_kv_heads * -(-group // (8 // nc))
-            n_splits = min(-(-keys // _DEC_KEYS[nc]), max(1, _DEC_GROUPS // units), cap, self.max_groups[1])
+            n_splits = min(-(-keys // _DEC_KEYS[nc]), max(1, self.dec_groups // units), cap, self.max_groups[1])
             if n_splits >= 1 and units <= self.max_groups[0]:
                 return self._split_dispatch(dec, units, n_splits, keys, split, qv, qo, kv, ko, vv, vo,
                                             pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx, scale, window,
