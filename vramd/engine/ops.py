@@ -1,6 +1,7 @@
 """The compute ops of the forward pass: a small Python API over the GLSL
 kernels in native/shaders/ (matvec_<type>, get_rows_<type>, rms_norm, rope,
-kv_write, attention (attention_flash for prefill), silu_mul, add, scale; for mixture-of-experts models
+kv_write, attention (attention_flash for prefill; attention_dec_n* / attention_split + attention_merge
+for decode), silu_mul, add, scale; for mixture-of-experts models
 moe_route, matvec_id_<type>, moe_group, matmul_id_<type> and moe_combine).
 
 Owns: `Ops` (one per residency core: the pipelines, the recording batch),
@@ -867,7 +868,8 @@ class Ops:
         keys = min(ctx, window) if window > 0 else ctx
         group = n_heads // n_kv_heads
         dec = dec_kernel(head_dim)
-        if self.decode_attn == "new" and dec and ko % 4 == 0 and vo % 4 == 0 and n_tokens <= self.max_groups[2]:
+        if (self.decode_attn == "new" and dec and ko % 4 == 0 and vo % 4 == 0 and n_tokens <= self.max_groups[2]
+                and self.subgroup_size >= 8):   # its key lanes: 8 invocations of one subgroup
             nc = int(dec[-3])   # attention_dec_n<NC>g<MAXG>
             # The long-context form (attention_dec.glsl): a work group per (KV head, block of
             # 8 / nc of its q heads, range, token); the ranges by the keys alone, at least one
