@@ -6,8 +6,8 @@
 # First the decode attention tests on the NVIDIA driver (subgroups of 32, where lavapipe's
 # are 8); then the kernel-level A/B (scripts/decode_attn_ab.py: 32 layers' attention + merge
 # replayed, us per step, the 8B's and gpt-oss's shapes at 8,000 keys, gpt-oss's 128-key
-# window with sinks, and the new form's work groups a token at 256 / 1024 besides the
-# default 512); then `vramd bench decode` old/new at 8,000 and 512 tokens for the 8B Q4_K
+# window with sinks, the new form's work groups a token at 256 / 1024 besides the default
+# 512, and its _qs variants, q in shared memory, VRAMD_DEC_Q=shared); then `vramd bench decode` old/new at 8,000 and 512 tokens for the 8B Q4_K
 # (the 8,000 one with --profile: the kernels' GPU us a step) and gpt-oss-20b MXFP4.  Logs in
 # $OUT: dattn.log (everything), dattn_<shape>_<prompt>_<form>.json (each run's JSON).
 # Time: a kernel A/B ~5 s; a bench run makes its synthetic file in /dev/shm and loads it (8B
@@ -42,6 +42,8 @@ if has ab; then
   t 20 python3 scripts/decode_attn_ab.py 64 8 64 8000 10 128 1     # gpt-oss's sliding layers (sinks)
   VRAMD_DEC_GROUPS=256 t 20 python3 scripts/decode_attn_ab.py 32 8 128 8000 10
   VRAMD_DEC_GROUPS=1024 t 20 python3 scripts/decode_attn_ab.py 32 8 128 8000 10
+  VRAMD_DEC_Q=shared t 20 python3 scripts/decode_attn_ab.py 32 8 128 8000 10   # q in shared memory (_qs)
+  VRAMD_DEC_Q=shared t 20 python3 scripts/decode_attn_ab.py 64 8 64 8000 10
 fi
 for prompt in 8000 512; do
   has $prompt || continue

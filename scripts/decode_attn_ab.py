@@ -12,7 +12,7 @@ each form's graph once to warm it and REPS times timed (wall time to the sync, p
 submit), the order reversed every other round; both results
 are checked against each other.  Prints the median and min per form and the load average.
 VK_DRIVER_FILES picks the driver (unset: lavapipe); VRAMD_DEC_GROUPS the new form's work
-groups a token; DECODE_AB_LAYERS the dispatch pairs a batch (default 8; 32 on a GPU, where
+groups a token, VRAMD_DEC_Q=shared its q-in-shared-memory variants; DECODE_AB_LAYERS the dispatch pairs a batch (default 8; 32 on a GPU, where
 one layer's is tens of us).  A development tool, not a test.
 """
 import os

@@ -15,10 +15,10 @@
 // 4-byte word per thread with half the threads idle at head_dim 128), so a
 // group's time is latency, linear in its keys: decode at 8,000 keys fell to
 // 0.85x llama.cpp (8B) and 0.64x (gpt-oss-20b).  llama.cpp's Vulkan
-// flash-attention decode (flash_attn.comp with split_k) reads K/V rows as
-// 16-byte vectors, lets the q heads of a KV group share each row read (the
-// group's heads are the rows of its Q tile) and splits the keys over enough
-// work groups for the GPU.  Here:
+// flash-attention decode (flash_attn.comp, its keys split over work groups:
+// split_k) reads K/V rows as 4-half vectors (f16vec4), D_split threads a key,
+// and lets the q heads of a KV group share each row read (the group's heads
+// are the rows of its Q tile, kept in shared memory).  Here:
 //   - a key lane is LPK = 8 neighbouring invocations of one subgroup, each
 //     holding NC 16-byte pieces (uvec4, 8 halves) of a row: piece c * 8 + r
 //     for lane invocation r, so the lane's eight loads of a piece are 128
@@ -46,7 +46,9 @@
 //
 // The variant files set NC (pieces a thread per row: head_dim <= 64 NC),
 // MAXG (q heads a group) and UL (keys a lane per trip), NC * MAXG = 8 and
-// NC * UL = 4 (the registers: q and acc 64 floats each, 32 words in flight).
+// NC * UL = 4 (the registers: q and acc 64 floats each, 32 words in flight);
+// the _qs variants also QSH: the q slices in shared memory, read each trip
+// (VRAMD_DEC_Q=shared, for an A/B against the registers' occupancy).
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
 #extension GL_KHR_shader_subgroup_shuffle : enable
@@ -90,6 +92,13 @@ shared float sm[MAXG * KL];             // each lane's max per head
 shared float sl[MAXG * KL];             // each lane's sum per head (rescaled)
 shared vec4 red[MAXG * NV * HALF];      // the tree's upper half of acc
 
+#ifdef QSH   // the q slices in shared memory (the _qs variants: 64 registers fewer a thread)
+shared vec4 qsh[MAXG * NV * LPK];
+#define QV(g, i) qsh[((g) * NV + (i)) * LPK + r]
+#else
+#define QV(g, i) qr[g][i]
+#endif
+
 vec4 lo4(uvec4 w) { return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)); }
 vec4 hi4(uvec4 w) { return vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w)); }
 
@@ -124,18 +133,27 @@ void main() {
         }
         return;
     }
+#ifdef QSH
+    if (lane == 0u) {   // lane 0 writes the pieces every lane reads (invocation r: its own)
+#else
     vec4 qr[MAXG][NV];
-    [[unroll]] for (uint g = 0u; g < MAXG; g++) {
-        [[unroll]] for (uint c = 0u; c < NC; c++) {
-            uint w4 = c * LPK + r;
-            bool ok = g < ng && w4 < W4;
-            uint b = p.q_off + t * p.q_stride + (hs + min(g, ng - 1u)) * p.head_dim + 8u * min(w4, W4 - 1u);
-            vec4 a = vec4(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
-            vec4 z = vec4(q[b + 4u], q[b + 5u], q[b + 6u], q[b + 7u]);
-            qr[g][2u * c] = ok ? a * p.scale : vec4(0.0);        // zero: a piece past the head adds nothing
-            qr[g][2u * c + 1u] = ok ? z * p.scale : vec4(0.0);
+    {
+#endif
+        [[unroll]] for (uint g = 0u; g < MAXG; g++) {
+            [[unroll]] for (uint c = 0u; c < NC; c++) {
+                uint w4 = c * LPK + r;
+                bool ok = g < ng && w4 < W4;
+                uint b = p.q_off + t * p.q_stride + (hs + min(g, ng - 1u)) * p.head_dim + 8u * min(w4, W4 - 1u);
+                vec4 a = vec4(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
+                vec4 z = vec4(q[b + 4u], q[b + 5u], q[b + 6u], q[b + 7u]);
+                QV(g, 2u * c) = ok ? a * p.scale : vec4(0.0);        // zero: a piece past the head adds nothing
+                QV(g, 2u * c + 1u) = ok ? z * p.scale : vec4(0.0);
+            }
         }
     }
+#ifdef QSH
+    barrier();
+#endif
     float m[MAXG], l[MAXG];
     vec4 acc[MAXG][NV];
     [[unroll]] for (uint g = 0u; g < MAXG; g++) {
@@ -163,7 +181,7 @@ void main() {
             [[unroll]] for (uint g = 0u; g < MAXG; g++) {
                 float d = 0.0;
                 [[unroll]] for (uint c = 0u; c < NC; c++) {
-                    d += dot(qr[g][2u * c], lo4(kk[u][c])) + dot(qr[g][2u * c + 1u], hi4(kk[u][c]));
+                    d += dot(QV(g, 2u * c), lo4(kk[u][c])) + dot(QV(g, 2u * c + 1u), hi4(kk[u][c]));
                 }
                 d += subgroupShuffleXor(d, 1u);
                 d += subgroupShuffleXor(d, 2u);

@@ -6,7 +6,7 @@ and a long context whose ranges outnumber the merge's work group (144 ranges
 of 32 keys, 141 holding keys: two tiles of the merge).  Every case runs in the three forms (`form`): the long-context one
 (attention_dec_n<NC>, VRAMD_DECODE_ATTN=new, the default: a work group per
 KV head block and range; head_dim % 8 == 0 and <= 256, else the per-head
-form), the old per-head one (attention_split.comp, VRAMD_DECODE_ATTN=old), and the old by-KV-head one (attention_split_gqa.comp,
+form; "new_qs" its variants with q in shared memory, VRAMD_DEC_Q=shared), the old per-head one (attention_split.comp, VRAMD_DECODE_ATTN=old), and the old by-KV-head one (attention_split_gqa.comp,
 VRAMD_SPLIT_GQA=1, for 2 to 16 q heads per KV head), so every form stays checked.
 The new form's ranges follow the keys alone: a token's output is the same
 bits alone and beside other sequences' tokens (test_new_form_is_batch_invariant)."""
@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 from tests.engine.test_kernels import attention_ref, f32
 
-FORMS = ["new", "gqa", "per_head"]
+FORMS = ["new", "new_qs", "gqa", "per_head"]
 
 
 def set_form(ops, monkeypatch, form):
     """Selects a decode form on `ops`; the kernel names recorded from then on."""
-    monkeypatch.setattr(ops, "decode_attn", "new" if form == "new" else "old")
+    monkeypatch.setattr(ops, "decode_attn", "new" if form.startswith("new") else "old")
+    monkeypatch.setattr(ops, "dec_q", "shared" if form == "new_qs" else "regs")
     monkeypatch.setattr(ops, "split_gqa", form == "gqa")
     used, kernel = [], ops._kernel
     monkeypatch.setattr(ops, "_kernel", lambda name, family=None: used.append(name) or kernel(name, family))
@@ -28,8 +29,9 @@ def set_form(ops, monkeypatch, form):
 
 def expected_kernel(form, n_heads, n_kv, hd):
     group = n_heads // n_kv
-    if form == "new" and hd % 8 == 0 and hd <= 256:
-        return "attention_dec_n1g8" if hd <= 64 else "attention_dec_n2g4" if hd <= 128 else "attention_dec_n4g2"
+    if form.startswith("new") and hd % 8 == 0 and hd <= 256:
+        name = "attention_dec_n1g8" if hd <= 64 else "attention_dec_n2g4" if hd <= 128 else "attention_dec_n4g2"
+        return name + ("_qs" if form == "new_qs" else "")
     if form == "gqa" and 2 <= group and group * hd <= 4096:
         return "attention_split_gqa"
     return "attention_split"
@@ -173,14 +175,15 @@ def test_several_sequences_need_the_split_form(ops, bufs):
                       seq=view(t["ps"], 8, 8), n_seq=2)
 
 
+@pytest.mark.parametrize("form", ["new", "new_qs"])
 @pytest.mark.parametrize("hd,window,sinks", [(64, 0, False), (128, 0, True), (64, 24, True)])
-def test_new_form_is_batch_invariant(ops, bufs, rng, hd, window, sinks, monkeypatch):
+def test_new_form_is_batch_invariant(ops, bufs, rng, hd, window, sinks, form, monkeypatch):
     """Parallel slots' decode in the new form: each token's output has the same bits as
     the same token run alone (its ranges follow its keys, not the step's tokens), for three
     sequences at different lengths beside each other (the old per-head form fails it: its
     ranges at ctx 2,000 are 21 a token of three, 63 alone)."""
     from vramd.engine.ops import view
-    used = set_form(ops, monkeypatch, "new")
+    used = set_form(ops, monkeypatch, form)
     n_seq, ctx, n_heads, n_kv = 3, 2000, 16, 2
     width = n_kv * hd
     seqs, pos = np.array([1, 2, 0], np.int32), np.array([1900, 17, 700], np.int32)
@@ -202,7 +205,7 @@ def test_new_form_is_batch_invariant(ops, bufs, rng, hd, window, sinks, monkeypa
                       seq=view(t["ps"], 12 + 4 * j, 4), **kw)
         ops.sync()
         np.testing.assert_array_equal(f32(t["one"]).reshape(1, -1), together[j:j + 1])
-    assert expected_kernel("new", n_heads, n_kv, hd) in used
+    assert expected_kernel(form, n_heads, n_kv, hd) in used
 
 
 def test_decode_form_by_environment(monkeypatch):
@@ -218,6 +221,16 @@ def test_decode_form_by_environment(monkeypatch):
     monkeypatch.setenv("VRAMD_DECODE_ATTN", "fast")
     with pytest.raises(UsageError, match="VRAMD_DECODE_ATTN='fast': expected new or old"):
         decode_attn_form()
+
+
+def test_dec_q_by_environment(ops, monkeypatch):
+    """VRAMD_DEC_Q: regs (the default) or shared; anything else refused in one line."""
+    from vramd.engine.ops import Ops
+    from vramd.errors import UsageError
+    assert ops.dec_q == "regs"
+    monkeypatch.setenv("VRAMD_DEC_Q", "smem")
+    with pytest.raises(UsageError, match="VRAMD_DEC_Q='smem': expected regs or shared"):
+        Ops(ops.residency)
 
 
 def test_dec_groups_by_environment(ops, bufs, rng, monkeypatch):

@@ -67,7 +67,7 @@ _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm
             "kv_write": (3, 40), "attention": (6, 72), "attention_flash": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 72), "attention_merge": (3, 28),
             "attention_split_gqa": (5, 72),
-            "attention_dec_n1g8": (5, 72), "attention_dec_n2g4": (5, 72), "attention_dec_n4g2": (5, 72),
+            **{f"attention_dec_{v}{q}": (5, 72) for v in ("n1g8", "n2g4", "n4g2") for q in ("", "_qs")},
             "rope_kv_write": (4, 80), "matvec_id": (4, 52), "moe_route": (4, 40), "moe_combine": (5, 36),
             "swiglu_oai": (3, 24), "add_id": (3, 20), "moe_group": (2, 20),
             "matmul_id": (4, 52)}
@@ -263,6 +263,10 @@ class Ops:
         self.split_gqa = os.environ.get("VRAMD_SPLIT_GQA", "0") == "1"
         self.decode_attn = decode_attn_form()   # "new": attention_dec_n* (see _attention_split)
         self.dec_groups = _env_count("VRAMD_DEC_GROUPS", _DEC_GROUPS)   # its work groups a token (tuning A/B)
+        # its q slices in registers (default) or shared memory (the _qs variants; tuning A/B)
+        self.dec_q = os.environ.get("VRAMD_DEC_Q", "regs")
+        if self.dec_q not in ("regs", "shared"):
+            raise UsageError(f"VRAMD_DEC_Q={self.dec_q!r}: expected regs or shared")
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
@@ -871,6 +875,7 @@ class Ops:
         if (self.decode_attn == "new" and dec and ko % 4 == 0 and vo % 4 == 0 and n_tokens <= self.max_groups[2]
                 and self.subgroup_size >= 8):   # its key lanes: 8 invocations of one subgroup
             nc = int(dec[-3])   # attention_dec_n<NC>g<MAXG>
+            dec += "_qs" if self.dec_q == "shared" else ""
             # The long-context form (attention_dec.glsl): a work group per (KV head, block of
             # 8 / nc of its q heads, range, token); the ranges by the keys alone, at least one
             # trip of keys each (batch invariance: the tokens sharing the step change nothing,
