@@ -14,7 +14,7 @@
 # Q4_K 4.6 GiB, gpt-oss ~12 GiB), prefills and decodes 64 tokens: ~20-35 s.  Every step has
 # a timeout and none starts that could end after 225 s, so the whole stays under 4 minutes
 # with device_run's setup (~15 s); what is skipped runs in a second call with STAGES naming
-# the stages wanted (default "tests ab 8000 512"), e.g. STAGES=512.
+# the stages wanted (default "tests ab 8000 512 tune"), e.g. STAGES="512 tune".
 set -uo pipefail
 OUT=${OUT:-/tmp/vramd-out}
 mkdir -p "$OUT"
@@ -29,21 +29,24 @@ print("  " + sys.argv[2], "decode", round(d["decode_tps"], 1), "tok/s;", *["%s %
       for k in (r.get("profile") or {}).get("by_kernel", []) if "attention" in k["kernel"]])' \
       "$OUT/dattn_${shape}_${prompt}_${form}.json" "$shape $prompt $form" 2>&1 | tail -n 2 >&2
 }
-has() { case " ${STAGES:-tests ab 8000 512} " in *" $1 "*) return 0;; esac; return 1; }
+has() { case " ${STAGES:-tests ab 8000 512 tune} " in *" $1 "*) return 0;; esac; return 1; }
+ab() { # [VAR=value ...] heads kv_heads head_dim position rounds [window sinks]: the kernel A/B, 20 s at most
+  local envs=()
+  while [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+  if [ $((SECONDS + 20)) -gt 225 ]; then echo "== skipped ab ${envs[*]-} $* (${SECONDS} s)" >&2; return; fi
+  echo "== ab ${envs[*]-} $* (${SECONDS} s)"
+  env DECODE_AB_LAYERS=32 "${envs[@]+"${envs[@]}"}" timeout 20 python3 scripts/decode_attn_ab.py "$@" 2>&1 | tail -n 3
+}
 {
 if has tests; then
   VRAMD_TEST_DEVICE=native t 40 python3 -m pytest -q -x -p no:cacheprovider -m "native_gpu or not native_gpu" \
       tests/engine/test_attention_split.py tests/engine/test_attention_sinks.py tests/engine/test_replay.py 2>&1 | tail -n 6
 fi
 if has ab; then
-  export DECODE_AB_LAYERS=32
-  t 20 python3 scripts/decode_attn_ab.py 32 8 128 8000 10          # 8B: 32 q / 8 KV heads of 128
-  t 20 python3 scripts/decode_attn_ab.py 64 8 64 8000 10           # gpt-oss's full layers
-  t 20 python3 scripts/decode_attn_ab.py 64 8 64 8000 10 128 1     # gpt-oss's sliding layers (sinks)
-  VRAMD_DEC_GROUPS=256 t 20 python3 scripts/decode_attn_ab.py 32 8 128 8000 10
-  VRAMD_DEC_GROUPS=1024 t 20 python3 scripts/decode_attn_ab.py 32 8 128 8000 10
-  VRAMD_DEC_Q=shared t 20 python3 scripts/decode_attn_ab.py 32 8 128 8000 10   # q in shared memory (_qs)
-  VRAMD_DEC_Q=shared t 20 python3 scripts/decode_attn_ab.py 64 8 64 8000 10
+  echo "== kernel A/B: 8B 32 q / 8 KV heads of 128; gpt-oss 64 / 8 of 64, full and 128-key window with sinks"
+  ab 32 8 128 8000 10
+  ab 64 8 64 8000 10
+  ab 64 8 64 8000 10 128 1
 fi
 for prompt in 8000 512; do
   has $prompt || continue
@@ -53,5 +56,12 @@ for prompt in 8000 512; do
   run gptoss-20b MXFP4 $prompt old 45
   run gptoss-20b MXFP4 $prompt new 45
 done
+if has tune; then
+  echo "== tuning (kernel A/B): work groups a token 256 / 1024 (default 512); q in shared memory (_qs)"
+  ab VRAMD_DEC_GROUPS=256 32 8 128 8000 10
+  ab VRAMD_DEC_GROUPS=1024 32 8 128 8000 10
+  ab VRAMD_DEC_Q=shared 32 8 128 8000 10
+  ab VRAMD_DEC_Q=shared 64 8 64 8000 10
+fi
 echo "== done ($SECONDS s)"
 } 2>&1 | tee "$OUT/dattn.log"
