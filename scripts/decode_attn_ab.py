@@ -9,11 +9,12 @@ optionally a sliding window and 1 for attention sinks.  One random f16 cache of 
 rows is uploaded once; each form (Ops.decode_attn set) is recorded once as LAYERS dispatch
 pairs in one graph, as a decode step's layers would be, and replayed; each round submits
 each form's graph once to warm it and REPS times timed (wall time to the sync, per
-submit), the order reversed every other round; both results
-are checked against each other.  Prints the median and min per form and the load average.
+submit), the order reversed every other round; both results are checked against each
+other.  Prints the median and min per form and the load average.
 VK_DRIVER_FILES picks the driver (unset: lavapipe); VRAMD_DEC_GROUPS the new form's work
-groups a token, VRAMD_DEC_Q=shared its q-in-shared-memory variants; DECODE_AB_LAYERS the dispatch pairs a batch (default 8; 32 on a GPU, where
-one layer's is tens of us).  A development tool, not a test.
+groups a token, VRAMD_DEC_Q=shared its q-in-shared-memory variants; DECODE_AB_LAYERS the
+dispatch pairs a graph (default 8; 32 on a GPU, where one layer's is tens of us).
+A development tool, not a test.
 """
 import os
 import sys

@@ -1,15 +1,18 @@
-"""Decode attention in ranges (Ops.attention with tmp: attention_split.comp +
-attention_merge.comp) against numpy, on the shapes test_kernels.py checks
-attention.comp with, and with few ranges forced by a small tmp (several key
-tiles per range), a sliding window, head_dim 512 (two V words per thread),
-and a long context whose ranges outnumber the merge's work group (144 ranges
-of 32 keys, 141 holding keys: two tiles of the merge).  Every case runs in the three forms (`form`): the long-context one
+"""Decode attention in ranges (Ops.attention with tmp: attention_dec_n* or
+attention_split.comp, then attention_merge.comp) against numpy, on the shapes
+test_kernels.py checks attention.comp with, and with few ranges forced by a
+small tmp (several key tiles per range), a sliding window, head_dim 512 (two
+V words per thread), and a long context whose ranges outnumber the merge's
+work group (old forms: 144 ranges of 32 keys, 141 holding keys: two tiles of
+the merge).  Every case runs in each form (`form`): the long-context one
 (attention_dec_n<NC>, VRAMD_DECODE_ATTN=new, the default: a work group per
 KV head block and range; head_dim % 8 == 0 and <= 256, else the per-head
-form; "new_qs" its variants with q in shared memory, VRAMD_DEC_Q=shared), the old per-head one (attention_split.comp, VRAMD_DECODE_ATTN=old), and the old by-KV-head one (attention_split_gqa.comp,
-VRAMD_SPLIT_GQA=1, for 2 to 16 q heads per KV head), so every form stays checked.
-The new form's ranges follow the keys alone: a token's output is the same
-bits alone and beside other sequences' tokens (test_new_form_is_batch_invariant)."""
+form), "new_qs" its variants with q in shared memory (VRAMD_DEC_Q=shared),
+the old per-head one (attention_split.comp, VRAMD_DECODE_ATTN=old), and the
+old by-KV-head one (attention_split_gqa.comp, VRAMD_SPLIT_GQA=1, for 2 to 16
+q heads per KV head), so every form stays checked.  The new form's ranges
+follow the keys alone: a token's output is the same bits alone and beside
+other sequences' tokens (test_new_form_is_batch_invariant)."""
 import numpy as np
 import pytest
 from tests.engine.test_kernels import attention_ref, f32
