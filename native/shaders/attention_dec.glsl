@@ -9,12 +9,13 @@
 // `chunk`: a step is recorded once for every position), window, softcap and
 // sequence ids (seq_rows > 0: token t reads rows seq[t] * seq_rows on).
 //
-// Why (the H200, 2026-12-02): attention_split.comp's groups walk their range
-// in tiles of 32 keys with about six dependent memory trips and four barriers
-// a tile (K slices of 4-byte words, a shared-memory score reduction, V one
-// 4-byte word per thread with half the threads idle at head_dim 128), so a
-// group's time is latency, linear in its keys: decode at 8,000 keys fell to
-// 0.85x llama.cpp (8B) and 0.64x (gpt-oss-20b).  llama.cpp's Vulkan
+// Why: decode at 8,000 keys fell to 0.85x llama.cpp (8B) and 0.64x
+// (gpt-oss-20b) on the H200 (2026-12-02).  As attention_split.comp reads (not
+// profiled), its groups walk their range in tiles of 32 keys with about six
+// dependent memory trips and four barriers a tile (K slices of 4-byte words,
+// a shared-memory score reduction, V one 4-byte word per thread with half the
+// threads idle at head_dim 128), so a group's time is latency, linear in its
+// keys; gpt-oss's 64 q heads leave it 16 ranges of 500 keys at 8,000.  llama.cpp's Vulkan
 // flash-attention decode (flash_attn.comp, its keys split over work groups:
 // split_k) reads K/V rows as 4-half vectors (f16vec4), D_split threads a key,
 // and lets the q heads of a KV group share each row read (the group's heads
@@ -40,9 +41,13 @@
 // K/V offsets and row stride multiples of 4 words (Ops checks; else
 // attention_split.comp).
 //
+// A range holds a trip of keys at least, so while the context is short only
+// the first groups have keys (the rest write empty partials and exit).
 // Each token's numbers depend on its own position, ctx, window and n_splits
 // only (Ops sizes n_splits by the keys, not the tokens), so a token's decode
 // gives the same bits whatever shares the step.
+// Measured so far on lavapipe (scripts/decode_attn_ab.py: 2-7x the old
+// form's speed, docs/benchmarks.md); the H200 A/B is native/dattn_h200.sh.
 //
 // The variant files set NC (pieces a thread per row: head_dim <= 64 NC),
 // MAXG (q heads a group) and UL (keys a lane per trip), NC * MAXG = 8 and
