@@ -14,7 +14,8 @@
 // H200, and linear in the ranges).  Here the threads share the ranges: M
 // and L are group reductions, the weights exp(m_s - M) of a tile of WG ranges
 // go to shared memory once, and each thread sums its output dimensions over
-// the tile with UL loads in flight.
+// the tile with UL loads in flight (only the passes k that hold dimensions:
+// the loop of the head_dim > 128 passes ran, clamped, for every head).
 #version 450
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_KHR_shader_subgroup_basic : enable
@@ -22,7 +23,7 @@
 layout(local_size_x = 128) in;
 #define WG 128u
 #define MAXD 4u   // output dimensions per thread: head_dim <= 512
-#define UL 8u     // partial rows in flight per thread
+#define UL 16u    // partial rows in flight per thread (8: twice the trips at 64 ranges)
 
 layout(std430, set = 0, binding = 0) readonly buffer Part { float part[]; };
 layout(std430, set = 0, binding = 1) buffer Out { float o[]; };
@@ -83,6 +84,9 @@ void main() {
         wt[lid] = lid < n ? exp(part[hb + (base + lid) * stride] - M) : 0.0;
         barrier();
         [[unroll]] for (uint k = 0u; k < MAXD; k++) {
+            if (k * WG >= p.head_dim) {
+                break;   // uniform: no thread has dimensions there (head_dim <= 128: one pass)
+            }
             uint d = min(lid + k * WG, p.head_dim - 1u);  // clamped; written only where valid
             for (uint i0 = 0u; i0 < n; i0 += UL) {
                 float v[UL];

@@ -1,6 +1,6 @@
 """Attention sinks (gpt-oss) in the attention kernels: attention_flash.comp (prefill),
 attention.comp (prefill with flash=False,
-and decode without scratch) and attention_split + attention_merge (decode),
+and decode without scratch) and attention_split or attention_dec_n1g8 + attention_merge (decode),
 against numpy: out = sum_j e^(s_j - M) v_j / (sum_j e^(s_j - M) + e^(sink_h - M)).
 
 Sinks are drawn around the scores' scale and beyond (-3 .. 6: from a
@@ -42,7 +42,10 @@ def sink_ref(q, kc, vc, pos, n_kv, scale, sinks, window=0):
 
 @pytest.mark.parametrize("n_tokens,p0,window,split", [(5, 150, 0, False), (3, 40, 16, False), (1, 200, 0, True),
                                                        (1, 90, 32, True), (1, 0, 0, True), (1, 70, 0, False)])
-def test_sinks(ops, bufs, rng, n_tokens, p0, window, split):
+@pytest.mark.parametrize("form", ["new", "old"])
+def test_sinks(ops, bufs, rng, n_tokens, p0, window, split, form, monkeypatch):
+    """form: the decode split's (VRAMD_DECODE_ATTN: attention_dec_n1g8 or attention_split)."""
+    monkeypatch.setattr(ops, "decode_attn", form)
     n_heads, n_kv, hd, ctx = 4, 2, 64, 256
     width = n_kv * hd
     rows = p0 + n_tokens

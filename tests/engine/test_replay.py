@@ -101,7 +101,9 @@ def test_a_profiled_step_times_every_dispatch(model, device):
     assert s["steps"] == 3 and s["gpu_ms_per_step"] > 0
     assert sum(k["dispatches"] for k in s["kernels"]) == n
     mv = "matvec_c_q8_0" if device.type == "cpu" else "matvec_q8_0"   # linear.select(): the CPU form on lavapipe
-    split = "attention_split_gqa" if m.ops.split_gqa and cfg.n_head > cfg.n_head_kv else "attention_split"
+    from vramd.engine.ops import dec_kernel
+    dec = dec_kernel(cfg.head_dim_of(0)) if m.ops.decode_attn == "new" else None   # the default
+    split = dec or ("attention_split_gqa" if m.ops.split_gqa and cfg.n_head > cfg.n_head_kv else "attention_split")
     assert {k["kernel"].split()[0] for k in s["kernels"]} >= {mv, split, "attention_merge", "add_rms_norm", "get_rows_q8_0"}
 
 

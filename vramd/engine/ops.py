@@ -1,6 +1,7 @@
 """The compute ops of the forward pass: a small Python API over the GLSL
 kernels in native/shaders/ (matvec_<type>, get_rows_<type>, rms_norm, rope,
-kv_write, attention (attention_flash for prefill), silu_mul, add, scale; for mixture-of-experts models
+kv_write, attention (attention_flash for prefill; attention_dec_n* / attention_split + attention_merge
+for decode), silu_mul, add, scale; for mixture-of-experts models
 moe_route, matvec_id_<type>, moe_group, matmul_id_<type> and moe_combine).
 
 Owns: `Ops` (one per residency core: the pipelines, the recording batch),
@@ -66,6 +67,7 @@ _KERNELS = {"matvec": (3, 32), "matmul": (3, 32), "get_rows": (3, 32), "rms_norm
             "kv_write": (3, 40), "attention": (6, 72), "attention_flash": (6, 72), "silu_mul": (3, 16), "add": (3, 20),
             "scale": (2, 16), "add_rms_norm": (4, 32), "attention_split": (5, 72), "attention_merge": (3, 28),
             "attention_split_gqa": (5, 72),
+            **{f"attention_dec_{v}{q}": (5, 72) for v in ("n1g8", "n2g4", "n4g2") for q in ("", "_qs")},
             "rope_kv_write": (4, 80), "matvec_id": (4, 52), "moe_route": (4, 40), "moe_combine": (5, 36),
             "swiglu_oai": (3, 24), "add_id": (3, 20), "moe_group": (2, 20),
             "matmul_id": (4, 52)}
@@ -75,6 +77,11 @@ _FLASH_HEAD_DIM = 256     # attention_flash.comp: MAXW * 2 (larger heads take at
 _SPLIT_KEYS = 32          # decode attention: keys per work group's range at least (attention_split.comp)
 _SPLIT_GROUPS = 1024      # decode attention: work groups aimed at (heads x ranges), ~8 per SM of an H200;
                           # more cost more than they share (8192 at ctx 8192 made a step 1.3 ms slower)
+_DEC_GROUPS = 512         # attention_dec: work groups aimed at per token (KV head blocks x ranges), ~4 per SM
+                          # of an H200, whatever the tokens (a token's ranges must not depend on its step's);
+                          # VRAMD_DEC_GROUPS overrides it (native/dattn_h200.sh tries 256 and 1024)
+_DEC_KEYS = {1: 64, 2: 32, 4: 16}   # attention_dec_n<NC>: keys a group reads a trip (16 lanes x UL)
+_DEC_FORMS = {1: "attention_dec_n1g8", 2: "attention_dec_n2g4", 4: "attention_dec_n4g2"}   # by NC
 _GQA_MAX_GROUP = 16       # attention_split_gqa.comp: MAXG query heads per KV head
 _GQA_MAX_WORDS = 2048     # attention_split_gqa.comp: MAXQW, the group's q heads' words
 _ELEMENTWISE_WG = 256     # local size of the element-wise shaders
@@ -200,6 +207,38 @@ def _check_subgroups(device) -> int:
     return int(sp.subgroupSize)
 
 
+def decode_attn_form() -> str:
+    """The decode attention form: "new" (attention_dec_n*.comp, a work group per KV head
+    block and key range, 16-byte K/V loads, shuffle reductions; the default on every device)
+    or "old" (attention_split.comp / attention_split_gqa.comp), by VRAMD_DECODE_ATTN=new|old.
+    On lavapipe too the new one is faster (scripts/decode_attn_ab.py, 8 layers, 6 rounds,
+    load ~4 on 2 cores, 2026-12-02: 32 q / 8 KV heads of 128 at 2,001 keys 798 against
+    1,791 ms, at 101 keys 36 against 85; gpt-oss's 64 / 8 of 64 at 2,001 keys 325 against
+    2,262, its 128-key window with sinks 48 against 178)."""
+    form = os.environ.get("VRAMD_DECODE_ATTN", "new")
+    if form not in ("new", "old"):
+        raise UsageError(f"VRAMD_DECODE_ATTN={form!r}: expected new or old")
+    return form
+
+
+def _env_count(name: str, default: int) -> int:
+    """A positive count from the environment variable `name`, else `default`."""
+    v = os.environ.get(name, "")
+    if not v:
+        return default
+    if not v.isdigit() or int(v) < 1:
+        raise UsageError(f"{name}={v!r}: expected a positive integer")
+    return int(v)
+
+
+def dec_kernel(head_dim: int) -> str | None:
+    """The long-context decode attention variant for `head_dim` (attention_dec_n<NC>: NC
+    16-byte pieces a thread per row, head_dim <= 64 NC), None where it does not apply
+    (head_dim not a multiple of 8, or over 256)."""
+    nc = next((c for c in sorted(_DEC_FORMS) if head_dim <= 64 * c), 0)
+    return _DEC_FORMS[nc] if nc and head_dim % 8 == 0 else None
+
+
 class Ops:
     """The kernels of one residency core and the batch they record into."""
 
@@ -231,6 +270,12 @@ class Ops:
         # it lost: 8B Q4_K 111.1 / 110.4 tok/s against the per-head form's 145.4 / 148.3 (the
         # per-head groups' repeated K/V reads hit the L2), gpt-oss 152.4 against 149.6.
         self.split_gqa = os.environ.get("VRAMD_SPLIT_GQA", "0") == "1"
+        self.decode_attn = decode_attn_form()   # "new": attention_dec_n* (see _attention_split)
+        self.dec_groups = _env_count("VRAMD_DEC_GROUPS", _DEC_GROUPS)   # its work groups a token (tuning A/B)
+        # its q slices in registers (default) or shared memory (the _qs variants; tuning A/B)
+        self.dec_q = os.environ.get("VRAMD_DEC_Q", "regs")
+        if self.dec_q not in ("regs", "shared"):
+            raise UsageError(f"VRAMD_DEC_Q={self.dec_q!r}: expected regs or shared")
         self._kernels: dict[str, Kernel] = {}
         self._batch: Batch | None = None      # recording now
         self._parallel = False                # inside parallel(): no barrier after each dispatch
@@ -825,7 +870,10 @@ class Ops:
                          scale, window, softcap=0.0, sink=None, split=(1, 0, 0, 0, 0)) -> bool:
         """Query tokens of decode (one, or one of each of several sequences: `split` =
         (n_tokens, q_stride, o_stride, seq offset, rows per sequence or 0)): each token's
-        keys in ranges, a work group per (head, range, token) (attention_split.comp; for
+        keys in ranges: by default (decode_attn "new") a work group per (KV head, block of
+        its q heads, range, token) with the ranges by the keys alone (attention_dec.glsl's
+        variants, dec_kernel; head_dim a multiple of 8 up to 256, else the old forms); the
+        old forms a work group per (head, range, token) (attention_split.comp; for
         grouped-query heads, 2 to 16 per KV head, a work group per (KV head, range, token)
         that reads each K/V row once for the group's heads: attention_split_gqa.comp), then
         a merge per (head, token) (attention_merge.comp), with the partial states in `tmp`
@@ -836,6 +884,21 @@ class Ops:
         cap = _nbytes(tmp) // (4 * n_tokens * n_heads * stride)
         keys = min(ctx, window) if window > 0 else ctx
         group = n_heads // n_kv_heads
+        dec = dec_kernel(head_dim)
+        if (self.decode_attn == "new" and dec and ko % 4 == 0 and vo % 4 == 0 and n_tokens <= self.max_groups[2]
+                and self.subgroup_size >= 8):   # its key lanes: 8 invocations of one subgroup
+            nc = int(dec[-3])   # attention_dec_n<NC>g<MAXG>
+            dec += "_qs" if self.dec_q == "shared" else ""
+            # The long-context form (attention_dec.glsl): a work group per (KV head, block of
+            # 8 / nc of its q heads, range, token); the ranges by the keys alone, at least one
+            # trip of keys each (batch invariance: the tokens sharing the step change nothing,
+            # unless tmp is too small for them, which the model's scratch is not).
+            units = n_kv_heads * -(-group // (8 // nc))
+            n_splits = min(-(-keys // _DEC_KEYS[nc]), max(1, self.dec_groups // units), cap, self.max_groups[1])
+            if n_splits >= 1 and units <= self.max_groups[0]:
+                return self._split_dispatch(dec, units, n_splits, keys, split, qv, qo, kv, ko, vv, vo,
+                                            pv, po, ov, oo, tmp, n_heads, n_kv_heads, head_dim, ctx, scale, window,
+                                            softcap, sink)
         # Grouped-query heads by KV head: each K/V row read once for the group's q heads.
         gqa = self.split_gqa and 2 <= group <= _GQA_MAX_GROUP and group * head_dim // 2 <= _GQA_MAX_WORDS
         units = n_kv_heads if gqa else n_heads   # work groups per range
@@ -844,11 +907,20 @@ class Ops:
                        self.max_groups[1])
         if n_splits < 1 or n_tokens > self.max_groups[2]:
             return False
+        name = "attention_split_gqa" if gqa else "attention_split"
+        return self._split_dispatch(name, units, n_splits, keys, split, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp,
+                                    n_heads, n_kv_heads, head_dim, ctx, scale, window, softcap, sink)
+
+    def _split_dispatch(self, name, units, n_splits, keys, split, qv, qo, kv, ko, vv, vo, pv, po, ov, oo, tmp,
+                        n_heads, n_kv_heads, head_dim, ctx, scale, window, softcap, sink) -> bool:
+        """Records the split kernel `name` ((units, n_splits, tokens) work groups, the
+        contract of attention_split.comp) and the merge; True."""
+        n_tokens, q_stride, o_stride, so, seq_rows = split
+        stride = head_dim + 2
         chunk = -(-keys // n_splits)
         tv, to = self._bind(tmp, 4 * n_tokens * n_heads * n_splits * stride, "attention partials")
         push = struct.pack("<13I2f3I", n_heads, n_kv_heads, head_dim, qo, ko, vo, n_kv_heads * head_dim // 2, po, to,
                            ctx, int(window), chunk, n_splits, scale, softcap, q_stride, so, seq_rows)
-        name = "attention_split_gqa" if gqa else "attention_split"
         self._dispatch(self._kernel(name), [qv, kv, vv, pv, tv], push, (units, n_splits, n_tokens))
         sink = sink or (pv, po, 0)   # (view, float offset, has_sink): see attention
         self._dispatch(self._kernel("attention_merge"), [tv, ov, sink[0]],
