@@ -277,7 +277,8 @@ def test_adversarial_run(tmp_path):
     # the GPU and was ended mid-way (a replaced or wiped token: "ended after N tokens") may have
     # paused for peers between its steps first, each pause's wait bounded by --wake-timeout too.
     def bound(what: str) -> float:
-        steps = REQUEST["max_tokens"] + 1 if "the generation was ended after" in what else 1
+        mid_way = "the generation was ended after" in what or "a generation paused after" in what
+        steps = REQUEST["max_tokens"] + 1 if mid_way else 1
         return steps * (WAKE_TIMEOUT + 1.0)
     late = [r for r in by.get(503, []) if r[1] > bound(r[2])]
     assert not late, late[:5]

@@ -228,11 +228,13 @@ class BatchSession:
         while b.free > 0:
             with d.jobs.mutex:
                 q = d.jobs.queue
-                while q and q[0].kind == "poke":
-                    q.popleft()   # the warden's wake-up: the pause is judged after every step anyway
-                if not q or getattr(q[0], "run", None) is None or not q[0].run.batchable:
+                # Past the pokes (left in the queue: a lost token's poke is what wakes the loop to
+                # go cold and stop once the session ends), the first job in line.
+                i = next((i for i, j in enumerate(q) if j.kind != "poke"), None)
+                if i is None or getattr(q[i], "run", None) is None or not q[i].run.batchable:
                     return
-                job = q.popleft()
+                job = q[i]
+                del q[i]
             if job.take():   # (False: its requester gave up waiting; it was told so)
                 job.run.job = job
                 self._join(job)

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from vramd.errors import Interrupted, VramdError
+from vramd.errors import Interrupted, Timeout, VramdError
 
 log = logging.getLogger("vramd.slots")
 
@@ -184,6 +184,8 @@ class Slots:
             self._go_warm(cancel)
         except Interrupted:
             return False   # the client went away, or a stop: the generation ends as cancelled
+        except Timeout as e:   # the peer kept the GPU past --wake-timeout: say it was a paused generation
+            raise Timeout(f"a generation paused after {max(s.tokens for s in slots)} tokens: {e}") from None
         finally:
             for slot in slots:
                 slot.paused_s += time.monotonic() - slot.paused_since
