@@ -125,6 +125,29 @@ def test_requests_together_each_give_their_solo_output(engine, solos):
     assert not b.busy and not b.waiting
 
 
+def test_a_generation_ends_with_its_last_token_not_a_step_later(engine):
+    """max_tokens spent: the generation ends as its last token is drawn, alone and batched; no
+    forward pass runs that token (nobody samples its logits: a wasted step per request, and in
+    a daemon a step that could fall after a pause for a peer, calling it back to the GPU)."""
+    ids = ids_of(engine, "The river ran")
+    engine.forget()
+    runs = engine.model._steps[1].runs if 1 in engine.model._steps else 0
+    pieces = []
+    assert engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=5),
+                           lambda p: pieces.append(p) or True) == "length"
+    assert len([p for p in pieces if p.token >= 0]) == 5
+    assert engine.model._steps[1].runs - runs == 4           # the prompt's step gave the first token
+    assert engine.cached == ids + [p.token for p in pieces if p.token >= 0][:4]
+    engine.forget()
+    b = Batcher(engine)
+    gens = [b.submit(ids_of(engine, t), SamplingParams(temperature=0.0, max_tokens=3), lambda p: True)
+            for t in ("The river ran", "A B C")]
+    b.run()
+    assert [g.finish for g in gens] == ["length", "length"]
+    # one prompt a step: A's prompt (its 1st token), A's 2nd + B's prompt, A's 3rd + B's 2nd, B's 3rd
+    assert b.steps == 4
+
+
 def test_a_request_joining_mid_generation(engine, solos):
     engine.forget()
     b = Batcher(engine)

@@ -77,6 +77,11 @@ def test_pause_bench_a_stream_waits_for_b_and_keeps_its_text(tmp_path):
         # exclusive residency: each switch moved a whole model, B's up and A's back
         assert rd["a_moved_bytes"] > 0 and rd["b_moved_bytes"] > 0 and rd["ideal_ms"] > 0
         assert rd["a_switch_ms"] > 0 and rd["b_switch_ms"] > 0 and rd["b_request_ms"] > 0
+        # once each: B's one-token request ends with its token (no step after it that, falling
+        # after A's ring, called B back for a second switch and paused A twice)
+        assert rd["a_switches"] == 1 and rd["b_switches"] == 1, rd
+        assert any(" cold " in x and "release_s=" in x for x in rd["a_log"]), rd["a_log"]
+        assert any(" switch " in x and "restore_s=" in x for x in rd["b_log"]), rd["b_log"]
     assert r["pause_ms"] == statistics.median(rd["pause_ms"] for rd in r["rounds"])
     assert r["goal_ms"] == r["ideal_ms"] + 20.0 and r["met"] == (r["pause_ms"] <= r["goal_ms"])
     assert "pause" in res.output and "text unchanged" in res.output

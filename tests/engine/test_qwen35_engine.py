@@ -49,10 +49,10 @@ def test_requests_sharing_prefixes_give_fresh_outputs(qwen35):
     assert got == want["a"] and reused == 0
     got, reused = generate(e, a)            # the same prompt again: from the checkpoint after a[:-1]
     assert got == want["a"] and reused == len(a) - 1
-    c = a + got + [5, 6, 7]                 # continues the cache (the loop fed every reply token)
+    c = a + got + [5, 6, 7]                 # continues the cache: every reply token but the last was fed
     want_c = ref.greedy(c, N_GEN, kv_dtype=np.float16)
     got, reused = generate(e, c)
-    assert got == want_c and reused == len(a) + N_GEN
+    assert got == want_c and reused == len(a) + N_GEN - 1
     got, reused = generate(e, a + [9, 9])   # extends a[:-1], the checkpoint: c's prefill set it to c[:-1]
     assert got == ref.greedy(a + [9, 9], N_GEN, kv_dtype=np.float16) and reused == 0
 
@@ -71,7 +71,7 @@ def test_state_survives_cold_and_warm_bit_for_bit(qwen35):
     assert any(b.strip(b"\0") for b in before)     # not vacuous: a state was there
     c = prompt + first + [11]
     got, reused = generate(e, c)
-    assert reused == len(prompt) + N_GEN
+    assert reused == len(prompt) + N_GEN - 1   # (the last reply token is never fed)
     assert got == ref.greedy(c, N_GEN, kv_dtype=np.float16)
 
 

@@ -83,7 +83,8 @@ def test_qwen35_state_survives_50_switches(arena, tmp_path, daemons, evict):
     solo_s = time.monotonic() - t0
     assert qwen.member().switches == switches, "the unswitched run switched"
     # The turns really continued the state (the daemon agreed with the reference's picks), not re-prefilled.
-    continued = [i for i in range(1, TURNS) if want_reused[i] == len(PROMPT) + 2 * i - 1]
+    # (the state continued holds the last turn's prompt: its one-token reply ended it unfed)
+    continued = [i for i in range(1, TURNS) if want_reused[i] == len(PROMPT) + 2 * i - 2]
     assert len(continued) >= TURNS - 5, want_reused
 
     d2h = qwen.member().bytes_d2h
@@ -115,10 +116,11 @@ def test_qwen35_state_survives_50_switches(arena, tmp_path, daemons, evict):
     if evict == "always":   # the state really went to the host, twice a turn
         assert m.bytes_d2h - d2h >= 2 * (TURNS - 1) * state_bytes
 
-    # After the switches: a prompt continuing the last one (not its reply) resumes from the
-    # checkpoint (restored from the host with the rest) and equals the same prompt from position 0.
+    # After the switches: a prompt that leaves the last one at its last token (the state, after
+    # all of it, cannot go back) resumes from the checkpoint after all but that token (restored
+    # from the host with the rest) and equals the same prompt from position 0.
     last = PROMPT + ref[:2 * (TURNS - 1)]
-    more = last + [123, 45]
+    more = last[:-1] + [123, 45]
     peer.ask("wake")
     before = engine_stats(qwen)["reused_tokens"]
     resumed = c.completions.create(model="qwen", prompt=more, max_tokens=4, temperature=0).choices[0].text

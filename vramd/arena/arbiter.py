@@ -138,6 +138,7 @@ class Participant:
         self._wait_started = time.monotonic()
         self.cold_reason = ""
         self.steps_aside = 0   # how often the last ensure_warm dropped the token for a StepAside
+        self.last_restore_s = 0.0   # the last warm-up's restore alone, the token held (the daemon's log)
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -242,7 +243,9 @@ class Participant:
             self._yield_wanted.clear()
             self._warm_since_wall = time.time()
             doorbell.remove_ring(self.arena.doorbell_dir, self.pid)
+            t0 = time.monotonic()
             moved = self._restore() if self._restore else None
+            self.last_restore_s = time.monotonic() - t0   # the upload alone (last_switch_ms: the wait too)
             restored = True
             failpoint("warm.restored")
             return moved

@@ -6,7 +6,8 @@ small pair whose text means something) share one arena with `--residency exclusi
 token holder is on the device, so every switch moves a whole model.  Before the daemons start,
 the raw host->device link rate is measured (switch.link_rate, the residency core's probe).
 
-First A streams its generation alone (`--tokens` tokens, ignore_eos, greedy): the reference
+B serves the request once first (its pipelines are created on first use).  Then A streams its
+generation alone (`--tokens` tokens, ignore_eos, greedy): the reference
 text and A's ordinary step.  Then each of `--reps` rounds: A streams the same generation; after
 `--before` of its tokens B gets a short request (`--b-tokens` tokens), which rings A; A pauses
 between two steps, goes cold (its K/V kept), B uploads its weights and serves, and A, ringing
@@ -19,7 +20,8 @@ back, uploads its own and resumes.  Measured per round:
                 DMAs the pause holds; goal: pause <= ideal + 20 ms;
   switches_ms   B's and A's own measure of their switches (status last_switch_ms), and the
                 link rate those give (bytes_h2d / last_switch_ms);
-  text_same     A's text equals its reference (a pause must not change what it generates).
+  text_same     A's text equals its reference (a pause must not change what it generates);
+  a_log, b_log  the daemons' log lines of the round (their cold, switch and resume events).
 
 The report: the medians over the rounds and the goal's verdict; `--json` prints every round.
 docs/benchmarks.md records results and commands.
@@ -51,6 +53,7 @@ def _bytes_h2d(d) -> tuple[int, float | None, int]:
 def one_round(a, b, a_url: str, b_url: str, tokens: int, before: int, b_tokens: int) -> dict:
     """A streams; after `before` of its tokens B is asked; the round's figures."""
     a.ask("wake")   # A warm and holding the GPU, as a generation that was running before B came
+    logs = len(a.log), len(b.log)
     a0, _, a_n0 = _bytes_h2d(a)
     b0, _, b_n0 = _bytes_h2d(b)
     body = {"prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
@@ -85,7 +88,9 @@ def one_round(a, b, a_url: str, b_url: str, tokens: int, before: int, b_tokens: 
             "paused_after_b": times[at + 1] > b_start,   # the longest gap is the one B's request falls in
             "step_p50_ms": statistics.median(gaps), "b_request_ms": (b_end - b_start) * 1000,
             "b_tokens": len(b_reply["times"]), "a_moved_bytes": a1 - a0, "b_moved_bytes": b1 - b0,
-            "a_switches": a_n1 - a_n0, "b_switches": b_n1 - b_n0, "a_switch_ms": a_switch, "b_switch_ms": b_switch}
+            "a_switches": a_n1 - a_n0, "b_switches": b_n1 - b_n0, "a_switch_ms": a_switch, "b_switch_ms": b_switch,
+            # the daemons' log lines of the round (cold, switch, resumed: where the pause went)
+            "a_log": [x.rstrip() for x in a.log[logs[0]:]], "b_log": [x.rstrip() for x in b.log[logs[1]:]]}
 
 
 def run(gib: float, reps: int, tokens: int, before: int, b_tokens: int, fill: str, probe_gib: float) -> dict:
@@ -108,6 +113,10 @@ def run(gib: float, reps: int, tokens: int, before: int, b_tokens: int, fill: st
                 b.wait_ready()
                 a_url = a.ask("status")["endpoint"] + "/v1/completions"
                 b_url = b.ask("status")["endpoint"] + "/v1/completions"
+                # B serves once before the rounds: its first request creates its pipelines (0.6 s
+                # on the H200), which is start-up, not the switch a round measures
+                stream_completion(b_url, {"prompt": PROMPT, "max_tokens": b_tokens, "temperature": 0,
+                                          "ignore_eos": True}, timeout=3600)
                 a.ask("wake")
                 alone = stream_completion(a_url, {"prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
                                                   "ignore_eos": True}, timeout=3600)

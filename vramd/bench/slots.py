@@ -3,9 +3,12 @@
 For each slot count k (--slots, e.g. 1,2,4,8,16) the model is loaded once with a KV cache of
 max(k) sequences (vramd/engine/kvcache.py), k prompts of --prompt tokens are prefilled, and
 --tokens steps of one decode token of each of the k sequences are timed (the replayed
-multi-sequence step: TransformerModel.forward_batch); also one mixed step, the k - 1 other
-sequences' decode rows plus a --prompt chunk of a new sequence.  Reported per k: the step's
-median milliseconds, the aggregate tokens per second (k / step) and its ratio to k = 1's.
+multi-sequence step: TransformerModel.forward_batch); then one step recorded again (what a
+batch resumed after a switch pays: the residency generation moved, buffers may have); with
+--profile N, N more steps with every dispatch timed on the GPU (per kernel, and the GPU's sum
+against the step's wall time); also one mixed step, the k - 1 other sequences' decode rows
+plus a --prompt chunk of a new sequence.  Reported per k: the step's median milliseconds, the
+aggregate tokens per second (k / step) and its ratio to k = 1's.
 Results and commands: docs/benchmarks.md.
 """
 
@@ -22,7 +25,8 @@ import click
 import numpy as np
 
 
-def run(model: str | None, shape: str, wtype: str, slots: list[int], prompt: int, tokens: int, ctx: int) -> dict:
+def run(model: str | None, shape: str, wtype: str, slots: list[int], prompt: int, tokens: int, ctx: int,
+        profile_steps: int = 0) -> dict:
     from vramd.bench.models import LlamaShape, write_model
     from vramd.engine.arch import spec_for
     from vramd.engine.batch import TokenBatch
@@ -61,6 +65,15 @@ def run(model: str | None, shape: str, wtype: str, slots: list[int], prompt: int
                         if step:
                             steps.append(time.monotonic() - t0)
                         pos += 1
+                    # A step recorded again (as after a switch: the residency generation moved),
+                    # against the replayed step: what re-recording costs a paused batch's resume
+                    (m._step(1) if k == 1 else m._slot_step(k))._gen = None
+                    t0 = time.monotonic()
+                    m.forward_batch(TokenBatch.mix([(s, [4], pos) for s in range(k)]))
+                    rerecord_s = time.monotonic() - t0
+                    pos += 1
+                    profile = _profile(m, dev, k, pos, profile_steps) if profile_steps else None
+                    pos += profile_steps
                     m.clear_seq(k - 1)   # the mixed step: the others decode while sequence k - 1 prefills
                     mixed = TokenBatch.mix([(s, [4], pos) for s in range(k - 1)] + [(k - 1, ids, 0)])
                     t0 = time.monotonic()
@@ -68,8 +81,10 @@ def run(model: str | None, shape: str, wtype: str, slots: list[int], prompt: int
                     mixed_s = time.monotonic() - t0
                     step = statistics.median(steps)
                     rows.append({"slots": k, "step_ms_p50": step * 1000, "tokens_per_s": k / step,
-                                 "mixed_step_ms": mixed_s * 1000, "replayed": m.replays_decode and
-                                 (k == 1 or m.seq_input)})
+                                 "mixed_step_ms": mixed_s * 1000, "rerecorded_step_ms": rerecord_s * 1000,
+                                 "replayed": m.replays_decode and
+                                 (k == 1 or m.seq_input),
+                                 **({"profile": profile} if profile is not None else {})})
             finally:
                 m.close()
             device = dev.name
@@ -78,6 +93,34 @@ def run(model: str | None, shape: str, wtype: str, slots: list[int], prompt: int
         r["vs_one_slot"] = r["tokens_per_s"] / one if one else None
     return {"device": device, "model": os.path.basename(path) if model else f"synthetic {shape} {wtype}",
             "prompt_tokens": prompt, "decode_steps": tokens, "ctx": ctx, "n_seq": n_seq, "rows": rows}
+
+
+def _profile(m, dev, k: int, pos: int, steps: int) -> dict:
+    """Every dispatch of the replayed step of k sequences timed on the GPU over `steps` steps
+    (after the timed ones): per kernel, and the GPU's total against the step's wall time."""
+    from vramd.bench.decode import _by_kernel
+    from vramd.engine.batch import TokenBatch
+    from vramd.gpu.timing import Timestamps, summarize
+
+    step = m._step(1) if k == 1 else m._slot_step(k)
+    timer = Timestamps(dev)
+    try:
+        step.profile(timer)
+        timed, walls = [], []
+        for i in range(steps + 1):   # the first records the step again with the timer
+            t0 = time.monotonic()
+            m.forward_batch(TokenBatch.mix([(s, [5 + i], pos + i) for s in range(k)]))
+            if i:
+                walls.append(time.monotonic() - t0)
+                timed.append(timer.read())
+        step.profile(None)
+        out = summarize(timed)
+        out["wall_ms_per_step"] = statistics.median(walls) * 1000
+        out["by_kernel"] = _by_kernel(out["kernels"])
+        del out["kernels"]
+        return out
+    finally:
+        timer.close()
 
 
 def _slots(text: str) -> list[int]:
@@ -99,17 +142,25 @@ def _slots(text: str) -> list[int]:
 @click.option("--prompt", type=click.IntRange(min=1), default=128, show_default=True, help="Prefill tokens a sequence.")
 @click.option("--tokens", type=click.IntRange(min=1), default=16, show_default=True, help="Timed decode steps.")
 @click.option("--ctx", type=click.IntRange(min=16), default=512, show_default=True, help="Positions a sequence.")
+@click.option("--profile", "profile_steps", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Then time every kernel of the step of k sequences over this many more steps.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of text.")
-def command(model, shape, wtype, slots, prompt, tokens, ctx, as_json):
+def command(model, shape, wtype, slots, prompt, tokens, ctx, profile_steps, as_json):
     """Decode tokens per second with 1, 2, 4, ... sequences in each step."""
     ks = _slots(slots)
-    if prompt + tokens + 2 > ctx:
-        raise click.UsageError("--prompt + --tokens + 2 must fit in --ctx")
-    r = run(model, shape, wtype, ks, prompt, tokens, ctx)
+    if prompt + tokens + profile_steps + 3 > ctx:
+        raise click.UsageError("--prompt + --tokens (+ --profile) + 3 must fit in --ctx")
+    r = run(model, shape, wtype, ks, prompt, tokens, ctx, profile_steps)
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return
     click.echo(f"{r['model']} on {r['device']}: {prompt}-token prompts, ctx {ctx} a sequence")
     for row in r["rows"]:
         click.echo(f"  {row['slots']:>3} slots: {row['step_ms_p50']:8.2f} ms a step, {row['tokens_per_s']:9.1f} tok/s "
-                   f"({row['vs_one_slot']:.2f}x one slot), mixed step with a prefill {row['mixed_step_ms']:.1f} ms")
+                   f"({row['vs_one_slot']:.2f}x one slot), mixed step with a prefill {row['mixed_step_ms']:.1f} ms, "
+                   f"a step recorded again {row['rerecorded_step_ms']:.1f} ms")
+        pr = row.get("profile")
+        if pr:
+            click.echo(f"      GPU {pr['gpu_ms_per_step']:.2f} ms of a {pr['wall_ms_per_step']:.2f} ms step:")
+            for kr in pr["by_kernel"][:8]:
+                click.echo(f"        {kr['kernel']:<28} {kr['us']:9.1f} us  x{kr['dispatches']:<4} {100 * kr['share']:5.1f} %")

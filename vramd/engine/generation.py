@@ -83,6 +83,12 @@ class Generation:
         if (params.stop and self.stops.stopped) or (c and c.done):
             self.finish = "stop"   # a stop string, or the grammar is complete
             return None
+        if self.left <= 0:
+            # The budget is spent: it ends here, not after one more forward pass of this token
+            # (whose logits nobody samples: a step's time per request, and in a daemon a step
+            # that could fall after a pause for a peer, costing two switches to run it).
+            self.finish = "length"
+            return None
         return token
 
     def end(self, finish: str | None = None) -> str:

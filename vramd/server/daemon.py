@@ -345,6 +345,7 @@ class Daemon:
 
     def _release(self) -> int:
         """Going cold (vramd/server/room.py decides what goes)."""
+        t0 = time.monotonic()
         with self.lock:
             foreign_next = self.room.foreign_peer_waits(os.getpid())
             everything = self._release_everything or foreign_next or self.stopping
@@ -355,7 +356,7 @@ class Daemon:
             self.metrics.observe_release(moved)
             parked = self._device_total()
         event(log, "cold", reason=self.participant.cold_reason or "yield", held_s=round(self.participant.held_for(), 3),
-              copied_to_host_bytes=moved, kept_on_device_bytes=parked)
+              copied_to_host_bytes=moved, kept_on_device_bytes=parked, release_s=round(time.monotonic() - t0, 6))
         systemd.status("parked: keeps its buffers on the device until a peer needs the room" if parked
                        else "cold: device buffers released")
         return moved
@@ -626,6 +627,7 @@ class Daemon:
         m = self.participant.member
         self.metrics.observe_switch((m.last_switch_ms or 0.0) / 1000, m.bytes_h2d - h2d_before)
         event(log, "switch", reason=reason, switch_s=round((m.last_switch_ms or 0.0) / 1000, 6),
+              restore_s=round(self.participant.last_restore_s, 6),
               uploaded_bytes=m.bytes_h2d - h2d_before, holder_before=holder)
 
     def _fail_pending(self, why: str) -> None:
